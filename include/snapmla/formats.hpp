@@ -1,0 +1,137 @@
+// The memory formats SnapMLA reads and writes. Every type here is a view over caller-owned,
+// contiguous, row-major memory: the library never copies or owns it. All views of one call
+// must live on the same device. `validate()` (validate.hpp) is the one place that checks them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "snapmla/types.hpp"
+
+namespace snapmla {
+
+// BF16 paged cache, the FlashMLA layout: data [num_pages, 64, 576] bf16 (latent, then rope).
+// 1152 bytes per token.
+struct PagedBf16Cache {
+  bf16* data = nullptr;
+  int64_t num_pages = 0;
+  Device device{};
+
+  static constexpr size_t bytes_per_token = kHeadDim * sizeof(bf16);
+  size_t bytes() const { return static_cast<size_t>(num_pages) * kPageSize * bytes_per_token; }
+};
+
+// SnapMLA FP8 paged cache: three planes sharing one block table (the SGLang-FluentLLM layout).
+//   latent [num_pages, 64, 512] e4m3   e4m3(c_t * 448 / amax|c_t|)
+//   scale  [num_pages, 64]      fp32   s_t = amax|c_t| / 448
+//   rope   [num_pages, 64, 64]  bf16   bf16(k_t * 448 / amax|c_t|)   (pre-scaled by 1 / s_t)
+// so c_t ~ s_t * latent_t and k_t ~ s_t * rope_t. 644 bytes per token.
+struct PagedFp8Cache {
+  e4m3* latent = nullptr;
+  float* scale = nullptr;
+  bf16* rope = nullptr;
+  int64_t num_pages = 0;
+  Device device{};
+
+  static constexpr size_t bytes_per_token =
+      kLatentDim * sizeof(e4m3) + sizeof(float) + kRopeDim * sizeof(bf16);
+  size_t bytes() const { return static_cast<size_t>(num_pages) * kPageSize * bytes_per_token; }
+};
+static_assert(PagedFp8Cache::bytes_per_token == 644);
+static_assert(PagedBf16Cache::bytes_per_token == 1152);
+
+// Where each sequence's tokens live. Token j of sequence i is at slot
+//   block_table[i * max_pages + j / 64] * 64 + j % 64,   for j < cache_seqlens[i].
+// Entries past a sequence's last page are never read.
+struct PageTable {
+  const int32_t* block_table = nullptr;    // [batch, max_pages]
+  const int32_t* cache_seqlens = nullptr;  // [batch], tokens in the cache, new ones included
+  int batch = 0;
+  int max_pages = 0;  // row length of block_table
+  Device device{};
+};
+
+// Rows of full 576-wide cache entries, latent first: new tokens for `append`, and the output
+// of `gather_dequant`. [num_tokens, 576] bf16.
+struct KvRows {
+  bf16* data = nullptr;
+  int64_t num_tokens = 0;
+  Device device{};
+};
+
+// slot = page * 64 + offset for each row of a KvRows. A slot of -1 means "no token here"
+// (padding, as vLLM and SGLang use it): append skips it, gather_dequant writes a zero row.
+struct SlotMapping {
+  const int32_t* slots = nullptr;  // [num_tokens]
+  int64_t num_tokens = 0;
+  Device device{};
+};
+
+// Queries in absorbed MLA form: [batch, seqlen_q, num_heads, 576] bf16, nope (512) then rope.
+// With seqlen_q > 1 the queries are the sequence's last seqlen_q tokens (MTP / speculative
+// decoding): query i sees cache tokens t < cache_seqlens - seqlen_q + i + 1 when causal.
+struct QueryBf16 {
+  bf16* data = nullptr;
+  int batch = 0;
+  int seqlen_q = 0;
+  int num_heads = 0;
+  Device device{};
+};
+
+// Output of quantize_query, input of decode_fp8. Per (token, head) scale s_q:
+//   nope  [batch, seqlen_q, num_heads, 512] e4m3   e4m3(q_nope * 448 / amax|q_nope|)
+//   rope  [batch, seqlen_q, num_heads, 64]  bf16   bf16(q_rope * 448 / amax|q_nope|)
+//   scale [batch, seqlen_q, num_heads]      fp32   amax|q_nope| / 448
+struct QuantizedQuery {
+  e4m3* nope = nullptr;
+  bf16* rope = nullptr;
+  float* scale = nullptr;
+  int batch = 0;
+  int seqlen_q = 0;
+  int num_heads = 0;
+  Device device{};
+};
+
+// Decode results. out [batch, seqlen_q, num_heads, 512] bf16; lse [batch, num_heads, seqlen_q]
+// fp32, natural log of the softmax denominator (scores include softmax_scale). A query that
+// sees no token (cache_seqlens 0, or a causal query before the first token) gets out = 0 and
+// lse = -inf: the log of an empty sum, which merges correctly with other partial results.
+struct DecodeOutput {
+  bf16* out = nullptr;
+  float* lse = nullptr;
+  Device device{};
+};
+
+// Split-KV plan: each sequence's tokens divided into contiguous splits that are processed
+// independently and merged by the combine step. Fixed-size buffers (sized by
+// split_plan_capacity), so planning needs no allocation and can run inside a CUDA graph.
+//   split_offsets [batch + 1]: the splits of sequence i are split_offsets[i] .. [i+1] - 1
+//   split_begin   [capacity]:  first token of each split, a multiple of 64; a split ends where
+//                              the next split of its sequence begins, or at the sequence end.
+// A sequence with no tokens has exactly one (empty) split.
+struct SplitPlan {
+  int32_t* split_offsets = nullptr;
+  int32_t* split_begin = nullptr;
+  int capacity = 0;
+  int batch = 0;
+  Device device{};
+};
+
+// Enough room for any seqlens when planning for `num_workers` parallel workers.
+int split_plan_capacity(int batch, int num_workers);
+
+// Options common to decode_fp8 and decode_bf16.
+struct DecodeOptions {
+  float softmax_scale = 0.0f;  // required, > 0 (DeepSeek-V3: 1/sqrt(192) times yarn mscale^2)
+  bool causal = true;          // only matters for seqlen_q > 1
+  const SplitPlan* plan = nullptr;  // null: one split per sequence
+  // Room for the fp32 partial results of split sequences, decode_workspace_bytes() large.
+  // Needed by the GPU path when a plan is given; the CPU path uses its own scratch.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  Stream stream = nullptr;
+};
+
+size_t decode_workspace_bytes(int split_capacity, int seqlen_q, int num_heads);
+
+}  // namespace snapmla

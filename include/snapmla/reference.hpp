@@ -1,0 +1,53 @@
+// The CPU reference: the oracle for every GPU kernel, and the path that runs without a GPU.
+//
+// snapmla::ref::X has the signature and meaning of snapmla::X (snapmla.hpp) and accepts only
+// host memory. decode_fp8 emulates the SnapMLA kernel's arithmetic step by step (see
+// docs/reference.md): every sum of e4m3 x e4m3 products is formed exactly (in double, where
+// such sums are exact), then rounded to fp32 where the kernel's fp32 accumulator would be, and
+// the softmax state, the P quantization and the rescaling follow the kernel's order.
+#pragma once
+
+#include <vector>
+
+#include "snapmla/formats.hpp"
+
+namespace snapmla::ref {
+
+void append(const PagedFp8Cache& cache, const KvRows& kv, const SlotMapping& slots);
+void append(const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& slots);
+void quantize_query(const QueryBf16& q, const QuantizedQuery& out);
+void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const KvRows& out);
+void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan);
+void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
+                const DecodeOutput& out, const DecodeOptions& options);
+void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
+                 const DecodeOutput& out, const DecodeOptions& options);
+
+// Decode results before the final bf16 rounding, for tests and accuracy studies.
+struct DecodeResultF32 {
+  std::vector<float> out;  // [batch, seqlen_q, num_heads, 512]
+  std::vector<float> lse;  // [batch, num_heads, seqlen_q]
+};
+DecodeResultF32 decode_fp8_f32(const QuantizedQuery& q, const PagedFp8Cache& cache,
+                               const PageTable& pages, const DecodeOptions& options);
+DecodeResultF32 decode_bf16_f32(const QueryBf16& q, const PagedBf16Cache& cache,
+                                const PageTable& pages, const DecodeOptions& options);
+
+// Merge the partial results of one query row's splits (each normalized, with its lse) into
+// one: lse = ln sum_k exp(lse_k), out = sum_k exp(lse_k - lse) * out_k, in fp32 as the combine
+// kernel does. Partials with lse = -inf (empty splits) contribute nothing; if all are empty,
+// out = 0 and lse = -inf.
+void combine_row(int num_splits, const float* partial_out /* [num_splits, 512] */,
+                 const float* partial_lse /* [num_splits] */, float* out /* [512] */,
+                 float* lse);
+
+// Ground truth: exact attention in float64 on unquantized inputs for one sequence.
+//   q   [seqlen_q, num_heads, 576], kv [seqlen_k, 576] (latent, then rope)
+//   out [seqlen_q, num_heads, 512], lse [num_heads, seqlen_q] (-inf where nothing is seen)
+void attention_f64(const float* q, int seqlen_q, int num_heads, const float* kv, int seqlen_k,
+                   double softmax_scale, bool causal, double* out, double* lse);
+
+// Threads the reference uses (default: hardware concurrency, or SNAPMLA_NUM_THREADS).
+int num_threads();
+
+}  // namespace snapmla::ref

@@ -1,0 +1,32 @@
+// The one place that checks SnapMLA's views. Shape/pointer/device checks run for every call;
+// content checks (page indices, seqlens, slots) read the int32 tables and so run only where
+// those tables are host memory. Each failure throws snapmla::Error naming the argument.
+#pragma once
+
+#include <string>
+
+#include "snapmla/formats.hpp"
+
+namespace snapmla::detail {
+
+[[noreturn]] void fail(const char* op, const std::string& argument, const std::string& what);
+
+void check_devices_match(const char* op, Device expected, const char* argument, Device got);
+
+void validate(const char* op, const PagedFp8Cache& cache, const char* name = "cache");
+void validate(const char* op, const PagedBf16Cache& cache, const char* name = "cache");
+void validate(const char* op, const KvRows& rows, const char* name);
+void validate(const char* op, const SlotMapping& slots, const char* name = "slot_mapping");
+void validate(const char* op, const QueryBf16& q, const char* name = "q");
+void validate(const char* op, const QuantizedQuery& q, const char* name);
+void validate(const char* op, const PageTable& pages, const char* name = "pages");
+void validate(const char* op, const DecodeOutput& out, const char* name = "out");
+void validate(const char* op, const SplitPlan& plan, const char* name = "plan");
+void validate(const char* op, const DecodeOptions& options, int batch);
+
+// Content checks (host-resident tables only).
+void check_slots_in_range(const char* op, const SlotMapping& slots, int64_t num_pages);
+void check_page_table_contents(const char* op, const PageTable& pages, int64_t num_pages);
+void check_plan_contents(const char* op, const SplitPlan& plan, const PageTable& pages);
+
+}  // namespace snapmla::detail

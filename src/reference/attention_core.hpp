@@ -1,0 +1,49 @@
+// The arithmetic of one decode kernel, on the CPU: online softmax over 64-token blocks for a
+// group of query rows that share one sequence's keys. Operands arrive decoded to float in the
+// kernel's own domain (e4m3 codes as their values, bf16 as its values) with per-token scales,
+// so the same engine runs SnapMLA, the ablation variants and the BF16 baseline.
+#pragma once
+
+#include <cstdint>
+
+#include "snapmla/types.hpp"
+
+namespace snapmla::detail {
+
+enum class PvMode {
+  kFp8,   // P' = P * s_t, quantized to e4m3 per row and 64-token block, sigma-domain output
+  kBf16,  // P rounded to bf16 (the FlashMLA BF16 kernel), V unscaled
+};
+
+// One sequence's keys: values [n, 576] (the first 512 are also V), scale [n] (s_t, applied to
+// the score and, in kFp8 mode, folded into P).
+struct KeySet {
+  const float* values = nullptr;
+  const float* scale = nullptr;
+  int n = 0;
+};
+
+struct QueryRow {
+  const float* values = nullptr;  // [576]
+  float factor = 1.0f;            // softmax_scale * s_q
+  int visible = 0;                // the row sees tokens t < visible
+};
+
+// Attends `count` rows over tokens [begin, end) (begin a multiple of 64): per row the
+// normalized fp32 output [512] and lse (-inf, and out = 0, when the row sees no token).
+void attend_rows(const QueryRow* rows, int count, const KeySet& keys, int begin, int end,
+                 PvMode mode, float* out /* [count, 512] */, float* lse /* [count] */);
+
+// Runs fn(i) for i in [0, n) on the reference's threads.
+template <typename Fn>
+void parallel_for(int64_t n, Fn&& fn);
+
+void parallel_for_impl(int64_t n, void (*call)(void*, int64_t), void* ctx);
+
+template <typename Fn>
+void parallel_for(int64_t n, Fn&& fn) {
+  parallel_for_impl(
+      n, [](void* c, int64_t i) { (*static_cast<Fn*>(c))(i); }, &fn);
+}
+
+}  // namespace snapmla::detail

@@ -1,0 +1,123 @@
+// Reference append / quantize_query / gather_dequant: the exact bytes the kernels must write.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "../api/validate.hpp"
+#include "attention_core.hpp"
+#include "snapmla/numeric.hpp"
+#include "snapmla/reference.hpp"
+
+namespace snapmla::ref {
+namespace {
+
+void require_cpu(const char* op, const char* arg, Device d) {
+  if (!d.is_cpu())
+    detail::fail(op, std::string(arg) + ".device",
+                 "the reference runs on host memory, got " + to_string(d));
+}
+
+float amax_of(const bf16* x, int n) {
+  float a = 0.0f;
+  for (int i = 0; i < n; ++i) a = std::fmax(a, std::fabs(to_float(x[i])));
+  return a;
+}
+
+// The one quantization rule for cache rows and query rows: e4m3 latent/nope, pre-scaled bf16
+// rope, fp32 scale (numeric.hpp, token_scale).
+float quantize_row(const bf16* row, e4m3* latent_out, bf16* rope_out) {
+  const TokenScale s = token_scale(amax_of(row, kLatentDim));
+  for (int d = 0; d < kLatentDim; ++d) latent_out[d] = to_e4m3(to_float(row[d]) * s.inv_scale);
+  for (int d = 0; d < kRopeDim; ++d)
+    rope_out[d] = to_bf16(to_float(row[kLatentDim + d]) * s.inv_scale);
+  return s.scale;
+}
+
+}  // namespace
+
+void append(const PagedFp8Cache& cache, const KvRows& kv, const SlotMapping& slots) {
+  constexpr const char* op = "ref::append";
+  detail::validate(op, cache);
+  detail::validate(op, kv, "kv");
+  detail::validate(op, slots);
+  require_cpu(op, "cache", cache.device);
+  require_cpu(op, "kv", kv.device);
+  require_cpu(op, "slot_mapping", slots.device);
+  if (slots.num_tokens != kv.num_tokens)
+    detail::fail(op, "slot_mapping.num_tokens",
+                 "expected one slot per kv row (" + std::to_string(kv.num_tokens) + "), got " +
+                     std::to_string(slots.num_tokens));
+  detail::check_slots_in_range(op, slots, cache.num_pages);
+  for (int64_t i = 0; i < kv.num_tokens; ++i) {
+    const int64_t slot = slots.slots[i];
+    if (slot < 0) continue;
+    cache.scale[slot] = quantize_row(kv.data + i * kHeadDim, cache.latent + slot * kLatentDim,
+                                     cache.rope + slot * kRopeDim);
+  }
+}
+
+void append(const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& slots) {
+  constexpr const char* op = "ref::append";
+  detail::validate(op, cache);
+  detail::validate(op, kv, "kv");
+  detail::validate(op, slots);
+  require_cpu(op, "cache", cache.device);
+  require_cpu(op, "kv", kv.device);
+  require_cpu(op, "slot_mapping", slots.device);
+  if (slots.num_tokens != kv.num_tokens)
+    detail::fail(op, "slot_mapping.num_tokens",
+                 "expected one slot per kv row (" + std::to_string(kv.num_tokens) + "), got " +
+                     std::to_string(slots.num_tokens));
+  detail::check_slots_in_range(op, slots, cache.num_pages);
+  for (int64_t i = 0; i < kv.num_tokens; ++i) {
+    const int64_t slot = slots.slots[i];
+    if (slot < 0) continue;
+    std::memcpy(cache.data + slot * kHeadDim, kv.data + i * kHeadDim, kHeadDim * sizeof(bf16));
+  }
+}
+
+void quantize_query(const QueryBf16& q, const QuantizedQuery& out) {
+  constexpr const char* op = "ref::quantize_query";
+  detail::validate(op, q);
+  detail::validate(op, out, "out");
+  require_cpu(op, "q", q.device);
+  require_cpu(op, "out", out.device);
+  if (out.batch != q.batch || out.seqlen_q != q.seqlen_q || out.num_heads != q.num_heads)
+    detail::fail(op, "out",
+                 "expected the shape of q [" + std::to_string(q.batch) + ", " +
+                     std::to_string(q.seqlen_q) + ", " + std::to_string(q.num_heads) + "]");
+  const int64_t rows = int64_t(q.batch) * q.seqlen_q * q.num_heads;
+  for (int64_t r = 0; r < rows; ++r)
+    out.scale[r] = quantize_row(q.data + r * kHeadDim, out.nope + r * kLatentDim,
+                                out.rope + r * kRopeDim);
+}
+
+void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const KvRows& out) {
+  constexpr const char* op = "ref::gather_dequant";
+  detail::validate(op, cache);
+  detail::validate(op, slots);
+  detail::validate(op, out, "out");
+  require_cpu(op, "cache", cache.device);
+  require_cpu(op, "slot_mapping", slots.device);
+  require_cpu(op, "out", out.device);
+  if (out.num_tokens != slots.num_tokens)
+    detail::fail(op, "out.num_tokens",
+                 "expected one row per slot (" + std::to_string(slots.num_tokens) + "), got " +
+                     std::to_string(out.num_tokens));
+  detail::check_slots_in_range(op, slots, cache.num_pages);
+  for (int64_t i = 0; i < slots.num_tokens; ++i) {
+    bf16* row = out.data + i * kHeadDim;
+    const int64_t slot = slots.slots[i];
+    if (slot < 0) {
+      std::fill(row, row + kHeadDim, bf16{0});
+      continue;
+    }
+    const float s = cache.scale[slot];
+    for (int d = 0; d < kLatentDim; ++d)
+      row[d] = to_bf16(to_float(cache.latent[slot * kLatentDim + d]) * s);
+    for (int d = 0; d < kRopeDim; ++d)
+      row[kLatentDim + d] = to_bf16(to_float(cache.rope[slot * kRopeDim + d]) * s);
+  }
+}
+
+}  // namespace snapmla::ref

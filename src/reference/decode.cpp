@@ -1,0 +1,291 @@
+// Reference decode_fp8 / decode_bf16, split planning, combine, and float64 ground truth.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "../api/validate.hpp"
+#include "attention_core.hpp"
+#include "snapmla/numeric.hpp"
+#include "snapmla/reference.hpp"
+
+namespace snapmla::ref {
+namespace {
+
+constexpr int kRowsPerTask = 16;
+
+void require_cpu(const char* op, const char* arg, Device d) {
+  if (!d.is_cpu())
+    detail::fail(op, std::string(arg) + ".device",
+                 "the reference runs on host memory, got " + to_string(d));
+}
+
+// Tokens query i of s_q sees in a sequence of `len` tokens.
+int visible_tokens(int len, int s_q, int i, bool causal) {
+  return causal ? std::max(0, len - s_q + i + 1) : len;
+}
+
+struct DecodeShape {
+  int batch, s_q, h;
+};
+
+// Shared driver: keys of each sequence are gathered once (decoded to float), then its query
+// rows are attended per split in groups of kRowsPerTask rows, and the splits are combined.
+template <typename GatherKeys>
+DecodeResultF32 run_decode(const char* op, DecodeShape shape, const std::vector<float>& q_values,
+                           const std::vector<float>& q_factor, const PageTable& pages,
+                           const DecodeOptions& options, detail::PvMode mode,
+                           GatherKeys&& gather_keys) {
+  const auto [batch, s_q, h] = shape;
+  const int rows = s_q * h;
+  DecodeResultF32 res;
+  res.out.assign(size_t(batch) * rows * kLatentDim, 0.0f);
+  res.lse.assign(size_t(batch) * rows, 0.0f);
+  if (options.plan) detail::check_plan_contents(op, *options.plan, pages);
+
+  std::vector<float> keys, scales, part_out, part_lse;
+  std::vector<int> split_begin;
+  for (int b = 0; b < batch; ++b) {
+    const int len = pages.cache_seqlens[b];
+    keys.resize(size_t(len) * kHeadDim);
+    scales.resize(len);
+    gather_keys(b, len, keys.data(), scales.data());
+    const detail::KeySet ks{keys.data(), scales.data(), len};
+
+    split_begin.clear();
+    if (options.plan) {
+      for (int k = options.plan->split_offsets[b]; k < options.plan->split_offsets[b + 1]; ++k)
+        split_begin.push_back(options.plan->split_begin[k]);
+    } else {
+      split_begin.push_back(0);
+    }
+    const int n_splits = static_cast<int>(split_begin.size());
+    split_begin.push_back(len);
+
+    std::vector<detail::QueryRow> qrows(rows);
+    for (int i = 0; i < s_q; ++i)
+      for (int hh = 0; hh < h; ++hh) {
+        const int64_t src = (int64_t(b) * s_q + i) * h + hh;
+        qrows[i * h + hh] = {q_values.data() + src * kHeadDim, q_factor[src],
+                             visible_tokens(len, s_q, i, options.causal)};
+      }
+
+    part_out.assign(size_t(n_splits) * rows * kLatentDim, 0.0f);
+    part_lse.assign(size_t(n_splits) * rows, 0.0f);
+    const int groups = (rows + kRowsPerTask - 1) / kRowsPerTask;
+    detail::parallel_for(int64_t(n_splits) * groups, [&](int64_t task) {
+      const int k = static_cast<int>(task / groups);
+      const int r0 = static_cast<int>(task % groups) * kRowsPerTask;
+      const int count = std::min(kRowsPerTask, rows - r0);
+      detail::attend_rows(qrows.data() + r0, count, ks, split_begin[k], split_begin[k + 1], mode,
+                          part_out.data() + (size_t(k) * rows + r0) * kLatentDim,
+                          part_lse.data() + size_t(k) * rows + r0);
+    });
+
+    std::vector<float> row_out(size_t(n_splits) * kLatentDim), row_lse(n_splits);
+    for (int i = 0; i < s_q; ++i)
+      for (int hh = 0; hh < h; ++hh) {
+        const int r = i * h + hh;
+        float* o = res.out.data() + ((int64_t(b) * s_q + i) * h + hh) * kLatentDim;
+        float* l = res.lse.data() + (int64_t(b) * h + hh) * s_q + i;
+        if (n_splits == 1) {  // unsplit: the kernel writes its own normalized result
+          std::copy_n(part_out.data() + size_t(r) * kLatentDim, kLatentDim, o);
+          *l = part_lse[r];
+          continue;
+        }
+        for (int k = 0; k < n_splits; ++k) {
+          std::copy_n(part_out.data() + (size_t(k) * rows + r) * kLatentDim, kLatentDim,
+                      row_out.data() + size_t(k) * kLatentDim);
+          row_lse[k] = part_lse[size_t(k) * rows + r];
+        }
+        combine_row(n_splits, row_out.data(), row_lse.data(), o, l);
+      }
+  }
+  return res;
+}
+
+void check_decode_args(const char* op, int q_batch, int q_s_q, int q_h, Device q_dev,
+                       int64_t num_pages, Device cache_dev, const PageTable& pages,
+                       const DecodeOptions& options) {
+  detail::validate(op, pages);
+  detail::validate(op, options, q_batch);
+  require_cpu(op, "q", q_dev);
+  require_cpu(op, "cache", cache_dev);
+  require_cpu(op, "pages", pages.device);
+  if (options.plan) require_cpu(op, "options.plan", options.plan->device);
+  if (pages.batch != q_batch)
+    detail::fail(op, "pages.batch",
+                 "expected the batch of q (" + std::to_string(q_batch) + "), got " +
+                     std::to_string(pages.batch));
+  detail::check_page_table_contents(op, pages, num_pages);
+  (void)q_s_q;
+  (void)q_h;
+}
+
+void write_bf16(const DecodeResultF32& r, const DecodeOutput& out) {
+  for (size_t i = 0; i < r.out.size(); ++i) out.out[i] = to_bf16(r.out[i]);
+  std::copy(r.lse.begin(), r.lse.end(), out.lse);
+}
+
+}  // namespace
+
+void combine_row(int num_splits, const float* partial_out, const float* partial_lse, float* out,
+                 float* lse) {
+  float m = -std::numeric_limits<float>::infinity();
+  for (int k = 0; k < num_splits; ++k) m = std::max(m, partial_lse[k]);
+  if (m == -std::numeric_limits<float>::infinity()) {
+    std::fill(out, out + kLatentDim, 0.0f);
+    *lse = m;
+    return;
+  }
+  float sum = 0.0f;
+  for (int k = 0; k < num_splits; ++k) sum += std::exp(partial_lse[k] - m);
+  const float total = m + std::log(sum);
+  std::fill(out, out + kLatentDim, 0.0f);
+  for (int k = 0; k < num_splits; ++k) {
+    const float w = std::exp(partial_lse[k] - total);
+    if (w == 0.0f) continue;
+    for (int d = 0; d < kLatentDim; ++d) out[d] += w * partial_out[size_t(k) * kLatentDim + d];
+  }
+  *lse = total;
+}
+
+void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan) {
+  constexpr const char* op = "ref::plan_splits";
+  detail::validate(op, pages);
+  detail::validate(op, plan);
+  require_cpu(op, "pages", pages.device);
+  require_cpu(op, "plan", plan.device);
+  if (num_workers < 1)
+    detail::fail(op, "num_workers", "expected >= 1, got " + std::to_string(num_workers));
+  if (plan.batch != pages.batch)
+    detail::fail(op, "plan.batch", "expected pages.batch (" + std::to_string(pages.batch) +
+                                       "), got " + std::to_string(plan.batch));
+  if (plan.capacity < split_plan_capacity(pages.batch, num_workers))
+    detail::fail(op, "plan.capacity",
+                 "expected >= split_plan_capacity(batch, num_workers) = " +
+                     std::to_string(split_plan_capacity(pages.batch, num_workers)) + ", got " +
+                     std::to_string(plan.capacity));
+  int64_t total_blocks = 0;
+  for (int i = 0; i < pages.batch; ++i) {
+    const int len = pages.cache_seqlens[i];
+    if (len < 0)
+      detail::fail(op, "cache_seqlens", "cache_seqlens[" + std::to_string(i) + "] = " +
+                                            std::to_string(len) + ", expected >= 0");
+    total_blocks += (len + kPageSize - 1) / kPageSize;
+  }
+  // Equal shares of blocks: every sequence is cut into pieces of at most `chunk` blocks, so
+  // the number of splits is at most total_blocks / chunk + batch <= num_workers + batch.
+  const int64_t chunk = std::max<int64_t>(1, (total_blocks + num_workers - 1) / num_workers);
+  int32_t k = 0;
+  plan.split_offsets[0] = 0;
+  for (int i = 0; i < pages.batch; ++i) {
+    const int64_t blocks = (pages.cache_seqlens[i] + kPageSize - 1) / kPageSize;
+    const int64_t n = std::max<int64_t>(1, (blocks + chunk - 1) / chunk);
+    for (int64_t j = 0; j < n; ++j) plan.split_begin[k++] = static_cast<int32_t>(j * chunk * kPageSize);
+    plan.split_offsets[i + 1] = k;
+  }
+}
+
+DecodeResultF32 decode_fp8_f32(const QuantizedQuery& q, const PagedFp8Cache& cache,
+                               const PageTable& pages, const DecodeOptions& options) {
+  constexpr const char* op = "ref::decode_fp8";
+  detail::validate(op, q, "q");
+  detail::validate(op, cache);
+  check_decode_args(op, q.batch, q.seqlen_q, q.num_heads, q.device, cache.num_pages,
+                    cache.device, pages, options);
+  const int64_t rows = int64_t(q.batch) * q.seqlen_q * q.num_heads;
+  std::vector<float> qv(rows * kHeadDim), qf(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int d = 0; d < kLatentDim; ++d) qv[r * kHeadDim + d] = to_float(q.nope[r * kLatentDim + d]);
+    for (int d = 0; d < kRopeDim; ++d)
+      qv[r * kHeadDim + kLatentDim + d] = to_float(q.rope[r * kRopeDim + d]);
+    qf[r] = options.softmax_scale * q.scale[r];
+  }
+  return run_decode(op, {q.batch, q.seqlen_q, q.num_heads}, qv, qf, pages, options,
+                    detail::PvMode::kFp8, [&](int b, int len, float* kv, float* scale) {
+                      const int32_t* table = pages.block_table + int64_t(b) * pages.max_pages;
+                      for (int t = 0; t < len; ++t) {
+                        const int64_t slot = int64_t(table[t / kPageSize]) * kPageSize + t % kPageSize;
+                        float* row = kv + int64_t(t) * kHeadDim;
+                        for (int d = 0; d < kLatentDim; ++d)
+                          row[d] = to_float(cache.latent[slot * kLatentDim + d]);
+                        for (int d = 0; d < kRopeDim; ++d)
+                          row[kLatentDim + d] = to_float(cache.rope[slot * kRopeDim + d]);
+                        scale[t] = cache.scale[slot];
+                      }
+                    });
+}
+
+DecodeResultF32 decode_bf16_f32(const QueryBf16& q, const PagedBf16Cache& cache,
+                                const PageTable& pages, const DecodeOptions& options) {
+  constexpr const char* op = "ref::decode_bf16";
+  detail::validate(op, q);
+  detail::validate(op, cache);
+  check_decode_args(op, q.batch, q.seqlen_q, q.num_heads, q.device, cache.num_pages,
+                    cache.device, pages, options);
+  const int64_t rows = int64_t(q.batch) * q.seqlen_q * q.num_heads;
+  std::vector<float> qv(rows * kHeadDim), qf(rows, options.softmax_scale);
+  for (int64_t i = 0; i < rows * kHeadDim; ++i) qv[i] = to_float(q.data[i]);
+  return run_decode(op, {q.batch, q.seqlen_q, q.num_heads}, qv, qf, pages, options,
+                    detail::PvMode::kBf16, [&](int b, int len, float* kv, float* scale) {
+                      const int32_t* table = pages.block_table + int64_t(b) * pages.max_pages;
+                      for (int t = 0; t < len; ++t) {
+                        const int64_t slot = int64_t(table[t / kPageSize]) * kPageSize + t % kPageSize;
+                        for (int d = 0; d < kHeadDim; ++d)
+                          kv[int64_t(t) * kHeadDim + d] = to_float(cache.data[slot * kHeadDim + d]);
+                        scale[t] = 1.0f;
+                      }
+                    });
+}
+
+void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
+                const DecodeOutput& out, const DecodeOptions& options) {
+  detail::validate("ref::decode_fp8", out);
+  require_cpu("ref::decode_fp8", "out", out.device);
+  write_bf16(decode_fp8_f32(q, cache, pages, options), out);
+}
+
+void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
+                 const DecodeOutput& out, const DecodeOptions& options) {
+  detail::validate("ref::decode_bf16", out);
+  require_cpu("ref::decode_bf16", "out", out.device);
+  write_bf16(decode_bf16_f32(q, cache, pages, options), out);
+}
+
+void attention_f64(const float* q, int seqlen_q, int num_heads, const float* kv, int seqlen_k,
+                   double softmax_scale, bool causal, double* out, double* lse) {
+  const int rows = seqlen_q * num_heads;
+  detail::parallel_for(rows, [&](int64_t r) {
+    const int i = static_cast<int>(r) / num_heads, hh = static_cast<int>(r) % num_heads;
+    const float* qr = q + r * kHeadDim;
+    const int vis = visible_tokens(seqlen_k, seqlen_q, i, causal);
+    double* o = out + r * kLatentDim;
+    std::fill(o, o + kLatentDim, 0.0);
+    double* l = lse + int64_t(hh) * seqlen_q + i;
+    if (vis == 0) {
+      *l = -std::numeric_limits<double>::infinity();
+      return;
+    }
+    std::vector<double> s(vis);
+    double m = -std::numeric_limits<double>::infinity();
+    for (int t = 0; t < vis; ++t) {
+      const float* k = kv + int64_t(t) * kHeadDim;
+      double acc = 0.0;
+      for (int d = 0; d < kHeadDim; ++d) acc += double(qr[d]) * double(k[d]);
+      s[t] = acc * softmax_scale;
+      m = std::max(m, s[t]);
+    }
+    double sum = 0.0;
+    for (int t = 0; t < vis; ++t) {
+      const double p = std::exp(s[t] - m);
+      sum += p;
+      const float* v = kv + int64_t(t) * kHeadDim;
+      for (int d = 0; d < kLatentDim; ++d) o[d] += p * double(v[d]);
+    }
+    for (int d = 0; d < kLatentDim; ++d) o[d] /= sum;
+    *l = m + std::log(sum);
+  });
+}
+
+}  // namespace snapmla::ref

@@ -1,0 +1,7 @@
+#pragma once
+#include <string>
+#include <vector>
+
+namespace snapmla::cli {
+int accuracy_command(const std::vector<std::string>& args);
+}

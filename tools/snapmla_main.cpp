@@ -1,0 +1,54 @@
+// `snapmla`: the project's command-line tool.
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "snapmla/reference.hpp"
+#include "snapmla/snapmla.hpp"
+
+namespace {
+
+void usage() {
+  std::printf(
+      "usage: snapmla <command> [options]\n"
+      "\n"
+      "commands:\n"
+      "  accuracy   the paper's quantization ablation on the CPU against float64 truth\n"
+      "             (snapmla accuracy --help for options)\n"
+      "  info       what this build and machine can run\n");
+}
+
+int info() {
+  std::printf("SnapMLA 0.1.0\n");
+  std::printf("  CUDA kernels in this build: %s\n", snapmla::built_with_cuda() ? "yes" : "no");
+  std::printf("  usable sm_90 GPU:           %s\n",
+              snapmla::cuda_device_available() ? "yes" : "no (the CPU reference runs instead)");
+  std::printf("  CPU reference threads:      %d\n", snapmla::ref::num_threads());
+  std::printf("  FP8 cache: %zu B/token, BF16 cache: %zu B/token\n",
+              snapmla::PagedFp8Cache::bytes_per_token, snapmla::PagedBf16Cache::bytes_per_token);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
+    usage();
+    return args.empty() ? 2 : 0;
+  }
+  const std::string cmd = args[0];
+  args.erase(args.begin());
+  try {
+    if (cmd == "accuracy") return snapmla::cli::accuracy_command(args);
+    if (cmd == "info") return info();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "snapmla %s: error: %s\n", cmd.c_str(), e.what());
+    return 1;
+  }
+  std::fprintf(stderr, "snapmla: unknown command '%s'\n\n", cmd.c_str());
+  usage();
+  return 2;
+}
