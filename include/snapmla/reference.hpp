@@ -44,8 +44,10 @@ void combine_row(int num_splits, const float* partial_out /* [num_splits, 512] *
 // Ground truth: exact attention in float64 on unquantized inputs for one sequence.
 //   q   [seqlen_q, num_heads, 576], kv [seqlen_k, 576] (latent, then rope)
 //   out [seqlen_q, num_heads, 512], lse [num_heads, seqlen_q] (-inf where nothing is seen)
+//   entropy (optional) [num_heads, seqlen_q]: entropy of each attention distribution, nats
 void attention_f64(const float* q, int seqlen_q, int num_heads, const float* kv, int seqlen_k,
-                   double softmax_scale, bool causal, double* out, double* lse);
+                   double softmax_scale, bool causal, double* out, double* lse,
+                   double* entropy = nullptr);
 
 // Threads the reference uses (default: hardware concurrency, or SNAPMLA_NUM_THREADS).
 int num_threads();

@@ -10,8 +10,8 @@ namespace {
 // on device memory is refused with a clear message instead of touching the pointers.
 [[noreturn]] void no_cuda_path(const char* op, const char* arg, Device d) {
   detail::fail(op, std::string(arg) + ".device",
-               "got " + to_string(d) + ", but this build of SnapMLA has no CUDA kernels; pass "
-               "host memory to use the CPU reference");
+               "expected host memory: this build of SnapMLA has no CUDA kernels, got " +
+                   to_string(d) + " (pass host memory to use the CPU reference)");
 }
 
 }  // namespace

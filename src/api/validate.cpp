@@ -41,8 +41,8 @@ void check_pointer(const char* op, const std::string& arg, const T* p, bool need
   if (p == nullptr) fail(op, arg, "null pointer, expected memory");
   if (reinterpret_cast<uintptr_t>(p) % alignment != 0) {
     std::ostringstream s;
-    s << "pointer " << static_cast<const void*>(p) << " is not " << alignment
-      << "-byte aligned (the kernels load it with 16-byte vector and bulk copies)";
+    s << "expected a " << alignment << "-byte aligned pointer, got "
+      << static_cast<const void*>(p) << " (the kernels read it with vector and bulk copies)";
     fail(op, arg, s.str());
   }
 }

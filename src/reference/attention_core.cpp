@@ -49,16 +49,6 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Sum of a[d] * b[d] in double with 8 interleaved partial sums (vectorizable). For e4m3 x e4m3
-// products every partial sum is exact (products are multiples of 2^-18 below 2^18, sums of 512
-// stay below 2^27 < 2^35), so the order does not matter and the result is the exact dot.
-double dot(const float* a, const float* b, int n) {
-  double acc[8] = {};
-  for (int d = 0; d < n; d += 8)
-    for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(a[d + k]) * b[d + k];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
 struct RowState {
   float m = kNegInf;  // running max of the scores
   float l = 0.0f;     // running sum of exp(score - m)
@@ -67,6 +57,13 @@ struct RowState {
 };
 
 }  // namespace
+
+double dot_f64(const float* a, const float* b, int n) {
+  double acc[8] = {};
+  for (int d = 0; d < n; d += 8)
+    for (int k = 0; k < 8; ++k) acc[k] += static_cast<double>(a[d + k]) * b[d + k];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
 
 void attend_rows(const QueryRow* rows, int count, const KeySet& keys, int begin, int end,
                  PvMode mode, float* out, float* lse) {
@@ -88,7 +85,7 @@ void attend_rows(const QueryRow* rows, int count, const KeySet& keys, int begin,
       float blk_max = kNegInf;
       for (int j = 0; j < nt; ++j) {
         const int t = blk + j;
-        const float acc = static_cast<float>(dot(q.values, keys.values + int64_t(t) * kHeadDim,
+        const float acc = static_cast<float>(dot_f64(q.values, keys.values + int64_t(t) * kHeadDim,
                                                  kHeadDim));
         score[j] = (acc * q.factor) * keys.scale[t];
         blk_max = std::max(blk_max, score[j]);

@@ -14,7 +14,7 @@ namespace {
 void require_cpu(const char* op, const char* arg, Device d) {
   if (!d.is_cpu())
     detail::fail(op, std::string(arg) + ".device",
-                 "the reference runs on host memory, got " + to_string(d));
+                 "expected host memory (the reference runs on the CPU), got " + to_string(d));
 }
 
 float amax_of(const bf16* x, int n) {

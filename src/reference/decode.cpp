@@ -17,7 +17,7 @@ constexpr int kRowsPerTask = 16;
 void require_cpu(const char* op, const char* arg, Device d) {
   if (!d.is_cpu())
     detail::fail(op, std::string(arg) + ".device",
-                 "the reference runs on host memory, got " + to_string(d));
+                 "expected host memory (the reference runs on the CPU), got " + to_string(d));
 }
 
 // Tokens query i of s_q sees in a sequence of `len` tokens.
@@ -254,7 +254,7 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
 }
 
 void attention_f64(const float* q, int seqlen_q, int num_heads, const float* kv, int seqlen_k,
-                   double softmax_scale, bool causal, double* out, double* lse) {
+                   double softmax_scale, bool causal, double* out, double* lse, double* entropy) {
   const int rows = seqlen_q * num_heads;
   detail::parallel_for(rows, [&](int64_t r) {
     const int i = static_cast<int>(r) / num_heads, hh = static_cast<int>(r) % num_heads;
@@ -262,29 +262,29 @@ void attention_f64(const float* q, int seqlen_q, int num_heads, const float* kv,
     const int vis = visible_tokens(seqlen_k, seqlen_q, i, causal);
     double* o = out + r * kLatentDim;
     std::fill(o, o + kLatentDim, 0.0);
-    double* l = lse + int64_t(hh) * seqlen_q + i;
+    const int64_t li = int64_t(hh) * seqlen_q + i;
     if (vis == 0) {
-      *l = -std::numeric_limits<double>::infinity();
+      lse[li] = -std::numeric_limits<double>::infinity();
+      if (entropy) entropy[li] = 0.0;
       return;
     }
     std::vector<double> s(vis);
     double m = -std::numeric_limits<double>::infinity();
     for (int t = 0; t < vis; ++t) {
-      const float* k = kv + int64_t(t) * kHeadDim;
-      double acc = 0.0;
-      for (int d = 0; d < kHeadDim; ++d) acc += double(qr[d]) * double(k[d]);
-      s[t] = acc * softmax_scale;
+      s[t] = detail::dot_f64(qr, kv + int64_t(t) * kHeadDim, kHeadDim) * softmax_scale;
       m = std::max(m, s[t]);
     }
-    double sum = 0.0;
+    double sum = 0.0, ps = 0.0;
     for (int t = 0; t < vis; ++t) {
       const double p = std::exp(s[t] - m);
       sum += p;
+      ps += p * s[t];
       const float* v = kv + int64_t(t) * kHeadDim;
       for (int d = 0; d < kLatentDim; ++d) o[d] += p * double(v[d]);
     }
     for (int d = 0; d < kLatentDim; ++d) o[d] /= sum;
-    *l = m + std::log(sum);
+    lse[li] = m + std::log(sum);
+    if (entropy) entropy[li] = lse[li] - ps / sum;  // H = lse - E_p[s]
   });
 }
 

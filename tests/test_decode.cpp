@@ -1,0 +1,410 @@
+// decode_fp8 / decode_bf16 / plan_splits / combine against independent formulations written
+// plainly here, and the properties decoding must have: causal masking, empty and one-token
+// sequences, page-order independence, NaN in unused slots never reaching an output.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <bit>
+#include <chrono>
+#include <random>
+
+#include "test_util.hpp"
+
+namespace snapmla {
+namespace {
+
+using test::Batch;
+using test::make_batch;
+using test::make_rng;
+using test::options;
+using test::OwnedPlan;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct Exact {
+  std::vector<double> out;  // [b, s_q, h, 512]
+  std::vector<double> lse;  // [b, h, s_q]
+  std::vector<double> abs_weighted;  // sum_t p_t |v_t,d| / L, per element (error bounds)
+  // sum_t (P'_t / 16 + sigma_b / 1024) |v_t,d| / L: the most e4m3 rounding of P' can move an
+  // element (half an ulp: 2^-4 relative for normals, 2^-10 * sigma absolute for subnormals).
+  std::vector<double> p_quant_bound;
+};
+
+int visible(int len, int s_q, int i) { return std::max(0, len - s_q + i + 1); }
+
+// The SnapMLA algorithm written as one pass per block with no running state: scores in double,
+// P' = p * s_t quantized to e4m3 per block with sigma = max P' / 448 (which does not depend on
+// the running max, so the block's local max serves), blocks summed at the global max.
+// With quantize_p = false: exact softmax over the quantized-domain scores.
+Exact independent_fp8(Batch& B, bool quantize_p) {
+  Exact E;
+  const int rows = B.s_q * B.h;
+  E.out.assign(size_t(B.batch) * rows * kLatentDim, 0.0);
+  E.lse.assign(size_t(B.batch) * rows, -kInf);
+  E.abs_weighted.assign(E.out.size(), 0.0);
+  E.p_quant_bound.assign(E.out.size(), 0.0);
+  for (int b = 0; b < B.batch; ++b)
+    for (int i = 0; i < B.s_q; ++i)
+      for (int hh = 0; hh < B.h; ++hh) {
+        const size_t r = (size_t(b) * B.s_q + i) * B.h + hh;
+        const int vis = visible(B.seqlens[b], B.s_q, i);
+        if (vis == 0) continue;
+        std::vector<double> score(vis);
+        double M = -kInf;
+        for (int t = 0; t < vis; ++t) {
+          const int64_t slot = B.slot(b, t);
+          double acc = 0;
+          for (int d = 0; d < kLatentDim; ++d)
+            acc += double(to_float(B.q_nope[r * kLatentDim + d])) *
+                   to_float(B.latent[slot * kLatentDim + d]);
+          for (int d = 0; d < kRopeDim; ++d)
+            acc += double(to_float(B.q_rope[r * kRopeDim + d])) * to_float(B.rope[slot * kRopeDim + d]);
+          score[t] = acc * B.softmax_scale * B.q_scale[r] * B.scale[slot];
+          M = std::max(M, score[t]);
+        }
+        double L = 0;
+        for (int t = 0; t < vis; ++t) L += std::exp(score[t] - M);
+        double* o = E.out.data() + r * kLatentDim;
+        double* aw = E.abs_weighted.data() + r * kLatentDim;
+        for (int blk = 0; blk < vis; blk += kPageSize) {
+          const int end = std::min(vis, blk + kPageSize);
+          double w_max = 0;
+          for (int t = blk; t < end; ++t)
+            w_max = std::max(w_max, std::exp(score[t] - M) * B.scale[B.slot(b, t)]);
+          for (int t = blk; t < end; ++t) {
+            const int64_t slot = B.slot(b, t);
+            const double w = std::exp(score[t] - M) * B.scale[slot];
+            const double wq = quantize_p ? to_float(to_e4m3(float(448.0 * w / w_max))) * w_max / 448.0 : w;
+            for (int d = 0; d < kLatentDim; ++d) {
+              const double v = to_float(B.latent[slot * kLatentDim + d]);
+              o[d] += wq * v / L;
+              aw[d] += std::fabs(w * v) / L;
+              E.p_quant_bound[r * kLatentDim + d] += (w / 16 + w_max / 448 / 1024) * std::fabs(v) / L;
+            }
+          }
+        }
+        E.lse[(size_t(b) * B.h + hh) * B.s_q + i] = M + std::log(L);
+      }
+  return E;
+}
+
+// Exact softmax in double on the BF16 cache's values.
+Exact independent_bf16(Batch& B) {
+  Exact E;
+  const int rows = B.s_q * B.h;
+  E.out.assign(size_t(B.batch) * rows * kLatentDim, 0.0);
+  E.lse.assign(size_t(B.batch) * rows, -kInf);
+  E.abs_weighted.assign(E.out.size(), 0.0);
+  for (int b = 0; b < B.batch; ++b)
+    for (int i = 0; i < B.s_q; ++i)
+      for (int hh = 0; hh < B.h; ++hh) {
+        const size_t r = (size_t(b) * B.s_q + i) * B.h + hh;
+        const int vis = visible(B.seqlens[b], B.s_q, i);
+        if (vis == 0) continue;
+        std::vector<double> score(vis);
+        double M = -kInf, L = 0;
+        for (int t = 0; t < vis; ++t) {
+          double acc = 0;
+          for (int d = 0; d < kHeadDim; ++d)
+            acc += double(to_float(B.q[r * kHeadDim + d])) * to_float(B.bf16_data[B.slot(b, t) * kHeadDim + d]);
+          score[t] = acc * B.softmax_scale;
+          M = std::max(M, score[t]);
+        }
+        for (int t = 0; t < vis; ++t) L += std::exp(score[t] - M);
+        for (int t = 0; t < vis; ++t) {
+          const double p = std::exp(score[t] - M) / L;
+          for (int d = 0; d < kLatentDim; ++d) {
+            const double v = to_float(B.bf16_data[B.slot(b, t) * kHeadDim + d]);
+            E.out[r * kLatentDim + d] += p * v;
+            E.abs_weighted[r * kLatentDim + d] += p * std::fabs(v);
+          }
+        }
+        E.lse[(size_t(b) * B.h + hh) * B.s_q + i] = M + std::log(L);
+      }
+  return E;
+}
+
+void expect_lse_close(const std::vector<float>& got, const std::vector<double>& want, double tol) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isinf(want[i])) {
+      ASSERT_TRUE(std::isinf(got[i]) && got[i] < 0) << "row " << i << " sees nothing: lse -inf";
+      continue;
+    }
+    ASSERT_NEAR(got[i], want[i], tol * std::max(1.0, std::fabs(want[i]))) << "lse row " << i;
+  }
+}
+
+struct Shape {
+  int h, s_q;
+  std::vector<int32_t> seqlens;
+};
+
+class DecodeFp8Shapes : public ::testing::TestWithParam<Shape> {};
+
+// The emulation differs from the independent formulation only by fp32 rounding of scores,
+// exponentials and sums (relative ~1e-6), which can flip an e4m3 rounding of P' where
+// P'/sigma lies within ~1e-6 of a rounding boundary (a handful per million weights, each
+// moving the output by < 2^-4 of one token's share). Measured 1e-7..5e-7 (split: ~8e-7).
+TEST_P(DecodeFp8Shapes, MatchesIndependentFormulation) {
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  const Shape& s = GetParam();
+  Batch B = make_batch(rng, s.seqlens, s.s_q, s.h);
+  const ref::DecodeResultF32 r = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
+  const Exact E = independent_fp8(B, true);
+  const double err = test::rel_l2(r.out, E.out);
+  std::printf("[ info ] h=%d s_q=%d: rel-L2 emulation vs independent %.2e\n", s.h, s.s_q, err);
+  EXPECT_LT(err, 5e-6);
+  expect_lse_close(r.lse, E.lse, 2e-6);
+  for (size_t i = 0; i < r.out.size(); ++i) ASSERT_TRUE(std::isfinite(r.out[i])) << i;
+  // Against exact softmax without P quantization, each element is off by at most what e4m3
+  // rounding of P' can do (p_quant_bound), plus fp32 rounding (1e-5 of the weighted magnitude).
+  const Exact X = independent_fp8(B, false);
+  for (size_t i = 0; i < r.out.size(); ++i)
+    ASSERT_LE(std::fabs(r.out[i] - X.out[i]), E.p_quant_bound[i] + 1e-5 * X.abs_weighted[i] + 1e-30)
+        << "element " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, DecodeFp8Shapes,
+    ::testing::Values(Shape{16, 1, {0, 1, 63, 64, 65, 300}}, Shape{32, 2, {1, 2, 129, 64}},
+                      Shape{64, 3, {200, 3, 0}}, Shape{128, 4, {257, 64}},
+                      Shape{128, 1, {1000}}, Shape{48, 2, {130, 5}}),
+    [](const ::testing::TestParamInfo<Shape>& info) {
+      char name[48];
+      std::snprintf(name, sizeof name, "h%d_sq%d_%zu", info.param.h, info.param.s_q, info.index);
+      return std::string(name);
+    });
+
+TEST(DecodeBf16, WithinBf16RoundingOfPOfExactSoftmax) {
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  Batch B = make_batch(rng, {0, 1, 64, 65, 700}, 2, 32);
+  const ref::DecodeResultF32 r = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), options(B));
+  const Exact E = independent_bf16(B);
+  // P is rounded to bf16 (2^-8 relative per weight) before PV; fp32 sums add ~1e-5.
+  for (size_t i = 0; i < r.out.size(); ++i)
+    ASSERT_LE(std::fabs(r.out[i] - E.out[i]), E.abs_weighted[i] * (1.0 / 256 + 2e-5) + 1e-30)
+        << "element " << i;
+  expect_lse_close(r.lse, E.lse, 2e-6);
+  // The bf16-output entry point rounds exactly those values.
+  std::vector<bf16> out(r.out.size());
+  std::vector<float> lse(r.lse.size());
+  decode_bf16(B.query(), B.bf16_cache(), B.pages(), {out.data(), lse.data(), Device::cpu()}, options(B));
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i].bits, to_bf16(r.out[i]).bits);
+}
+
+TEST(SplitKv, SplitPlusCombineEqualsUnsplitWithinFloatRounding) {
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  Batch B = make_batch(rng, {2000, 0, 64, 1, 777, 130}, 2, 16);
+  OwnedPlan P(B.pages(), 24);
+  int max_splits = 0;
+  for (int b = 0; b < B.batch; ++b) max_splits = std::max(max_splits, P.offsets[b + 1] - P.offsets[b]);
+  ASSERT_GE(max_splits, 4) << "the test needs sequences that really are split";
+  const auto whole = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
+  const auto split = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B, &P.plan));
+  // P'/sigma is the same whatever the running max, so only fp32 rounding differs (see above).
+  std::vector<double> w(whole.out.begin(), whole.out.end());
+  const double err = test::rel_l2(split.out, w);
+  std::printf("[ info ] split vs unsplit rel-L2 %.2e (max %d splits)\n", err, max_splits);
+  EXPECT_LT(err, 5e-6);
+  std::vector<double> wl(whole.lse.begin(), whole.lse.end());
+  expect_lse_close(split.lse, wl, 2e-6);
+  const auto whole16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), options(B));
+  const auto split16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), options(B, &P.plan));
+  std::vector<double> w16(whole16.out.begin(), whole16.out.end());
+  EXPECT_LT(test::rel_l2(split16.out, w16), 2e-3);  // bf16(P) depends on the running max: 2^-8
+}
+
+TEST(SplitKv, CombineRowIsLogSumExpWeighting) {
+  std::vector<float> po(3 * kLatentDim), pl = {1.5f, -std::numeric_limits<float>::infinity(), -0.5f};
+  for (int d = 0; d < kLatentDim; ++d) {
+    po[d] = float(d);
+    po[kLatentDim + d] = 1e30f;  // an empty split's output must not leak
+    po[2 * kLatentDim + d] = -float(d);
+  }
+  std::vector<float> out(kLatentDim);
+  float lse = 0;
+  ref::combine_row(3, po.data(), pl.data(), out.data(), &lse);
+  const double L = std::log(std::exp(1.5) + std::exp(-0.5));
+  EXPECT_NEAR(lse, L, 1e-6);
+  const double w0 = std::exp(1.5 - L), w2 = std::exp(-0.5 - L);
+  for (int d = 0; d < kLatentDim; ++d) ASSERT_NEAR(out[d], w0 * d - w2 * d, 1e-4 * (1 + d));
+  std::vector<float> empty = {-INFINITY, -INFINITY};
+  ref::combine_row(2, po.data(), empty.data(), out.data(), &lse);
+  EXPECT_TRUE(std::isinf(lse) && lse < 0);
+  for (float v : out) ASSERT_EQ(v, 0.0f);
+}
+
+TEST(SplitKv, PlanCoversEverySequenceWithinCapacity) {
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  std::uniform_int_distribution<int> len(0, 5000), workers(1, 300), batch(1, 64);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int b = batch(rng), w = workers(rng);
+    std::vector<int32_t> seqlens(b), table(b, 0);
+    for (auto& l : seqlens) l = len(rng) * (trial % 3 == 0 ? 0 : 1);
+    PageTable pages{table.data(), seqlens.data(), b, 200, Device::cpu()};
+    OwnedPlan P(pages, w);
+    ASSERT_EQ(P.offsets[0], 0);
+    ASSERT_LE(P.offsets[b], split_plan_capacity(b, w));
+    int64_t total_blocks = 0;
+    for (int32_t l : seqlens) total_blocks += (l + 63) / 64;
+    const int64_t share = (total_blocks + w - 1) / w;
+    for (int i = 0; i < b; ++i) {
+      const int lo = P.offsets[i], hi = P.offsets[i + 1];
+      ASSERT_GE(hi - lo, 1);
+      ASSERT_EQ(P.begins[lo], 0);
+      for (int k = lo; k < hi; ++k) {
+        const int end = k + 1 < hi ? P.begins[k + 1] : seqlens[i];
+        ASSERT_EQ(P.begins[k] % kPageSize, 0);
+        if (seqlens[i] > 0) {
+          ASSERT_GT(end, P.begins[k]);
+        }
+        ASSERT_LE((end - P.begins[k] + 63) / 64, std::max<int64_t>(share, 1)) << "balanced shares";
+      }
+    }
+  }
+}
+
+TEST(Causal, EachQuerySeesExactlyItsPrefix) {
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  const int s_q = 4, h = 16;
+  Batch B = make_batch(rng, {130, 3, 64}, s_q, h);
+  const auto all = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
+  const auto all16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), options(B));
+  for (int b = 0; b < B.batch; ++b)
+    for (int i = 0; i < s_q; ++i) {
+      // The same query alone (s_q = 1) over the sequence cut to the tokens it may see.
+      const size_t r0 = (size_t(b) * s_q + i) * h;
+      int32_t len = visible(B.seqlens[b], s_q, i);
+      PageTable one{B.block_table.data() + size_t(b) * B.max_pages, &len, 1, B.max_pages, Device::cpu()};
+      QuantizedQuery qq{B.q_nope.data() + r0 * kLatentDim, B.q_rope.data() + r0 * kRopeDim,
+                        B.q_scale.data() + r0, 1, 1, h, Device::cpu()};
+      const auto alone = ref::decode_fp8_f32(qq, B.fp8(), one, options(B));
+      QueryBf16 q16{B.q.data() + r0 * kHeadDim, 1, 1, h, Device::cpu()};
+      const auto alone16 = ref::decode_bf16_f32(q16, B.bf16_cache(), one, options(B));
+      for (int hh = 0; hh < h; ++hh) {
+        const size_t lse_i = (size_t(b) * h + hh) * s_q + i;
+        ASSERT_EQ(std::bit_cast<uint32_t>(all.lse[lse_i]), std::bit_cast<uint32_t>(alone.lse[hh]));
+        ASSERT_EQ(std::bit_cast<uint32_t>(all16.lse[lse_i]), std::bit_cast<uint32_t>(alone16.lse[hh]));
+        for (int d = 0; d < kLatentDim; ++d) {
+          ASSERT_EQ(all.out[(r0 + hh) * kLatentDim + d], alone.out[size_t(hh) * kLatentDim + d]);
+          ASSERT_EQ(all16.out[(r0 + hh) * kLatentDim + d], alone16.out[size_t(hh) * kLatentDim + d]);
+        }
+      }
+    }
+  // Without the causal mask every query sees the whole sequence.
+  const auto full = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B, nullptr, false));
+  for (int i = 0; i < s_q; ++i)
+    EXPECT_TRUE(std::isfinite(full.lse[(size_t(1) * h) * s_q + i])) << "3-token sequence, query " << i;
+  EXPECT_TRUE(std::isinf(all.lse[(size_t(1) * h) * s_q + 0])) << "causal: query 0 of 4 sees none of 3 tokens";
+}
+
+TEST(EdgeCases, EmptySequenceIsZeroWithMinusInfLseAndOneTokenIsThatToken) {
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  Batch B = make_batch(rng, {0, 1}, 1, 16);
+  std::vector<bf16> out(size_t(2) * 16 * kLatentDim, to_bf16(test::kNaN));
+  std::vector<float> lse(32, test::kNaN);
+  decode_fp8(B.qq(), B.fp8(), B.pages(), {out.data(), lse.data(), Device::cpu()}, options(B));
+  for (int hh = 0; hh < 16; ++hh) {
+    EXPECT_TRUE(std::isinf(lse[hh]) && lse[hh] < 0);
+    for (int d = 0; d < kLatentDim; ++d) ASSERT_EQ(out[size_t(hh) * kLatentDim + d].bits, 0);
+  }
+  // One token: softmax weight 1, so the output is the dequantized latent (P' = s_t maps to
+  // exactly 448 = e4m3 max, sigma = s_t / 448), rounded to bf16.
+  const int64_t slot = B.slot(1, 0);
+  for (int hh = 0; hh < 16; ++hh)
+    for (int d = 0; d < kLatentDim; ++d) {
+      const float want = to_float(B.latent[slot * kLatentDim + d]) * B.scale[slot];
+      ASSERT_NEAR(to_float(out[(16 + hh) * size_t(kLatentDim) + d]), want, std::fabs(want) / 256 + 1e-30)
+          << "head " << hh << " dim " << d;
+    }
+}
+
+TEST(Paging, PageOrderDoesNotChangeTheResult) {
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  Batch B = make_batch(rng, {300, 65, 128}, 2, 32);
+  const auto before = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
+  const auto before16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), options(B));
+  // Move every page p to perm[p] in a second copy of the caches and rewrite the block table.
+  std::vector<int32_t> perm(B.num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  Batch C = B;
+  for (int64_t p = 0; p < B.num_pages; ++p) {
+    const int64_t q = perm[p];
+    std::copy_n(B.latent.begin() + p * kPageSize * kLatentDim, kPageSize * kLatentDim, C.latent.begin() + q * kPageSize * kLatentDim);
+    std::copy_n(B.scale.begin() + p * kPageSize, kPageSize, C.scale.begin() + q * kPageSize);
+    std::copy_n(B.rope.begin() + p * kPageSize * kRopeDim, kPageSize * kRopeDim, C.rope.begin() + q * kPageSize * kRopeDim);
+    std::copy_n(B.bf16_data.begin() + p * kPageSize * kHeadDim, kPageSize * kHeadDim, C.bf16_data.begin() + q * kPageSize * kHeadDim);
+  }
+  for (int b = 0; b < B.batch; ++b)
+    for (int j = 0; j < (B.seqlens[b] + 63) / 64; ++j) {
+      int32_t& e = C.block_table[size_t(b) * B.max_pages + j];
+      e = perm[e];
+    }
+  const auto after = ref::decode_fp8_f32(C.qq(), C.fp8(), C.pages(), options(C));
+  const auto after16 = ref::decode_bf16_f32(C.query(), C.bf16_cache(), C.pages(), options(C));
+  EXPECT_EQ(before.out, after.out);
+  EXPECT_EQ(before16.out, after16.out);
+  for (size_t i = 0; i < before.lse.size(); ++i) ASSERT_EQ(before.lse[i], after.lse[i]);
+}
+
+TEST(Paging, NaNInUnusedSlotsNeverReachesAnOutput) {
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  // Lengths that end mid-page: the rest of each last page is NaN, as are spare pages; table
+  // entries past each sequence's pages are out of range and must not be read.
+  Batch B = make_batch(rng, {1, 63, 65, 127, 190}, 3, 16);
+  OwnedPlan P(B.pages(), 7);
+  for (const SplitPlan* plan : {static_cast<const SplitPlan*>(nullptr), static_cast<const SplitPlan*>(&P.plan)}) {
+    const auto r = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B, plan));
+    const auto r16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), options(B, plan));
+    for (size_t i = 0; i < r.out.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(r.out[i])) << i;
+      ASSERT_TRUE(std::isfinite(r16.out[i])) << i;
+    }
+    for (size_t i = 0; i < r.lse.size(); ++i) ASSERT_FALSE(std::isnan(r.lse[i]));
+  }
+}
+
+TEST(GroundTruth, Float64AttentionMatchesTheFormula) {
+  // Two tokens, one head: softmax of two scores, by hand.
+  std::vector<float> q(kHeadDim, 0.f), kv(2 * kHeadDim, 0.f);
+  q[0] = 1.f;
+  q[kLatentDim] = 2.f;
+  kv[0] = 3.f;                 // token 0 score = 3
+  kv[kHeadDim + 0] = 1.f;      // token 1 score = 1 + 2 * 0.5 = 2
+  kv[kHeadDim + kLatentDim] = 0.5f;
+  kv[1] = 10.f;
+  kv[kHeadDim + 1] = -10.f;
+  std::vector<double> out(kLatentDim), lse(1);
+  ref::attention_f64(q.data(), 1, 1, kv.data(), 2, 1.0, true, out.data(), lse.data());
+  const double p0 = std::exp(3.0) / (std::exp(3.0) + std::exp(2.0));
+  EXPECT_NEAR(lse[0], std::log(std::exp(3.0) + std::exp(2.0)), 1e-12);
+  EXPECT_NEAR(out[0], p0 * 3 + (1 - p0) * 1, 1e-12);
+  EXPECT_NEAR(out[1], p0 * 10 - (1 - p0) * 10, 1e-12);
+}
+
+TEST(LongContext, ThirtyTwoThousandTokensRunInSeconds) {
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  Batch B = make_batch(rng, {32768}, 1, 128);
+  OwnedPlan P(B.pages(), 16);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B, &P.plan));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("[ info ] decode_fp8 reference, 1 x 32768 tokens x 128 heads: %.2f s on %d threads\n",
+              secs, ref::num_threads());
+  for (float v : r.out) ASSERT_TRUE(std::isfinite(v));
+}
+
+}  // namespace
+}  // namespace snapmla
