@@ -48,18 +48,20 @@ TEST(Synthetic, MlaLikeDataHasTheDocumentedShape) {
   EXPECT_GT(truth.effective_tokens, 1.0);
 }
 
-// Bounds from the accuracy tool's measurements on this data (docs/accuracy.md): SnapMLA's mean
-// rel-L2 is about 4-5% (max ~6.3% over h, s_k, seeds), the BF16 cache about 0.4% (max 0.7%).
-// The test allows 1.6x the measured maxima, and checks the ordering that follows from the
-// precisions involved (bf16 keeps 8 mantissa bits, e4m3 3).
+// Bounds from the accuracy tool's measurements on this data (docs/results/accuracy_cpu.txt,
+// 36 MLA-like sequences): SnapMLA's rel-L2 has mean 4.5% and worst 12.7%, the BF16 cache mean
+// 0.43% and worst 0.76%. The test allows the measured worst case plus a margin (15%, 1.2%) and
+// checks the ordering that follows from the precisions (bf16 keeps 8 significant bits, e4m3 4).
 TEST(Ablation, SnapMlaAndBf16WithinMeasuredBounds) {
   for (uint64_t seed : {11u, 12u}) {
     const auto s = synthetic::make_sequence({DataKind::kMlaLike, seed, 3000, 2, 32});
     const auto truth = accuracy::ground_truth(s);
     const auto snap = accuracy::evaluate(accuracy::Recipe::kSnapMla, s, truth);
     const auto bf = accuracy::evaluate(accuracy::Recipe::kBf16Cache, s, truth);
-    EXPECT_LT(snap.rel_l2, 0.10);
-    EXPECT_GT(snap.cosine, 0.995);
+    std::printf("[ info ] seed %d: SnapMLA rel-L2 %.4f cosine %.6f, BF16 rel-L2 %.5f\n", int(seed),
+                snap.rel_l2, snap.cosine, bf.rel_l2);
+    EXPECT_LT(snap.rel_l2, 0.15);
+    EXPECT_GT(snap.cosine, 0.99);
     EXPECT_LT(bf.rel_l2, 0.012);
     EXPECT_GT(bf.cosine, 0.9999);
     EXPECT_LT(bf.rel_l2, snap.rel_l2);
