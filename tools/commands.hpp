@@ -4,4 +4,5 @@
 
 namespace snapmla::cli {
 int accuracy_command(const std::vector<std::string>& args);
+int bench_command(const std::vector<std::string>& args);  // CUDA builds only
 }

@@ -17,6 +17,7 @@ void usage() {
       "commands:\n"
       "  accuracy   the paper's quantization ablation on the CPU against float64 truth\n"
       "             (snapmla accuracy --help for options)\n"
+      "  bench      time decode_fp8 against decode_bf16 on the GPU (CUDA builds)\n"
       "  info       what this build and machine can run\n");
 }
 
@@ -44,6 +45,14 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "accuracy") return snapmla::cli::accuracy_command(args);
     if (cmd == "info") return info();
+    if (cmd == "bench") {
+#if SNAPMLA_HAVE_CUDA
+      return snapmla::cli::bench_command(args);
+#else
+      std::fprintf(stderr, "snapmla bench: this build has no CUDA kernels (nvcc was not found)\n");
+      return 2;
+#endif
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "snapmla %s: error: %s\n", cmd.c_str(), e.what());
     return 1;

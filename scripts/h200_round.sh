@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One round on the H200 (device tool): binaries built here are carried in .devbin/.
+#   scripts/h200_round.sh tests|sanitize|bench|quick [commit]
+# Writes logs under $OUT (the device tool brings them back) or /tmp/h200 when run elsewhere.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-tests}
+commit=${2:-unknown}
+out=${OUT:-/tmp/h200}
+mkdir -p "$out"
+bin=.devbin
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv 2>&1 | tee "$out/gpu.txt"
+"$bin/snapmla" info
+case "$mode" in
+  tests)
+    "$bin/snapmla_gpu_tests" 2>&1 | tee "$out/gpu_tests.log" | grep -E "info|FAILED|PASSED|SKIPPED|Failure|error" | head -80
+    ;;
+  sanitize)
+    filter='GpuCacheOps*:GpuPlan*:*h16_sq1_w40*:*h64_sq3_w16*:GpuErrors*'
+    compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/snapmla_gpu_tests" --gtest_filter="$filter" 2>&1 | tee "$out/memcheck.log" | tail -5
+    echo "memcheck exit: ${PIPESTATUS[0]}"
+    compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/snapmla_gpu_tests" --gtest_filter='*h16_sq1_w40*:*h48_sq2_w4*' 2>&1 | tee "$out/racecheck.log" | tail -5
+    echo "racecheck exit: ${PIPESTATUS[0]}"
+    ;;
+  quick)
+    "$bin/snapmla" bench --quick --reps 10 --commit "$commit" 2>&1 | tee "$out/bench_quick.log"
+    ;;
+  bench)
+    "$bin/snapmla" bench --commit "$commit" --json "$out/h200.json" --md "$out/h200.md" 2>&1 | tee "$out/bench.log"
+    ;;
+esac

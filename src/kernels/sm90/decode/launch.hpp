@@ -1,0 +1,50 @@
+// Host-side set-up shared by decode_fp8 and decode_bf16: the common parameters, the
+// workspace check for split plans, and the combine launch.
+#pragma once
+
+#include <string>
+
+#include "../../../api/validate.hpp"
+#include "../../smxx/combine.hpp"
+#include "params.hpp"
+#include "snapmla/formats.hpp"
+
+namespace snapmla::cuda {
+
+inline DecodeParams make_params(const char* op, int batch, int s_q, int h, const PageTable& pages,
+                                const DecodeOutput& out, const DecodeOptions& options) {
+  DecodeParams p;
+  p.block_table = pages.block_table;
+  p.seqlens = pages.cache_seqlens;
+  p.max_pages = pages.max_pages;
+  p.batch = batch;
+  p.seqlen_q = s_q;
+  p.num_heads = h;
+  p.rows = s_q * h;
+  p.softmax_scale = options.softmax_scale;
+  p.causal = options.causal;
+  p.out = reinterpret_cast<uint16_t*>(out.out);
+  p.lse = out.lse;
+  if (options.plan) {
+    const size_t need = decode_workspace_bytes(options.plan->capacity, s_q, h);
+    if (options.workspace == nullptr || options.workspace_bytes < need)
+      detail::fail(op, "options.workspace",
+                   "expected device memory of at least decode_workspace_bytes(capacity, s_q, h) = " +
+                       std::to_string(need) + " bytes for the split partials, got " +
+                       std::to_string(options.workspace_bytes));
+    if (reinterpret_cast<uintptr_t>(options.workspace) % 16 != 0)
+      detail::fail(op, "options.workspace", "expected a 16-byte aligned pointer");
+    p.split_offsets = options.plan->split_offsets;
+    p.split_begin = options.plan->split_begin;
+    p.partial_out = static_cast<float*>(options.workspace);
+    p.partial_lse = p.partial_out + size_t(options.plan->capacity) * p.rows * kLatentDim;
+  }
+  return p;
+}
+
+inline CombineParams combine_params(const DecodeParams& p) {
+  return {p.split_offsets, p.partial_out, p.partial_lse, p.out, p.lse,
+          p.batch,         p.rows,        p.seqlen_q,    p.num_heads};
+}
+
+}  // namespace snapmla::cuda

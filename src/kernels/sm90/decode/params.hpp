@@ -1,0 +1,36 @@
+// Parameters of the decode kernels (decode_fp8.cu, decode_bf16.cu) and of their launch.
+#pragma once
+
+#include <cstdint>
+
+namespace snapmla::cuda {
+
+struct DecodeParams {
+  // Queries: FP8 (nope, rope, scale) or BF16 ([rows, 576]).
+  const uint8_t* q_nope = nullptr;
+  const uint16_t* q_rope = nullptr;
+  const float* q_scale = nullptr;
+  const uint16_t* q_bf16 = nullptr;
+  // Cache: FP8 planes or the BF16 cache.
+  const uint8_t* latent = nullptr;
+  const float* k_scale = nullptr;
+  const uint16_t* k_rope = nullptr;
+  const uint16_t* kv_bf16 = nullptr;
+  int64_t num_pages = 0;
+  const int32_t* block_table = nullptr;
+  const int32_t* seqlens = nullptr;
+  int max_pages = 0;
+  int batch = 0, seqlen_q = 1, num_heads = 0, rows = 0;  // rows = seqlen_q * num_heads
+  float softmax_scale = 0.f;
+  bool causal = true;
+  // Split plan (null: one split per sequence) and the fp32 partials of split sequences.
+  const int32_t* split_offsets = nullptr;
+  const int32_t* split_begin = nullptr;
+  float* partial_out = nullptr;  // [capacity, rows, 512]
+  float* partial_lse = nullptr;  // [capacity, rows]
+  // Outputs.
+  uint16_t* out = nullptr;  // bf16 [batch, s_q, h, 512] = [batch, rows, 512]
+  float* lse = nullptr;     // [batch, h, s_q]
+};
+
+}  // namespace snapmla::cuda

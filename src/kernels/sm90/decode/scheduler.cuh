@@ -1,0 +1,56 @@
+// Which (sequence, split, token range) a CTA works on. The grid is fixed by the plan's
+// capacity (or the batch), so it does not depend on cache_seqlens: a decode step can be
+// captured in a CUDA graph and replayed with new lengths. CTAs past the plan's last split exit.
+#pragma once
+
+#include "params.hpp"
+#include "snapmla/types.hpp"
+
+namespace snapmla::cuda {
+
+struct Work {
+  int seq = 0;
+  int split = 0;      // global split index (row of the partial buffers)
+  bool single = true; // the sequence has one split: write the final output directly
+  int begin = 0, end = 0;  // tokens [begin, end) of this split
+  int len = 0;             // tokens in the sequence
+};
+
+__device__ __forceinline__ bool find_work(const DecodeParams& p, int item, Work& w) {
+  if (p.split_offsets == nullptr) {
+    if (item >= p.batch) return false;
+    w.seq = item;
+  } else {
+    if (item >= p.split_offsets[p.batch]) return false;
+    int lo = 0, hi = p.batch - 1;  // last seq with split_offsets[seq] <= item
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (p.split_offsets[mid] <= item) lo = mid; else hi = mid - 1;
+    }
+    w.seq = lo;
+  }
+  // Lengths beyond the block table are clamped (the host validates them where it can).
+  const int cap = p.max_pages * kPageSize;
+  w.len = min(max(p.seqlens[w.seq], 0), cap);
+  w.split = item;
+  if (p.split_offsets == nullptr) {
+    w.single = true;
+    w.begin = 0;
+    w.end = w.len;
+  } else {
+    const int first = p.split_offsets[w.seq], last = p.split_offsets[w.seq + 1];
+    w.single = last - first <= 1;
+    w.begin = min(max(p.split_begin[item], 0), w.len);
+    w.end = item + 1 < last ? min(max(p.split_begin[item + 1], w.begin), w.len) : w.len;
+  }
+  return true;
+}
+
+// Tokens query row r (r = i * h + head) may see.
+__device__ __forceinline__ int visible_end(const DecodeParams& p, const Work& w, int r) {
+  const int i = r / p.num_heads;
+  const int vis = p.causal ? max(0, w.len - p.seqlen_q + i + 1) : w.len;
+  return min(vis, w.end);
+}
+
+}  // namespace snapmla::cuda

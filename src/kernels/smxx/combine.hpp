@@ -1,0 +1,21 @@
+// The split-KV combine kernel's parameters (shared by decode_fp8 and decode_bf16).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace snapmla::cuda {
+
+struct CombineParams {
+  const int32_t* split_offsets;  // [batch + 1]
+  const float* partial_out;      // [capacity, rows, 512]
+  const float* partial_lse;      // [capacity, rows]
+  uint16_t* out;                 // bf16 [batch, s_q, h, 512]
+  float* lse;                    // [batch, h, s_q]
+  int batch, rows, seqlen_q, num_heads;
+};
+
+void combine(const CombineParams& p, cudaStream_t stream);
+
+}  // namespace snapmla::cuda

@@ -1,0 +1,391 @@
+// GPU tests (CTest label `gpu`): every CUDA kernel against the CPU reference on the same
+// inputs. Fresh random inputs each run, outputs poisoned with NaN before each launch, NaN in
+// every cache slot no token owns. Without an sm_90 GPU every test skips with a message.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "../test_util.hpp"
+#include "device_buffer.hpp"
+#include "snapmla/accuracy.hpp"
+#include "snapmla/synthetic.hpp"
+
+namespace snapmla {
+namespace {
+
+using test::Batch;
+using test::DeviceBuffer;
+using test::make_batch;
+using test::make_rng;
+
+#define REQUIRE_GPU()                                                                     \
+  do {                                                                                    \
+    if (!cuda_device_available())                                                         \
+      GTEST_SKIP() << "no sm_90 GPU on this machine: GPU test not run (it runs on the H200)"; \
+  } while (0)
+
+const Device kGpu = Device::cuda(0);
+
+// Device mirror of a test::Batch (caches, tables and queries), outputs poisoned.
+struct GpuBatch {
+  DeviceBuffer<e4m3> latent;
+  DeviceBuffer<float> scale;
+  DeviceBuffer<bf16> rope, kv16, q, q_rope;
+  DeviceBuffer<e4m3> q_nope;
+  DeviceBuffer<float> q_scale;
+  DeviceBuffer<int32_t> table, seqlens;
+  DeviceBuffer<bf16> out;
+  DeviceBuffer<float> lse;
+  const Batch& B;
+  explicit GpuBatch(const Batch& b)
+      : latent(b.latent), scale(b.scale), rope(b.rope), kv16(b.bf16_data), q(b.q), q_rope(b.q_rope),
+        q_nope(b.q_nope), q_scale(b.q_scale), table(b.block_table), seqlens(b.seqlens),
+        out(size_t(b.batch) * b.s_q * b.h * kLatentDim), lse(size_t(b.batch) * b.s_q * b.h), B(b) {}
+  PagedFp8Cache fp8() { return {latent.get(), scale.get(), rope.get(), B.num_pages, kGpu}; }
+  PagedBf16Cache bf16c() { return {kv16.get(), B.num_pages, kGpu}; }
+  PageTable pages() { return {table.get(), seqlens.get(), B.batch, B.max_pages, kGpu}; }
+  QuantizedQuery qq() { return {q_nope.get(), q_rope.get(), q_scale.get(), B.batch, B.s_q, B.h, kGpu}; }
+  QueryBf16 query() { return {q.get(), B.batch, B.s_q, B.h, kGpu}; }
+  DecodeOutput output() {
+    out.poison();
+    lse.poison();
+    return {out.get(), lse.get(), kGpu};
+  }
+};
+
+// A plan on the device, planned by the GPU kernel, with its workspace.
+struct GpuPlan {
+  DeviceBuffer<int32_t> offsets, begins;
+  DeviceBuffer<uint8_t> workspace;
+  SplitPlan plan;
+  GpuPlan(PageTable pages, int workers, int s_q, int h)
+      : offsets(pages.batch + 1), begins(split_plan_capacity(pages.batch, workers)),
+        workspace(decode_workspace_bytes(split_plan_capacity(pages.batch, workers), s_q, h)) {
+    plan = {offsets.get(), begins.get(), int(begins.size()), pages.batch, kGpu};
+    plan_splits(pages, workers, plan);
+  }
+  DecodeOptions options(float scale) {
+    DecodeOptions o;
+    o.softmax_scale = scale;
+    o.plan = &plan;
+    o.workspace = workspace.get();
+    o.workspace_bytes = workspace.size();
+    return o;
+  }
+};
+
+std::vector<float> as_float(const std::vector<bf16>& v) {
+  std::vector<float> f(v.size());
+  for (size_t i = 0; i < v.size(); ++i) f[i] = to_float(v[i]);
+  return f;
+}
+
+struct Diff {
+  double rel_l2 = 0, max_abs = 0;
+  size_t nonfinite = 0;
+};
+
+Diff compare(const std::vector<float>& got, const std::vector<float>& want) {
+  Diff d;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) ++d.nonfinite;
+    const double e = double(got[i]) - want[i];
+    num += e * e;
+    den += double(want[i]) * want[i];
+    d.max_abs = std::max(d.max_abs, std::fabs(e));
+  }
+  d.rel_l2 = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  return d;
+}
+
+void expect_lse(const std::vector<float>& got, const std::vector<float>& want, double abs_tol,
+                double rel_tol) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isinf(want[i])) {
+      ASSERT_TRUE(std::isinf(got[i]) && got[i] < 0) << "lse " << i << " should be -inf, got " << got[i];
+      continue;
+    }
+    ASSERT_LE(std::fabs(got[i] - want[i]), std::max(abs_tol, rel_tol * std::fabs(want[i])))
+        << "lse " << i << ": " << got[i] << " vs " << want[i];
+  }
+}
+
+TEST(GpuCacheOps, AppendQuantizeQueryGatherAreByteIdenticalToTheReference) {
+  REQUIRE_GPU();
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  const int64_t pages = 9;
+  const int n = 300;
+  std::vector<bf16> kv = test::random_kv(rng, n);
+  for (int d = 0; d < kLatentDim; ++d) kv[7 * kHeadDim + d] = bf16{0};  // zero latent row
+  std::vector<int32_t> slots(pages * kPageSize);
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  slots.resize(n);
+  slots[3] = -1;
+  // Reference.
+  std::vector<e4m3> lat(pages * kPageSize * kLatentDim, e4m3{0x7F});
+  std::vector<float> sc(pages * kPageSize, test::kNaN);
+  std::vector<bf16> ro(pages * kPageSize * kRopeDim, to_bf16(test::kNaN));
+  std::vector<bf16> c16(pages * kPageSize * kHeadDim, to_bf16(test::kNaN));
+  ref::append(PagedFp8Cache{lat.data(), sc.data(), ro.data(), pages, Device::cpu()},
+              {kv.data(), n, Device::cpu()}, {slots.data(), n, Device::cpu()});
+  ref::append(PagedBf16Cache{c16.data(), pages, Device::cpu()}, {kv.data(), n, Device::cpu()},
+              {slots.data(), n, Device::cpu()});
+  // GPU, into caches poisoned the same way.
+  DeviceBuffer<e4m3> glat(lat.size());
+  DeviceBuffer<float> gsc(sc.size());
+  DeviceBuffer<bf16> gro(ro.size()), g16(c16.size()), gkv(kv);
+  DeviceBuffer<int32_t> gslots(slots);
+  glat.poison(0x7F);
+  gsc.poison();
+  gro.poison();
+  g16.poison();
+  append(PagedFp8Cache{glat.get(), gsc.get(), gro.get(), pages, kGpu}, {gkv.get(), n, kGpu}, {gslots.get(), n, kGpu});
+  append(PagedBf16Cache{g16.get(), pages, kGpu}, {gkv.get(), n, kGpu}, {gslots.get(), n, kGpu});
+  const auto dl = glat.download();
+  const auto ds = gsc.download();
+  const auto dr = gro.download();
+  const auto d16 = g16.download();
+  EXPECT_EQ(0, std::memcmp(dl.data(), lat.data(), lat.size())) << "latent bytes";
+  EXPECT_EQ(0, std::memcmp(ds.data(), sc.data(), sc.size() * 4)) << "scale bytes (NaN slots too)";
+  EXPECT_EQ(0, std::memcmp(dr.data(), ro.data(), ro.size() * 2)) << "rope bytes";
+  EXPECT_EQ(0, std::memcmp(d16.data(), c16.data(), c16.size() * 2)) << "bf16 cache bytes";
+
+  // quantize_query.
+  const int b = 3, s_q = 2, h = 64, rows = b * s_q * h;
+  std::vector<bf16> q = test::random_q(rng, rows);
+  std::vector<e4m3> qn(rows * kLatentDim);
+  std::vector<bf16> qr(rows * kRopeDim);
+  std::vector<float> qs(rows);
+  ref::quantize_query({q.data(), b, s_q, h, Device::cpu()}, {qn.data(), qr.data(), qs.data(), b, s_q, h, Device::cpu()});
+  DeviceBuffer<bf16> gq(q), gqr(qr.size());
+  DeviceBuffer<e4m3> gqn(qn.size());
+  DeviceBuffer<float> gqs(qs.size());
+  gqn.poison();
+  gqr.poison();
+  gqs.poison();
+  quantize_query({gq.get(), b, s_q, h, kGpu}, {gqn.get(), gqr.get(), gqs.get(), b, s_q, h, kGpu});
+  EXPECT_EQ(0, std::memcmp(gqn.download().data(), qn.data(), qn.size()));
+  EXPECT_EQ(0, std::memcmp(gqr.download().data(), qr.data(), qr.size() * 2));
+  EXPECT_EQ(0, std::memcmp(gqs.download().data(), qs.data(), qs.size() * 4));
+
+  // gather_dequant, with padding and repeated slots.
+  std::vector<int32_t> idx = {slots[0], slots[5], -1, slots[299], slots[5]};
+  std::vector<bf16> g(idx.size() * kHeadDim);
+  ref::gather_dequant(PagedFp8Cache{lat.data(), sc.data(), ro.data(), pages, Device::cpu()},
+                      {idx.data(), int64_t(idx.size()), Device::cpu()}, {g.data(), int64_t(idx.size()), Device::cpu()});
+  DeviceBuffer<int32_t> gidx(idx);
+  DeviceBuffer<bf16> gg(g.size());
+  gg.poison();
+  gather_dequant(PagedFp8Cache{glat.get(), gsc.get(), gro.get(), pages, kGpu}, {gidx.get(), int64_t(idx.size()), kGpu},
+                 {gg.get(), int64_t(idx.size()), kGpu});
+  EXPECT_EQ(0, std::memcmp(gg.download().data(), g.data(), g.size() * 2));
+}
+
+TEST(GpuPlan, SameSplitsAsTheReference) {
+  REQUIRE_GPU();
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  for (int trial = 0; trial < 20; ++trial) {
+    const int b = 1 + int(rng() % 1500), workers = 1 + int(rng() % 400);
+    std::vector<int32_t> lens(b), table(b, 0);
+    for (auto& l : lens) l = int32_t(rng() % 70000) * int(rng() % 4 != 0);
+    PageTable hp{table.data(), lens.data(), b, 2000, Device::cpu()};
+    std::vector<int32_t> off(b + 1), beg(split_plan_capacity(b, workers));
+    ref::plan_splits(hp, workers, {off.data(), beg.data(), int(beg.size()), b, Device::cpu()});
+    DeviceBuffer<int32_t> glens(lens), gtable(table), goff(off.size()), gbeg(beg.size());
+    goff.poison();
+    gbeg.poison();
+    plan_splits({gtable.get(), glens.get(), b, 2000, kGpu}, workers,
+                {goff.get(), gbeg.get(), int(beg.size()), b, kGpu});
+    ASSERT_EQ(goff.download(), off) << "b=" << b << " workers=" << workers;
+    const auto gb = gbeg.download();
+    ASSERT_TRUE(std::equal(beg.begin(), beg.begin() + off[b], gb.begin()));
+  }
+}
+
+struct Case {
+  int h, s_q;
+  std::vector<int32_t> seqlens;
+  int workers;  // 0: no plan
+};
+
+class GpuDecode : public ::testing::TestWithParam<Case> {};
+
+// decode_fp8 against the CPU emulation of the same algorithm: the GPU sums the tensor-core
+// products in fp32 in its own order and can flip an e4m3 rounding of P' near a boundary; the
+// issue's bound is rel-L2 <= 2e-3. decode_bf16 against its emulation with FlashMLA's own
+// tolerances (per element abs 8e-4 or rel 2/128; lse abs 1e-6 or rel 8/65536).
+TEST_P(GpuDecode, MatchesTheCpuEmulation) {
+  REQUIRE_GPU();
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  const Case& c = GetParam();
+  Batch B = make_batch(rng, c.seqlens, c.s_q, c.h);
+  GpuBatch G(B);
+  DecodeOptions cpu_opt = test::options(B);
+  std::unique_ptr<GpuPlan> plan;
+  DecodeOptions gpu_opt = cpu_opt;
+  test::OwnedPlan host_plan(B.pages(), c.workers ? c.workers : 1);
+  if (c.workers) {
+    plan = std::make_unique<GpuPlan>(G.pages(), c.workers, c.s_q, c.h);
+    gpu_opt = plan->options(B.softmax_scale);
+    cpu_opt.plan = &host_plan.plan;
+  }
+  const auto want = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), cpu_opt);
+  decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), gpu_opt);
+  test::cuda_ok(cudaDeviceSynchronize(), "decode_fp8");
+  const Diff d = compare(as_float(G.out.download()), want.out);
+  std::printf("[ info ] decode_fp8 h=%d s_q=%d b=%d plan=%d: rel-L2 %.2e, max |err| %.2e\n", c.h, c.s_q,
+              B.batch, c.workers, d.rel_l2, d.max_abs);
+  EXPECT_EQ(d.nonfinite, 0u);
+  EXPECT_LE(d.rel_l2, 2e-3);
+  expect_lse(G.lse.download(), want.lse, 1e-4, 1e-5);
+
+  const auto want16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), cpu_opt);
+  decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), gpu_opt);
+  test::cuda_ok(cudaDeviceSynchronize(), "decode_bf16");
+  const auto got16 = as_float(G.out.download());
+  const Diff d16 = compare(got16, want16.out);
+  std::printf("[ info ] decode_bf16 h=%d s_q=%d: rel-L2 %.2e, max |err| %.2e\n", c.h, c.s_q, d16.rel_l2, d16.max_abs);
+  EXPECT_EQ(d16.nonfinite, 0u);
+  for (size_t i = 0; i < got16.size(); ++i)
+    ASSERT_LE(std::fabs(got16[i] - want16.out[i]), std::max(8e-4, 2.0 / 128 * std::fabs(want16.out[i]))) << i;
+  expect_lse(G.lse.download(), want16.lse, 1e-6, 8.0 / 65536);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuDecode,
+    ::testing::Values(Case{16, 1, {0, 1, 63, 64, 65, 1000}, 0}, Case{16, 1, {0, 1, 63, 64, 65, 3000}, 40},
+                      Case{32, 2, {2, 129, 64, 700}, 0}, Case{64, 1, {4096, 1, 100}, 64},
+                      Case{64, 3, {5, 200, 1300}, 16}, Case{128, 1, {2048, 0, 777}, 0},
+                      Case{128, 2, {1, 2, 3, 5000}, 132}, Case{128, 4, {65, 513}, 8},
+                      Case{48, 2, {300, 64}, 4}),
+    [](const ::testing::TestParamInfo<Case>& info) {
+      char name[64];
+      std::snprintf(name, sizeof name, "h%d_sq%d_w%d_%zu", info.param.h, info.param.s_q, info.param.workers, info.index);
+      return std::string(name);
+    });
+
+TEST(GpuDecode, LongSequenceAgainstFloat64Truth) {
+  REQUIRE_GPU();
+  // MLA-like synthetic data: the GPU's SnapMLA output against float64 truth, within the
+  // bounds the accuracy tool measured (docs/accuracy.md: worst case 12.7% rel-L2).
+  const auto seq = synthetic::make_sequence({synthetic::DataKind::kMlaLike, 5, 20000, 2, 128});
+  const auto truth = accuracy::ground_truth(seq);
+  const int n = seq.config.seqlen_k, h = 128, s_q = 2;
+  std::vector<bf16> kv(seq.kv.size()), q(seq.q.size());
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = to_bf16(seq.kv[i]);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = to_bf16(seq.q[i]);
+  const int pages = (n + 63) / 64;
+  std::vector<int32_t> table(pages), slots(n), lens = {n};
+  for (int p = 0; p < pages; ++p) table[p] = pages - 1 - p;  // reversed page order
+  for (int t = 0; t < n; ++t) slots[t] = table[t / 64] * 64 + t % 64;
+  DeviceBuffer<e4m3> lat(size_t(pages) * 64 * kLatentDim);
+  DeviceBuffer<float> sc(size_t(pages) * 64);
+  DeviceBuffer<bf16> ro(size_t(pages) * 64 * kRopeDim), gkv(kv), gq(q), out(size_t(s_q) * h * kLatentDim);
+  DeviceBuffer<int32_t> gslots(slots), gtable(table), glens(lens);
+  DeviceBuffer<e4m3> qn(size_t(s_q) * h * kLatentDim);
+  DeviceBuffer<bf16> qr(size_t(s_q) * h * kRopeDim);
+  DeviceBuffer<float> qs(size_t(s_q) * h), lse(size_t(s_q) * h);
+  lat.poison();
+  sc.poison();
+  ro.poison();
+  out.poison();
+  PagedFp8Cache cache{lat.get(), sc.get(), ro.get(), pages, kGpu};
+  append(cache, {gkv.get(), n, kGpu}, {gslots.get(), n, kGpu});
+  QuantizedQuery qq{qn.get(), qr.get(), qs.get(), 1, s_q, h, kGpu};
+  quantize_query({gq.get(), 1, s_q, h, kGpu}, qq);
+  PageTable pt{gtable.get(), glens.get(), 1, pages, kGpu};
+  GpuPlan plan(pt, 132, s_q, h);
+  decode_fp8(qq, cache, pt, {out.get(), lse.get(), kGpu}, plan.options(seq.softmax_scale));
+  test::cuda_ok(cudaDeviceSynchronize(), "decode_fp8");
+  const auto o = as_float(out.download());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < o.size(); ++i) {
+    num += (o[i] - truth.out[i]) * (o[i] - truth.out[i]);
+    den += truth.out[i] * truth.out[i];
+  }
+  const double rel = std::sqrt(num / den);
+  std::printf("[ info ] GPU decode_fp8 vs float64 truth (MLA-like, 20000 tokens, h=128, s_q=2): rel-L2 %.4f\n", rel);
+  EXPECT_LT(rel, 0.15);
+  EXPECT_GT(rel, 0.005);
+}
+
+TEST(GpuGraph, CapturedDecodeStepReplaysWithNewSeqlens) {
+  REQUIRE_GPU();
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  // Cache filled for the longest lengths; the graph (plan + decode + combine) is captured
+  // once and replayed after cache_seqlens change in place.
+  Batch B = make_batch(rng, {3000, 900, 64, 2000}, 1, 64);
+  GpuBatch G(B);
+  GpuPlan plan(G.pages(), 24, 1, 64);
+  DecodeOptions opt = plan.options(B.softmax_scale);
+  cudaStream_t stream;
+  test::cuda_ok(cudaStreamCreate(&stream), "stream");
+  opt.stream = stream;
+  DeviceBuffer<bf16> out_graph(G.out.size());
+  DeviceBuffer<float> lse_graph(G.lse.size());
+  cudaGraph_t graph;
+  test::cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+  plan_splits(G.pages(), 24, plan.plan, stream);
+  decode_fp8(G.qq(), G.fp8(), G.pages(), {out_graph.get(), lse_graph.get(), kGpu}, opt);
+  test::cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
+  cudaGraphExec_t exec;
+  test::cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  for (const std::vector<int32_t>& lens : {std::vector<int32_t>{3000, 900, 64, 2000}, {17, 900, 0, 1999}, {2500, 1, 64, 70}}) {
+    G.seqlens.upload(lens);
+    out_graph.poison();
+    lse_graph.poison();
+    test::cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");
+    test::cuda_ok(cudaStreamSynchronize(stream), "sync");
+    plan_splits(G.pages(), 24, plan.plan, stream);
+    decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), opt);
+    test::cuda_ok(cudaStreamSynchronize(stream), "sync");
+    const auto a = out_graph.download(), b = G.out.download();
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 2)) << "lens " << lens[0] << "," << lens[1];
+    const auto la = lse_graph.download(), lb = G.lse.download();
+    EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * 4));
+    // And the replay is right, not just repeatable: against the reference at these lengths.
+    Batch C = B;
+    C.seqlens = lens;
+    test::OwnedPlan hp(C.pages(), 24);
+    const auto want = ref::decode_fp8_f32(C.qq(), C.fp8(), C.pages(), test::options(C, &hp.plan));
+    EXPECT_LE(compare(as_float(a), want.out).rel_l2, 2e-3);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
+  REQUIRE_GPU();
+  auto rng = make_rng();
+  Batch B = make_batch(rng, {100}, 1, 16);
+  GpuBatch G(B);
+  GpuPlan plan(G.pages(), 4, 1, 16);
+  DecodeOptions opt = plan.options(B.softmax_scale);
+  opt.workspace_bytes = 16;
+  EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), opt), "options.workspace");
+  PagedFp8Cache host_cache = B.fp8();
+  EXPECT_ARG_ERROR(decode_fp8(G.qq(), host_cache, G.pages(), G.output(), opt), "cache.device");
+  QuantizedQuery q = G.qq();
+  q.num_heads = 24;
+  EXPECT_ARG_ERROR(decode_fp8(q, G.fp8(), G.pages(), G.output(), test::options(B)), "q.num_heads");
+  // A page index out of range: no crash, and the affected rows come out NaN (not garbage).
+  std::vector<int32_t> bad = B.block_table;
+  bad[0] = int32_t(B.num_pages + 5);
+  G.table.upload(bad);
+  decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B));
+  test::cuda_ok(cudaDeviceSynchronize(), "decode with a bad page");
+  const auto o = G.out.download();
+  EXPECT_TRUE(std::isnan(to_float(o[0])));
+}
+
+}  // namespace
+}  // namespace snapmla

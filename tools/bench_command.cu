@@ -1,0 +1,300 @@
+// `snapmla bench`: decode_fp8 and decode_bf16 timed side by side in the same run (CUDA events,
+// warm-up, medians), plus append and gather_dequant against the device copy bandwidth.
+// Every number is reported with its floor from DESIGN.md's performance model.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../tests/gpu/device_buffer.hpp"
+#include "commands.hpp"
+#include "snapmla/snapmla.hpp"
+
+namespace snapmla::cli {
+namespace {
+
+using test::cuda_ok;
+using test::DeviceBuffer;
+
+// Measured ceilings of one H200 (ANCHORS.md); the copy bandwidth is re-measured each run.
+constexpr double kFp8Tflops = 1228.0, kBf16Tflops = 665.0;
+
+__global__ void fill_kv_kernel(uint16_t* kv, int64_t n, uint64_t seed, float rope_amp = 300.f) {
+  // Hash-based pseudo-random bf16 values: latent ~ U(-4, 4), rope ~ U(-rope_amp, rope_amp).
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n * kHeadDim;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t z = (uint64_t(i) + seed) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const float u = float(z >> 40) * (1.0f / 16777216.0f) * 2.f - 1.f;
+    const int d = int(i % kHeadDim);
+    const float v = d < kLatentDim ? 4.f * u : rope_amp * u;
+    kv[i] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  }
+}
+
+struct Case {
+  int b, h, s_q, s_k;   // s_k = 0: lengths uniform in 1..32768
+  bool random_lengths = false;
+};
+
+struct Result {
+  Case c;
+  double fp8_us, bf16_us, tokens;
+};
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Times fn() with events: `warmup` untimed calls, then `reps` timed ones; median in us.
+template <typename Fn>
+double time_us(Fn&& fn, int warmup, int reps) {
+  cudaEvent_t a, b;
+  cuda_ok(cudaEventCreate(&a), "event");
+  cuda_ok(cudaEventCreate(&b), "event");
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    cuda_ok(cudaEventRecord(a), "record");
+    fn();
+    cuda_ok(cudaEventRecord(b), "record");
+    cuda_ok(cudaEventSynchronize(b), "sync");
+    float t = 0;
+    cuda_ok(cudaEventElapsedTime(&t, a, b), "elapsed");
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cuda_ok(cudaGetLastError(), "timed launches");
+  return median(ms) * 1000.0;
+}
+
+int sm_count() {
+  int dev = 0, n = 0;
+  cuda_ok(cudaGetDevice(&dev), "device");
+  cuda_ok(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "attr");
+  return n;
+}
+
+Result run_case(const Case& c, int reps, std::mt19937_64& rng) {
+  const Device gpu = Device::cuda(0);
+  std::vector<int32_t> lens(c.b, c.s_k);
+  if (c.random_lengths)
+    for (auto& l : lens) l = 1 + int32_t(rng() % 32768);
+  const int max_len = *std::max_element(lens.begin(), lens.end());
+  const int max_pages = (max_len + kPageSize - 1) / kPageSize;
+  int64_t total_pages = 0;
+  for (int l : lens) total_pages += (l + kPageSize - 1) / kPageSize;
+  // Pages of all sequences in one shuffled pool.
+  std::vector<int32_t> perm(total_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> table(size_t(c.b) * max_pages, 0);
+  int64_t next = 0;
+  for (int i = 0; i < c.b; ++i)
+    for (int j = 0; j < (lens[i] + kPageSize - 1) / kPageSize; ++j) table[size_t(i) * max_pages + j] = perm[next++];
+
+  DeviceBuffer<e4m3> latent(size_t(total_pages) * kPageSize * kLatentDim);
+  DeviceBuffer<float> scale(size_t(total_pages) * kPageSize);
+  DeviceBuffer<bf16> rope(size_t(total_pages) * kPageSize * kRopeDim);
+  DeviceBuffer<bf16> cache16(size_t(total_pages) * kPageSize * kHeadDim);
+  PagedFp8Cache fp8{latent.get(), scale.get(), rope.get(), total_pages, gpu};
+  PagedBf16Cache c16{cache16.get(), total_pages, gpu};
+  // Fill every page through append, in chunks of pages (all slots: also the tails of pages).
+  const int64_t chunk_pages = 8192;
+  DeviceBuffer<bf16> kv(size_t(chunk_pages) * kPageSize * kHeadDim);
+  DeviceBuffer<int32_t> slots(size_t(chunk_pages) * kPageSize);
+  for (int64_t p0 = 0; p0 < total_pages; p0 += chunk_pages) {
+    const int64_t np = std::min(chunk_pages, total_pages - p0), n = np * kPageSize;
+    fill_kv_kernel<<<1024, 256>>>(reinterpret_cast<uint16_t*>(kv.get()), n, uint64_t(p0) * 7919 + rng());
+    std::vector<int32_t> s(chunk_pages * kPageSize);
+    std::iota(s.begin(), s.begin() + n, int32_t(p0 * kPageSize));
+    slots.upload(s);
+    append(fp8, {kv.get(), n, gpu}, {slots.get(), n, gpu});
+    append(c16, {kv.get(), n, gpu}, {slots.get(), n, gpu});
+  }
+  const int rows = c.s_q * c.h;
+  DeviceBuffer<bf16> q(size_t(c.b) * rows * kHeadDim);
+  fill_kv_kernel<<<256, 256>>>(reinterpret_cast<uint16_t*>(q.get()), int64_t(c.b) * rows, rng(), 0.01f);
+  DeviceBuffer<e4m3> qn(size_t(c.b) * rows * kLatentDim);
+  DeviceBuffer<bf16> qr(size_t(c.b) * rows * kRopeDim), out(size_t(c.b) * rows * kLatentDim);
+  DeviceBuffer<float> qs(size_t(c.b) * rows), lse(size_t(c.b) * rows);
+  QueryBf16 q16{q.get(), c.b, c.s_q, c.h, gpu};
+  QuantizedQuery qq{qn.get(), qr.get(), qs.get(), c.b, c.s_q, c.h, gpu};
+  quantize_query(q16, qq);
+  DeviceBuffer<int32_t> gtable(table), glens(lens);
+  PageTable pages{gtable.get(), glens.get(), c.b, max_pages, gpu};
+  const int row_tiles = (rows + 31) / 32;
+  const int workers = std::max(1, 2 * sm_count() / row_tiles);
+  const int cap = split_plan_capacity(c.b, workers);
+  DeviceBuffer<int32_t> off(c.b + 1), beg(cap);
+  DeviceBuffer<uint8_t> ws(decode_workspace_bytes(cap, c.s_q, c.h));
+  SplitPlan plan{off.get(), beg.get(), cap, c.b, gpu};
+  DecodeOptions opt;
+  opt.softmax_scale = 1.0f / std::sqrt(192.0f);
+  opt.plan = &plan;
+  opt.workspace = ws.get();
+  opt.workspace_bytes = ws.size();
+  DecodeOutput o{out.get(), lse.get(), gpu};
+  cuda_ok(cudaDeviceSynchronize(), "setup");
+  Result r{c, 0, 0, double(std::accumulate(lens.begin(), lens.end(), 0.0))};
+  // Interleave the two so both see the same clocks and thermal state.
+  double f = 0, g = 0;
+  plan_splits(pages, workers, plan);  // depends on the lengths only: once per step
+  for (int round = 0; round < 2; ++round) {
+    f += time_us([&] { decode_fp8(qq, fp8, pages, o, opt); }, 3, reps);
+    g += time_us([&] { decode_bf16(q16, c16, pages, o, opt); }, 3, reps);
+  }
+  r.fp8_us = f / 2;
+  r.bf16_us = g / 2;
+  return r;
+}
+
+struct Floors {
+  double fp8_us, bf16_us;
+};
+
+Floors floors(const Result& r, double copy_tbs) {
+  const double rows_tokens = r.tokens * r.c.s_q * r.c.h;
+  const double fp8_mem = r.tokens * 644 / (copy_tbs * 1e12) * 1e6;
+  const double fp8_cmp = (2.0 * 1024 * rows_tokens / (kFp8Tflops * 1e12) + 2.0 * 64 * rows_tokens / (kBf16Tflops * 1e12)) * 1e6;
+  const double bf_mem = r.tokens * 1152 / (copy_tbs * 1e12) * 1e6;
+  const double bf_cmp = 2.0 * 1088 * rows_tokens / (kBf16Tflops * 1e12) * 1e6;
+  return {std::max(fp8_mem, fp8_cmp), std::max(bf_mem, bf_cmp)};
+}
+
+std::string iso_date() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&t));
+  return buf;
+}
+
+}  // namespace
+
+int bench_command(const std::vector<std::string>& args) {
+  std::string json, md, commit = "unknown";
+  bool quick = false;
+  int reps = 20;
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) throw std::invalid_argument(args[i] + ": missing value");
+      return args[++i];
+    };
+    if (args[i] == "--json") json = value();
+    else if (args[i] == "--md") md = value();
+    else if (args[i] == "--commit") commit = value();
+    else if (args[i] == "--reps") reps = std::stoi(value());
+    else if (args[i] == "--quick") quick = true;
+    else throw std::invalid_argument("unknown option '" + args[i] + "' (options: --json F --md F --commit C --reps N --quick)");
+  }
+  if (!cuda_device_available()) {
+    std::printf("snapmla bench: no sm_90 GPU here; nothing to time (run it on an H100/H200)\n");
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  cuda_ok(cudaGetDeviceProperties(&prop, 0), "props");
+  std::mt19937_64 rng(1234);
+
+  // Copy bandwidth (read + write) of a 4 GiB buffer: the memory ceiling for everything below.
+  const size_t copy_bytes = size_t(2) << 30;
+  DeviceBuffer<uint8_t> a(copy_bytes), b(copy_bytes);
+  const double copy_us = time_us([&] { cuda_ok(cudaMemcpyAsync(b.get(), a.get(), copy_bytes, cudaMemcpyDeviceToDevice), "copy"); }, 3, 10);
+  const double copy_tbs = 2.0 * copy_bytes / (copy_us * 1e-6) / 1e12;
+  std::printf("GPU: %s, %d SMs; device copy %.2f TB/s (read + write)\n\n", prop.name, prop.multiProcessorCount, copy_tbs);
+
+  // append and gather_dequant over 4M tokens.
+  {
+    const Device gpu = Device::cuda(0);
+    const int64_t n = 1 << 22, pages = n / kPageSize;
+    DeviceBuffer<bf16> kv(size_t(n) * kHeadDim), back(size_t(n) * kHeadDim);
+    fill_kv_kernel<<<1024, 256>>>(reinterpret_cast<uint16_t*>(kv.get()), n, 99);
+    DeviceBuffer<e4m3> lat(size_t(n) * kLatentDim);
+    DeviceBuffer<float> sc(n);
+    DeviceBuffer<bf16> ro(size_t(n) * kRopeDim);
+    std::vector<int32_t> s(n);
+    std::iota(s.begin(), s.end(), 0);
+    std::shuffle(s.begin(), s.end(), rng);
+    DeviceBuffer<int32_t> slots(s);
+    PagedFp8Cache cache{lat.get(), sc.get(), ro.get(), pages, gpu};
+    const double app = time_us([&] { append(cache, {kv.get(), n, gpu}, {slots.get(), n, gpu}); }, 3, 20);
+    const double gat = time_us([&] { gather_dequant(cache, {slots.get(), n, gpu}, {back.get(), n, gpu}); }, 3, 20);
+    const double bytes = double(n) * (1152 + 644);
+    std::printf("append (4M tokens, shuffled slots): %8.1f us  %.2f TB/s = %3.0f%% of copy\n", app,
+                bytes / (app * 1e-6) / 1e12, 100 * bytes / (app * 1e-6) / 1e12 / copy_tbs);
+    std::printf("gather_dequant (4M tokens):         %8.1f us  %.2f TB/s = %3.0f%% of copy\n\n", gat,
+                bytes / (gat * 1e-6) / 1e12, 100 * bytes / (gat * 1e-6) / 1e12 / copy_tbs);
+  }
+
+  std::vector<Case> cases;
+  const std::vector<int> ks = quick ? std::vector<int>{8192} : std::vector<int>{4096, 8192, 16384, 32768};
+  for (int s_q : {1, 2})
+    for (int h : {128, 64, 16})
+      for (int s_k : ks) cases.push_back({128, h, s_q, s_k});
+  cases.push_back({32, 128, 1, 65536});
+  cases.push_back({128, 128, 1, 0, true});
+
+  std::printf("%4s %4s %4s %7s | %9s %9s %6s | %7s %7s %8s | %7s %7s\n", "b", "h", "s_q", "s_k", "fp8 us",
+              "bf16 us", "ratio", "fp8TB/s", "fp8 TF", "fp8 %flr", "bf16 TF", "bf16%flr");
+  std::vector<Result> results;
+  for (const Case& c : cases) {
+    const Result r = run_case(c, reps, rng);
+    results.push_back(r);
+    const Floors fl = floors(r, copy_tbs);
+    const double flops = 2.0 * 1088 * r.tokens * c.s_q * c.h;
+    std::printf("%4d %4d %4d %7s | %9.1f %9.1f %6.2f | %7.2f %7.0f %7.0f%% | %7.0f %7.0f%%\n", c.b, c.h, c.s_q,
+                c.random_lengths ? "U(1,32K)" : std::to_string(c.s_k).c_str(), r.fp8_us, r.bf16_us,
+                r.bf16_us / r.fp8_us, r.tokens * 644 / (r.fp8_us * 1e-6) / 1e12, flops / (r.fp8_us * 1e-6) / 1e12,
+                100 * fl.fp8_us / r.fp8_us, flops / (r.bf16_us * 1e-6) / 1e12, 100 * fl.bf16_us / r.bf16_us);
+    std::fflush(stdout);
+  }
+
+  if (!json.empty()) {
+    std::ofstream f(json);
+    f << "{\n  \"gpu\": \"" << prop.name << "\",\n  \"date\": \"" << iso_date() << "\",\n  \"commit\": \"" << commit
+      << "\",\n  \"copy_tb_s\": " << copy_tbs << ",\n  \"cases\": [\n";
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      f << "    {\"b\": " << r.c.b << ", \"h\": " << r.c.h << ", \"s_q\": " << r.c.s_q << ", \"s_k\": "
+        << (r.c.random_lengths ? "\"U(1,32768)\"" : std::to_string(r.c.s_k)) << ", \"tokens\": " << r.tokens
+        << ", \"fp8_us\": " << r.fp8_us << ", \"bf16_us\": " << r.bf16_us << "}" << (i + 1 < results.size() ? "," : "")
+        << "\n";
+    }
+    f << "  ]\n}\n";
+  }
+  if (!md.empty()) {
+    std::ofstream f(md);
+    f << "# decode on one " << prop.name << " (" << iso_date() << ", commit " << commit << ")\n\n"
+      << "`snapmla bench`: median of " << reps << " CUDA-event timings x 2 interleaved rounds per kernel, "
+      << "decode + combine per call (the plan is made once per step, untimed), pages shuffled, random data. Device copy " << copy_tbs
+      << " TB/s. Floor = max(bytes / copy bandwidth, FLOPs at the measured GEMM rates: fp8 1228, bf16 665 TF).\n\n"
+      << "| b | h | s_q | s_k | fp8 us | bf16 us | bf16/fp8 | fp8 TB/s | fp8 TFLOPS | fp8 % of floor | bf16 % of floor |\n"
+      << "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+    for (const Result& r : results) {
+      const Floors fl = floors(r, copy_tbs);
+      const double flops = 2.0 * 1088 * r.tokens * r.c.s_q * r.c.h;
+      char line[512];
+      std::snprintf(line, sizeof line, "| %d | %d | %d | %s | %.1f | %.1f | %.2f | %.2f | %.0f | %.0f%% | %.0f%% |\n", r.c.b,
+                    r.c.h, r.c.s_q, r.c.random_lengths ? "U(1,32768)" : std::to_string(r.c.s_k).c_str(), r.fp8_us,
+                    r.bf16_us, r.bf16_us / r.fp8_us, r.tokens * 644 / (r.fp8_us * 1e-6) / 1e12,
+                    flops / (r.fp8_us * 1e-6) / 1e12, 100 * fl.fp8_us / r.fp8_us, 100 * fl.bf16_us / r.bf16_us);
+      f << line;
+    }
+  }
+  return 0;
+}
+
+}  // namespace snapmla::cli
