@@ -15,8 +15,9 @@ __global__ void quantize_query_kernel(const uint16_t* __restrict__ q, int64_t ro
                                       float* __restrict__ scale) {
   const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (r >= rows) return;
-  quantize_row_warp(q + r * kHeadDim, threadIdx.x % 32, nope + r * kLatentDim, rope + r * kRopeDim,
-                    scale + r);
+  const int lane = threadIdx.x % 32;
+  quantize_store(load_row(q + r * kHeadDim, lane), lane, nope + r * kLatentDim, rope + r * kRopeDim,
+                 scale + r);
 }
 
 }  // namespace
