@@ -95,14 +95,25 @@ struct Batch {
   }
 };
 
+// kv_style kWide: random_kv / random_q (norms over 2 decades, rope ~1e3); kGaussian: every
+// value N(0, 1) and softmax_scale 1/sqrt(576), the data FlashMLA's own tests use.
+enum class Data { kWide, kGaussian };
+
+inline std::vector<bf16> gaussian_rows(std::mt19937_64& rng, int64_t rows) {
+  std::normal_distribution<float> N(0.f, 1.f);
+  std::vector<bf16> v(size_t(rows) * kHeadDim);
+  for (auto& x : v) x = to_bf16(N(rng));
+  return v;
+}
+
 inline Batch make_batch(std::mt19937_64& rng, const std::vector<int32_t>& seqlens, int s_q, int h,
-                        bool shuffle_pages = true) {
+                        bool shuffle_pages = true, Data data = Data::kWide) {
   Batch B;
   B.batch = int(seqlens.size());
   B.s_q = s_q;
   B.h = h;
   B.seqlens = seqlens;
-  B.softmax_scale = 1.0f / std::sqrt(192.0f);
+  B.softmax_scale = data == Data::kGaussian ? 1.0f / std::sqrt(576.0f) : 1.0f / std::sqrt(192.0f);
   int total_pages = 0;
   for (int32_t len : seqlens) {
     const int p = (len + kPageSize - 1) / kPageSize;
@@ -127,7 +138,7 @@ inline Batch make_batch(std::mt19937_64& rng, const std::vector<int32_t>& seqlen
   B.rope.assign(slots * kRopeDim, to_bf16(kNaN));
   B.bf16_data.assign(slots * kHeadDim, to_bf16(kNaN));
   for (int b = 0; b < B.batch; ++b) {
-    B.kv.push_back(random_kv(rng, seqlens[b]));
+    B.kv.push_back(data == Data::kGaussian ? gaussian_rows(rng, seqlens[b]) : random_kv(rng, seqlens[b]));
     std::vector<int32_t> sl(seqlens[b]);
     for (int t = 0; t < seqlens[b]; ++t) sl[t] = int32_t(B.slot(b, t));
     const KvRows rows{B.kv[b].data(), seqlens[b], Device::cpu()};
@@ -136,7 +147,7 @@ inline Batch make_batch(std::mt19937_64& rng, const std::vector<int32_t>& seqlen
     append(B.bf16_cache(), rows, map);
   }
   const size_t rows = size_t(B.batch) * s_q * h;
-  B.q = random_q(rng, rows);
+  B.q = data == Data::kGaussian ? gaussian_rows(rng, int64_t(rows)) : random_q(rng, rows);
   B.q_nope.assign(rows * kLatentDim, e4m3{0});
   B.q_rope.assign(rows * kRopeDim, bf16{0});
   B.q_scale.assign(rows, 0.f);

@@ -176,6 +176,36 @@ Floors floors(const Result& r, double copy_tbs) {
   return {std::max(fp8_mem, fp8_cmp), std::max(bf_mem, bf_cmp)};
 }
 
+// FlashMLA on one H200 (shared/ANCHORS.md, 2026-11-29), b = 128 unless noted; 0 = not measured.
+struct Anchor {
+  int b, h, s_q, s_k;
+  double flashmla_bf16_us, flashmla_fp8_us;
+};
+constexpr Anchor kAnchors[] = {
+    {128, 128, 1, 4096, 244, 0},   {128, 128, 1, 8192, 494, 428},  {128, 128, 1, 16384, 974, 0},
+    {128, 128, 1, 32768, 2168, 1784}, {128, 128, 2, 4096, 482, 0}, {128, 128, 2, 8192, 916, 825},
+    {128, 128, 2, 16384, 1836, 0}, {128, 128, 2, 32768, 4052, 3254}, {128, 64, 1, 4096, 169, 0},
+    {128, 64, 1, 8192, 315, 229},  {128, 64, 1, 16384, 621, 0},    {128, 64, 1, 32768, 1252, 895},
+    {128, 64, 2, 4096, 268, 0},    {128, 64, 2, 8192, 502, 0},     {128, 64, 2, 16384, 982, 0},
+    {128, 64, 2, 32768, 2015, 0},  {128, 16, 1, 4096, 167, 0},     {128, 16, 1, 8192, 310, 223},
+    {128, 16, 1, 16384, 594, 0},   {128, 16, 1, 32768, 1159, 853}, {128, 16, 2, 4096, 167, 0},
+    {128, 16, 2, 8192, 312, 0},    {128, 16, 2, 16384, 602, 0},    {128, 16, 2, 32768, 1167, 0},
+    {32, 128, 1, 65536, 1038, 0}};
+
+const Anchor* anchor_for(const Case& c) {
+  if (c.random_lengths) return nullptr;
+  for (const Anchor& a : kAnchors)
+    if (a.b == c.b && a.h == c.h && a.s_q == c.s_q && a.s_k == c.s_k) return &a;
+  return nullptr;
+}
+
+std::string us_or_dash(double v) {
+  if (v <= 0) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.0f", v);
+  return b;
+}
+
 std::string iso_date() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
@@ -217,6 +247,7 @@ int bench_command(const std::vector<std::string>& args) {
   std::printf("GPU: %s, %d SMs; device copy %.2f TB/s (read + write)\n\n", prop.name, prop.multiProcessorCount, copy_tbs);
 
   // append and gather_dequant over 4M tokens.
+  double append_tbs = 0, gather_tbs = 0;
   {
     const Device gpu = Device::cuda(0);
     const int64_t n = 1 << 22, pages = n / kPageSize;
@@ -233,6 +264,8 @@ int bench_command(const std::vector<std::string>& args) {
     const double app = time_us([&] { append(cache, {kv.get(), n, gpu}, {slots.get(), n, gpu}); }, 3, 20);
     const double gat = time_us([&] { gather_dequant(cache, {slots.get(), n, gpu}, {back.get(), n, gpu}); }, 3, 20);
     const double bytes = double(n) * (1152 + 644);
+    append_tbs = bytes / (app * 1e-6) / 1e12;
+    gather_tbs = bytes / (gat * 1e-6) / 1e12;
     std::printf("append (4M tokens, shuffled slots): %8.1f us  %.2f TB/s = %3.0f%% of copy\n", app,
                 bytes / (app * 1e-6) / 1e12, 100 * bytes / (app * 1e-6) / 1e12 / copy_tbs);
     std::printf("gather_dequant (4M tokens):         %8.1f us  %.2f TB/s = %3.0f%% of copy\n\n", gat,
@@ -269,7 +302,7 @@ int bench_command(const std::vector<std::string>& args) {
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       f << "    {\"b\": " << r.c.b << ", \"h\": " << r.c.h << ", \"s_q\": " << r.c.s_q << ", \"s_k\": "
-        << (r.c.random_lengths ? "\"U(1,32768)\"" : std::to_string(r.c.s_k)) << ", \"tokens\": " << r.tokens
+        << (r.c.random_lengths ? "\"U(1,32768)\"" : std::to_string(r.c.s_k)) << ", \"tokens\": " << static_cast<long long>(r.tokens)
         << ", \"fp8_us\": " << r.fp8_us << ", \"bf16_us\": " << r.bf16_us << "}" << (i + 1 < results.size() ? "," : "")
         << "\n";
     }
@@ -281,16 +314,22 @@ int bench_command(const std::vector<std::string>& args) {
       << "`snapmla bench`: median of " << reps << " CUDA-event timings x 2 interleaved rounds per kernel, "
       << "decode + combine per call (the plan is made once per step, untimed), pages shuffled, random data. Device copy " << copy_tbs
       << " TB/s. Floor = max(bytes / copy bandwidth, FLOPs at the measured GEMM rates: fp8 1228, bf16 665 TF).\n\n"
-      << "| b | h | s_q | s_k | fp8 us | bf16 us | bf16/fp8 | fp8 TB/s | fp8 TFLOPS | fp8 % of floor | bf16 % of floor |\n"
-      << "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+      << "append (4M tokens, shuffled slots, reads 1152 B and writes 644 B per token): " << append_tbs << " TB/s = "
+      << 100 * append_tbs / copy_tbs << "% of copy; gather_dequant (reads 644, writes 1152 B per token): " << gather_tbs
+      << " TB/s = " << 100 * gather_tbs / copy_tbs << "% of copy.\n\n"
+      << "FlashMLA columns: the peers' times on an H200 from shared/ANCHORS.md (not re-measured here).\n\n"
+      << "| b | h | s_q | s_k | fp8 us | bf16 us | bf16/fp8 | fp8 TB/s | fp8 TFLOPS | fp8 % of floor | bf16 % of floor | FlashMLA bf16 us | FlashMLA fp8 us |\n"
+      << "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
     for (const Result& r : results) {
       const Floors fl = floors(r, copy_tbs);
       const double flops = 2.0 * 1088 * r.tokens * r.c.s_q * r.c.h;
       char line[512];
-      std::snprintf(line, sizeof line, "| %d | %d | %d | %s | %.1f | %.1f | %.2f | %.2f | %.0f | %.0f%% | %.0f%% |\n", r.c.b,
+      const Anchor* an = anchor_for(r.c);
+      std::snprintf(line, sizeof line, "| %d | %d | %d | %s | %.1f | %.1f | %.2f | %.2f | %.0f | %.0f%% | %.0f%% | %s | %s |\n", r.c.b,
                     r.c.h, r.c.s_q, r.c.random_lengths ? "U(1,32768)" : std::to_string(r.c.s_k).c_str(), r.fp8_us,
                     r.bf16_us, r.bf16_us / r.fp8_us, r.tokens * 644 / (r.fp8_us * 1e-6) / 1e12,
-                    flops / (r.fp8_us * 1e-6) / 1e12, 100 * fl.fp8_us / r.fp8_us, 100 * fl.bf16_us / r.bf16_us);
+                    flops / (r.fp8_us * 1e-6) / 1e12, 100 * fl.fp8_us / r.fp8_us, 100 * fl.bf16_us / r.bf16_us,
+                    an ? us_or_dash(an->flashmla_bf16_us).c_str() : "-", an ? us_or_dash(an->flashmla_fp8_us).c_str() : "-");
       f << line;
     }
   }

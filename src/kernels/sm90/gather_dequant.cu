@@ -12,7 +12,7 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-constexpr int kRowsPerWarp = 4;  // rows per warp, loads in flight together
+constexpr int kRowsPerWarp = 8;  // rows per warp, loads in flight together
 
 __device__ __forceinline__ void store_row(uint16_t* row, int lane, int64_t slot, int64_t num_slots,
                                           uint4 q, uint32_t r, float s) {
