@@ -13,7 +13,10 @@ cmake --build "$BUILD_DIR" -j "$(nproc)" --target snapmla_cli
 info=$("$BUILD_DIR"/snapmla info)
 echo "$info"
 if grep -q "usable sm_90 GPU: *yes" <<<"$info"; then
-  echo "run: GPU found, but this version has no GPU benchmark yet; running the CPU accuracy study"
+  echo "run: sm_90 GPU found: timing decode_fp8 against decode_bf16 (snapmla bench)"
+  "$BUILD_DIR"/snapmla bench --json "$BUILD_DIR"/h200.json --md "$BUILD_DIR"/h200.md \
+    --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "run: then the CPU accuracy study"
 else
   echo "run: no usable sm_90 GPU (or no CUDA kernels in this build): running the CPU accuracy study"
 fi
