@@ -22,6 +22,12 @@ case "$mode" in
     compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/snapmla_gpu_tests" --gtest_filter='*h16_sq1_w40*:*h48_sq2_w4*' 2>&1 | tee "$out/racecheck.log" | tail -5
     echo "racecheck exit: ${PIPESTATUS[0]}"
     ;;
+  sass)
+    cuobjdump --dump-sass "$bin/snapmla_gpu_tests" > "$out/sass.txt" 2>&1
+    for k in decode_fp8_wgmma_kernel decode_fp8_kernel decode_bf16_kernel; do
+      echo "$k: $(awk -v k="$k" '/Function :/ {f = index($0, k) > 0} f' "$out/sass.txt" | grep -oE 'QGMMA|HGMMA|HMMA|LDL|STL' | sort | uniq -c | tr '\n' ' ')"
+    done
+    ;;
   quick)
     "$bin/snapmla" bench --quick --reps 10 --commit "$commit" 2>&1 | tee "$out/bench_quick.log"
     ;;

@@ -11,6 +11,9 @@
 // docs/kernels.md has this version's measurements and the plan for the wgmma/TMA version.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "../common/check.cuh"
 #include "../common/ptx.cuh"
 #include "../kernels.hpp"
@@ -240,7 +243,13 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
   p.num_pages = cache.num_pages;
   const cudaStream_t stream = as_stream(options.stream);
   const int grid_x = options.plan ? options.plan->capacity : p.batch;
-  if (p.rows % 32 == 0) launch<2>(p, grid_x, stream); else launch<1>(p, grid_x, stream);
+  static const bool v2 = [] {
+    const char* e = std::getenv("SNAPMLA_FP8_KERNEL");
+    return e != nullptr && std::string(e) == "v2";
+  }();
+  if (v2) decode_fp8_wgmma(p, grid_x, stream);
+  else if (p.rows % 32 == 0) launch<2>(p, grid_x, stream);
+  else launch<1>(p, grid_x, stream);
   if (options.plan) combine(combine_params(p), stream);
 }
 

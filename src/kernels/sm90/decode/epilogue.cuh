@@ -10,10 +10,10 @@
 
 namespace snapmla::cuda {
 
-// o: 16 n-tiles of 8 dims starting at dim0; rows r_lo (= g) and r_lo + 8 of the tile.
-template <bool kFp8>
+// o: NT n-tiles of 8 dims starting at dim0; rows row0 + g and row0 + g + 8.
+template <bool kFp8, int NT>
 __device__ __forceinline__ void write_rows(const DecodeParams& p, const Work& w,
-                                           const SoftmaxState& st, float (&o)[16][4], int row0,
+                                           const SoftmaxState& st, float (&o)[NT][4], int row0,
                                            int dim0, int lane, bool write_lse, bool fault) {
   const int g = lane / 4, q = lane % 4;
 #pragma unroll
@@ -26,7 +26,7 @@ __device__ __forceinline__ void write_rows(const DecodeParams& p, const Work& w,
     if (w.single) {
       uint16_t* dst = p.out + (int64_t(w.seq) * p.rows + r) * kLatentDim + dim0 + 2 * q;
 #pragma unroll
-      for (int n = 0; n < 16; ++n) {
+      for (int n = 0; n < NT; ++n) {
         const float a = empty && !fault ? 0.f : o[n][2 * ri] * scale;
         const float b = empty && !fault ? 0.f : o[n][2 * ri + 1] * scale;
         *reinterpret_cast<uint32_t*>(dst + 8 * n) =
@@ -39,7 +39,7 @@ __device__ __forceinline__ void write_rows(const DecodeParams& p, const Work& w,
     } else {
       float* dst = p.partial_out + (int64_t(w.split) * p.rows + r) * kLatentDim + dim0 + 2 * q;
 #pragma unroll
-      for (int n = 0; n < 16; ++n) {
+      for (int n = 0; n < NT; ++n) {
         const float a = empty && !fault ? 0.f : o[n][2 * ri] * scale;
         const float b = empty && !fault ? 0.f : o[n][2 * ri + 1] * scale;
         *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(a, b);

@@ -1,0 +1,267 @@
+// decode_fp8, version 2: warpgroup MMAs and a warp-specialized page pipeline.
+//
+// CTA = one split of one sequence x 64 query rows (one wgmma M tile), 3 warpgroups:
+//   WG0  producer: copies the Q tile once, then streams pages into a 3-stage ring
+//        (cp.async completing on mbarriers; a stage is refilled when both consumers release it)
+//   WG1, WG2  consumers, one per half of the 512 output dims. Each computes the QK partial over
+//        its half of the latent (QGMMA m64n64k32, Q and K from shared memory) and of the rope
+//        (HGMMA m64n64k16) while it transposes its half of the page's latent for PV; the two
+//        partials are summed through shared memory (same order in both, so both hold identical
+//        scores); both run the same online softmax (decode/softmax.cuh), quantize P' / sigma to
+//        e4m3 in registers, and accumulate PV for their 256 dims (QGMMA m64n256k32, P from
+//        registers, V^T from shared memory).
+// Shared-memory operands use the no-swizzle K-major layout (wgmma.cuh). The transposed latent
+// puts each 32-token chunk's tokens in the order of P's register fragment (as in version 1).
+#include <cuda_runtime.h>
+
+#include "../common/check.cuh"
+#include "../common/ptx.cuh"
+#include "../common/wgmma.cuh"
+#include "../kernels.hpp"
+#include "decode/epilogue.cuh"
+#include "decode/launch.hpp"
+#include "decode/scheduler.cuh"
+#include "decode/softmax.cuh"
+
+namespace snapmla::cuda {
+namespace {
+
+constexpr int kStages = 3;
+constexpr int kRows = 64;
+// Byte sizes of the shared-memory tiles (K-major, 8 x 16 B core matrices, 128 B each).
+constexpr int kQnBytes = kRows * kLatentDim;       // 32 KB, SBO 4096
+constexpr int kQrBytes = kRows * kRopeDim * 2;     // 8 KB, SBO 1024
+constexpr int kKlBytes = kPageSize * kLatentDim;   // 32 KB
+constexpr int kKrBytes = kPageSize * kRopeDim * 2; // 8 KB
+constexpr int kStageBytes = kKlBytes + kKrBytes + kPageSize * 4;
+constexpr int kVtBytes = 256 * kPageSize;          // one half: 256 dims x 64 tokens, SBO 512
+constexpr int kXchBytes = 128 * 32 * 4;
+constexpr int kSmemBytes = kQnBytes + kQrBytes + kStages * kStageBytes + 2 * kVtBytes + 2 * kXchBytes +
+                           (2 * kStages + 1) * 8;
+
+// Offset of byte k of row r in a K-major no-swizzle tile whose rows are `row_bytes` long.
+__device__ __forceinline__ int km_offset(int r, int k, int row_bytes) {
+  return (r / 8) * (row_bytes * 8) + (k / 16) * 128 + (r % 8) * 16 + (k % 16);
+}
+
+struct Smem {
+  uint8_t* qn;
+  uint8_t* qr;
+  uint8_t* stage;
+  uint8_t* vt;
+  float* xch;
+  uint64_t* full;
+  uint64_t* empty;
+  uint64_t* qbar;
+  __device__ explicit Smem(uint8_t* base) {
+    qn = base;
+    qr = qn + kQnBytes;
+    stage = qr + kQrBytes;
+    vt = stage + kStages * kStageBytes;
+    xch = reinterpret_cast<float*>(vt + 2 * kVtBytes);
+    full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(xch) + 2 * kXchBytes);
+    empty = full + kStages;
+    qbar = empty + kStages;
+  }
+  __device__ uint8_t* kl(int s) const { return stage + s * kStageBytes; }
+  __device__ uint8_t* kr(int s) const { return stage + s * kStageBytes + kKlBytes; }
+  __device__ float* scale(int s) const {
+    return reinterpret_cast<float*>(stage + s * kStageBytes + kKlBytes + kKrBytes);
+  }
+};
+
+__device__ __forceinline__ bool page_ok(const DecodeParams& p, int32_t page) {
+  return page >= 0 && page < p.num_pages;
+}
+
+// Producer: the page holding tokens [blk, blk + 64) into stage s (K-major tiles). Tokens at or
+// past the split end are zero-filled, and so is everything for an out-of-range page index
+// (the consumers see the same index and turn their rows into NaN).
+__device__ __forceinline__ void load_page(const DecodeParams& p, const Work& w, int blk,
+                                          const Smem& sm, int s, int t) {
+  const int32_t page = p.block_table[int64_t(w.seq) * p.max_pages + blk / kPageSize];
+  const bool ok = page_ok(p, page);
+  const int ntok = ok ? min(kPageSize, w.end - blk) : 0;
+  const int64_t slot0 = int64_t(ok ? page : 0) * kPageSize;
+  uint8_t* kl = sm.kl(s);
+  uint8_t* kr = sm.kr(s);
+  for (int c = t; c < kPageSize * 32; c += 128) {
+    const int tok = c / 32, part = c % 32;
+    ptx::cp_async_16(kl + km_offset(tok, part * 16, kLatentDim), p.latent + (slot0 + tok) * kLatentDim + part * 16,
+                     tok < ntok);
+  }
+  for (int c = t; c < kPageSize * 8; c += 128) {
+    const int tok = c / 8, part = c % 8;
+    ptx::cp_async_16(kr + km_offset(tok, part * 16, kRopeDim * 2),
+                     reinterpret_cast<const uint8_t*>(p.k_rope + (slot0 + tok) * kRopeDim) + part * 16, tok < ntok);
+  }
+  if (t < kPageSize) ptx::cp_async_4(sm.scale(s) + t, p.k_scale + slot0 + t, t < ntok);
+}
+
+// Consumer half c: latent dims [256 c, 256 c + 256) of stage s -> vt (256 dims x 64 slots,
+// K-major), slot 16 h + 4 q + j of chunk k holding token 32 k + 16 h + {2q, 2q+1, 2q+8, 2q+9}[j].
+__device__ __forceinline__ void transpose_half(const uint8_t* kl, uint8_t* vt, int c, int t) {
+#pragma unroll 2
+  for (int item = t; item < 64 * 16; item += 128) {
+    const int dq = item / 16, tq = item % 16;  // dim quad within the half, token quad
+    const int ch = tq / 8, h = (tq / 4) % 2, q = tq % 4;
+    const int t0 = 32 * ch + 16 * h + 2 * q;
+    const int k = 256 * c + 4 * dq;
+    const uint32_t w0 = *reinterpret_cast<const uint32_t*>(kl + km_offset(t0, k, kLatentDim));
+    const uint32_t w1 = *reinterpret_cast<const uint32_t*>(kl + km_offset(t0 + 1, k, kLatentDim));
+    const uint32_t w2 = *reinterpret_cast<const uint32_t*>(kl + km_offset(t0 + 8, k, kLatentDim));
+    const uint32_t w3 = *reinterpret_cast<const uint32_t*>(kl + km_offset(t0 + 9, k, kLatentDim));
+    const uint32_t x0 = ptx::prmt(w0, w1, 0x5140), x1 = ptx::prmt(w0, w1, 0x7362);
+    const uint32_t y0 = ptx::prmt(w2, w3, 0x5140), y1 = ptx::prmt(w2, w3, 0x7362);
+    const int slot = 32 * ch + 16 * h + 4 * q;
+    const int n = 4 * dq;
+    *reinterpret_cast<uint32_t*>(vt + km_offset(n, slot, kPageSize)) = ptx::prmt(x0, y0, 0x5410);
+    *reinterpret_cast<uint32_t*>(vt + km_offset(n + 1, slot, kPageSize)) = ptx::prmt(x0, y0, 0x7632);
+    *reinterpret_cast<uint32_t*>(vt + km_offset(n + 2, slot, kPageSize)) = ptx::prmt(x1, y1, 0x5410);
+    *reinterpret_cast<uint32_t*>(vt + km_offset(n + 3, slot, kPageSize)) = ptx::prmt(x1, y1, 0x7632);
+  }
+}
+
+__global__ void __launch_bounds__(384, 1) decode_fp8_wgmma_kernel(DecodeParams p) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  Work w;
+  if (!find_work(p, blockIdx.x, w)) return;
+  const Smem sm(smem_raw);
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  const int row0 = blockIdx.y * kRows;
+  const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      wg::mbar_init(&sm.full[s], 128);
+      wg::mbar_init(&sm.empty[s], 256);
+    }
+    wg::mbar_init(sm.qbar, 128);
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    wg::setmaxnreg_dec<40>();
+    // The Q tile: nope and rope, K-major; rows past the query rows are zero.
+    for (int c = t; c < kRows * 32; c += 128) {
+      const int r = c / 32, part = c % 32;
+      const bool ok = row0 + r < p.rows;
+      const int64_t row = int64_t(w.seq) * p.rows + (ok ? row0 + r : 0);
+      ptx::cp_async_16(sm.qn + km_offset(r, part * 16, kLatentDim), p.q_nope + row * kLatentDim + part * 16, ok);
+    }
+    for (int c = t; c < kRows * 8; c += 128) {
+      const int r = c / 8, part = c % 8;
+      const bool ok = row0 + r < p.rows;
+      const int64_t row = int64_t(w.seq) * p.rows + (ok ? row0 + r : 0);
+      ptx::cp_async_16(sm.qr + km_offset(r, part * 16, kRopeDim * 2),
+                       reinterpret_cast<const uint8_t*>(p.q_rope + row * kRopeDim) + part * 16, ok);
+    }
+    wg::cp_async_arrive(sm.qbar);
+    for (int j = 0; j < nblk; ++j) {
+      const int s = j % kStages;
+      if (j >= kStages) wg::mbar_wait(&sm.empty[s], ((j / kStages) & 1) ^ 1);
+      load_page(p, w, w.begin + j * kPageSize, sm, s, t);
+      wg::cp_async_arrive(&sm.full[s]);
+    }
+    return;
+  }
+
+  wg::setmaxnreg_inc<232>();
+  const int c = wg - 1;  // output half
+  const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+  const int rows_[2] = {row0 + 16 * warp + g, row0 + 16 * warp + g + 8};
+  float factor[2];
+  int vis[2];
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const bool ok = rows_[ri] < p.rows;
+    factor[ri] = p.softmax_scale * p.q_scale[int64_t(w.seq) * p.rows + (ok ? rows_[ri] : 0)];
+    vis[ri] = ok ? visible_end(p, w, rows_[ri]) : 0;
+  }
+  SoftmaxState st;
+  float o[32][4];
+#pragma unroll
+  for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  uint8_t* vt = sm.vt + c * kVtBytes;
+  float* mine = sm.xch + c * (kXchBytes / 4);
+  const float* other = sm.xch + (1 - c) * (kXchBytes / 4);
+  wg::mbar_wait(sm.qbar, 0);
+  bool fault = false;
+
+  for (int j = 0; j < nblk; ++j) {
+    const int s = j % kStages;
+    const int blk = w.begin + j * kPageSize;
+    fault |= !page_ok(p, p.block_table[int64_t(w.seq) * p.max_pages + blk / kPageSize]);
+    wg::mbar_wait(&sm.full[s], (j / kStages) & 1);
+    float sc[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk)
+      wg::mma_64x64x32_e4m3_ss(sc, wg::desc(sm.qn + c * 2048 + kk * 256, 128, 4096),
+                               wg::desc(sm.kl(s) + c * 2048 + kk * 256, 128, 4096));
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks)
+      wg::mma_64x64x16_bf16_ss(sc, wg::desc(sm.qr + c * 512 + ks * 256, 128, 1024),
+                               wg::desc(sm.kr(s) + c * 512 + ks * 256, 128, 1024));
+    wg::commit();
+    // While the tensor cores run QK: this half's V^T (the previous PV finished reading it).
+    ptx::named_barrier(5 + c, 128);
+    transpose_half(sm.kl(s), vt, c, t);
+    wg::wait<0>();
+
+    // Sum the two QK partials (p0 + p1 in both warpgroups: identical scores).
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mine[(n * 4 + e) * 128 + t] = sc[n][e];
+    ptx::named_barrier(1, 256);
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float x = other[(n * 4 + e) * 128 + t];
+        sc[n][e] = c == 0 ? sc[n][e] + x : x + sc[n][e];
+      }
+    ptx::named_barrier(2, 256);
+
+    float rescale[2];
+    softmax_block<true>(st, sc, factor, vis, blk, sm.scale(s), q, rescale);
+    wg::mbar_arrive(&sm.empty[s]);  // stage s fully read (QK done, transposed, scales used)
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      o[n][0] *= rescale[0];
+      o[n][1] *= rescale[0];
+      o[n][2] *= rescale[1];
+      o[n][3] *= rescale[1];
+    }
+    uint32_t pa[2][4];
+#pragma unroll
+    for (int ch = 0; ch < 2; ++ch) {
+      pa[ch][0] = e4m3x4(sc[4 * ch][0], sc[4 * ch][1], sc[4 * ch + 1][0], sc[4 * ch + 1][1]);
+      pa[ch][1] = e4m3x4(sc[4 * ch][2], sc[4 * ch][3], sc[4 * ch + 1][2], sc[4 * ch + 1][3]);
+      pa[ch][2] = e4m3x4(sc[4 * ch + 2][0], sc[4 * ch + 2][1], sc[4 * ch + 3][0], sc[4 * ch + 3][1]);
+      pa[ch][3] = e4m3x4(sc[4 * ch + 2][2], sc[4 * ch + 2][3], sc[4 * ch + 3][2], sc[4 * ch + 3][3]);
+    }
+    wg::fence_proxy_async();       // V^T written with st.shared, read by wgmma
+    ptx::named_barrier(3 + c, 128);
+    wg::fence();
+    wg::mma_64x256x32_e4m3_rs(o, pa[0], wg::desc(vt, 128, 512));
+    wg::mma_64x256x32_e4m3_rs(o, pa[1], wg::desc(vt + 256, 128, 512));
+    wg::commit();
+    wg::wait<0>();
+  }
+  write_rows<true>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
+}
+
+}  // namespace
+
+void decode_fp8_wgmma(const DecodeParams& p, int grid_x, cudaStream_t stream) {
+  check(cudaFuncSetAttribute(decode_fp8_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
+        "cudaFuncSetAttribute(decode_fp8_wgmma_kernel)");
+  const dim3 grid(grid_x, (p.rows + kRows - 1) / kRows);
+  decode_fp8_wgmma_kernel<<<grid, 384, kSmemBytes, stream>>>(p);
+  check_launch("decode_fp8_wgmma_kernel");
+}
+
+}  // namespace snapmla::cuda
