@@ -245,11 +245,15 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), gpu_opt);
   test::cuda_ok(cudaDeviceSynchronize(), "decode_fp8");
   const Diff d = compare(as_float(G.out.download()), bf16_rounded(want.out));
-  std::printf("[ info ] decode_fp8 h=%d s_q=%d b=%d plan=%d: rel-L2 %.2e, max |err| %.2e\n", c.h, c.s_q,
-              B.batch, c.workers, d.rel_l2, d.max_abs);
+  const auto got_lse = G.lse.download();
+  double lse_err = 0;
+  for (size_t i = 0; i < got_lse.size(); ++i)
+    if (std::isfinite(want.lse[i])) lse_err = std::max(lse_err, double(std::fabs(got_lse[i] - want.lse[i])));
+  std::printf("[ info ] decode_fp8 h=%d s_q=%d b=%d plan=%d: rel-L2 %.2e, max |err| %.2e, max |lse err| %.2e\n", c.h,
+              c.s_q, B.batch, c.workers, d.rel_l2, d.max_abs, lse_err);
   EXPECT_EQ(d.nonfinite, 0u);
   EXPECT_LE(d.rel_l2, 2e-3);
-  expect_lse(G.lse.download(), want.lse, 1e-4, 1e-5);
+  expect_lse(got_lse, want.lse, 1e-4, 1e-5);
 
   const auto want16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), cpu_opt);
   decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), gpu_opt);

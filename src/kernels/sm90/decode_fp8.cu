@@ -11,6 +11,7 @@
 // docs/kernels.md has this version's measurements and the plan for the wgmma/TMA version.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -247,6 +248,7 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
     const char* e = std::getenv("SNAPMLA_FP8_KERNEL");
     return e != nullptr && std::string(e) == "v2";
   }();
+  if (const char* e = std::getenv("SNAPMLA_QK_CHUNK")) p.qk_chunk = std::max(1, std::atoi(e));
   if (v2) decode_fp8_wgmma(p, grid_x, stream);
   else if (p.rows % 32 == 0) launch<2>(p, grid_x, stream);
   else launch<1>(p, grid_x, stream);

@@ -192,23 +192,38 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_wgmma_kernel(DecodeParams p
     const int blk = w.begin + j * kPageSize;
     fault |= !page_ok(p, p.block_table[int64_t(w.seq) * p.max_pages + blk / kPageSize]);
     wg::mbar_wait(&sm.full[s], (j / kStages) & 1);
-    float sc[8][4];
+    // QK partial over this half. The FP8 products are summed by the tensor cores in chunks of
+    // p.qk_chunk k32 steps, each into a fresh accumulator added to `sc` in fp32 registers.
+    float sc[8][4], part[8][4];
 #pragma unroll
     for (int n = 0; n < 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+#pragma unroll
+    for (int n = 0; n < 8; ++n) part[n][0] = part[n][1] = part[n][2] = part[n][3] = 0.f;
     wg::fence();
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk)
-      wg::mma_64x64x32_e4m3_ss(sc, wg::desc(sm.qn + c * 2048 + kk * 256, 128, 4096),
-                               wg::desc(sm.kl(s) + c * 2048 + kk * 256, 128, 4096));
-#pragma unroll
-    for (int ks = 0; ks < 2; ++ks)
+    for (int ks = 0; ks < 2; ++ks)  // bf16 rope first: HGMMA accumulates in full fp32
       wg::mma_64x64x16_bf16_ss(sc, wg::desc(sm.qr + c * 512 + ks * 256, 128, 1024),
                                wg::desc(sm.kr(s) + c * 512 + ks * 256, 128, 1024));
     wg::commit();
-    // While the tensor cores run QK: this half's V^T (the previous PV finished reading it).
-    ptx::named_barrier(5 + c, 128);
-    transpose_half(sm.kl(s), vt, c, t);
-    wg::wait<0>();
+    ptx::named_barrier(5 + c, 128);  // the previous PV finished reading this half's V^T
+    transpose_half(sm.kl(s), vt, c, t);  // overlaps the tensor cores
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      wg::fence();
+      wg::mma_64x64x32_e4m3_ss(part, wg::desc(sm.qn + c * 2048 + kk * 256, 128, 4096),
+                               wg::desc(sm.kl(s) + c * 2048 + kk * 256, 128, 4096));
+      if ((kk + 1) % p.qk_chunk == 0 || kk == 7) {
+        wg::commit();
+        wg::wait<0>();
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            sc[n][e] += part[n][e];
+            part[n][e] = 0.f;
+          }
+      }
+    }
 
     // Sum the two QK partials (p0 + p1 in both warpgroups: identical scores).
 #pragma unroll
