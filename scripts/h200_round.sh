@@ -24,7 +24,7 @@ case "$mode" in
     ;;
   sass)
     cuobjdump --dump-sass "$bin/snapmla_gpu_tests" > "$out/sass.txt" 2>&1
-    for k in decode_fp8_wgmma_kernel decode_fp8_kernel decode_bf16_kernel; do
+    for k in decode_fp8_kernel decode_bf16_kernel; do
       echo "$k: $(awk -v k="$k" '/Function :/ {f = index($0, k) > 0} f' "$out/sass.txt" | grep -oE 'QGMMA|HGMMA|HMMA|LDL|STL' | sort | uniq -c | tr '\n' ' ')"
     done
     ;;

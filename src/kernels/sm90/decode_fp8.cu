@@ -1,24 +1,23 @@
-// decode_fp8, version 1: SnapMLA decoding on the FP8 cache with warp-level FP8 tensor-core MMAs
-// (mma.sync m16n8k32 e4m3 for QK and PV, m16n8k16 bf16 for the rope part of QK, all into fp32).
+// decode_fp8 (version 2): warpgroup MMAs and a warp-specialized page pipeline.
 //
-// CTA = one split of one sequence x 16 * RG query rows. Each row group of 16 rows has 4 warps,
-// one per quarter of the dimensions: a warp computes the QK partial over its 128 latent + 16
-// rope dims, the four partials are summed through shared memory (in a fixed order, so all four
-// warps hold bit-identical scores), every warp runs the same softmax, and each accumulates PV
-// for its 128 output dims. Pages stream through a two-stage cp.async ring; PV needs the latent
-// with tokens contiguous (FP8 MMA operands are K-major), so each page is transposed once in
-// shared memory into a token-permuted layout that matches the P fragments' register order.
-// docs/kernels.md has this version's measurements and the plan for the wgmma/TMA version.
+// CTA = one split of one sequence x 64 query rows (one wgmma M tile), 3 warpgroups:
+//   WG0  producer: copies the Q tile once, then streams pages into a 3-stage ring
+//        (cp.async completing on mbarriers; a stage is refilled when both consumers release it)
+//   WG1, WG2  consumers, one per half of the 512 output dims. Each computes the QK partial over
+//        its half of the latent (QGMMA m64n64k32, Q and K from shared memory) and of the rope
+//        (HGMMA m64n64k16) while it transposes its half of the page's latent for PV; the two
+//        partials are summed through shared memory (same order in both, so both hold identical
+//        scores); both run the same online softmax (decode/softmax.cuh), quantize P' / sigma to
+//        e4m3 in registers, and accumulate PV for their 256 dims (QGMMA m64n256k32, P from
+//        registers, V^T from shared memory).
+// Shared-memory operands use the no-swizzle K-major layout (wgmma.cuh). The transposed latent
+// puts each 32-token chunk's tokens in the order of P's register fragment (as in version 1).
 #include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "../common/check.cuh"
 #include "../common/ptx.cuh"
+#include "../common/wgmma.cuh"
 #include "../kernels.hpp"
-#include "../smxx/combine.hpp"
 #include "decode/epilogue.cuh"
 #include "decode/launch.hpp"
 #include "decode/scheduler.cuh"
@@ -27,206 +26,250 @@
 namespace snapmla::cuda {
 namespace {
 
-constexpr int kLatStride = kLatentDim + 16;     // bytes per token row in shared memory
-constexpr int kRopeStride = (kRopeDim + 8) * 2;  // bytes per rope row
-constexpr int kVtStride = kPageSize + 16;        // bytes per dim row of the transposed latent
-constexpr int kStageLat = kPageSize * kLatStride;
-constexpr int kStageRope = kPageSize * kRopeStride;
-constexpr int kStageBytes = kStageLat + kStageRope + kPageSize * 4;
-constexpr int kVtBytes = kLatentDim * kVtStride;
+constexpr int kStages = 3;
+// QK's FP8 products are summed by the tensor cores kQkChunk k32 steps (128 dims) at a time into
+// a fresh accumulator, then added in fp32 registers: FP8 wgmma accumulates with reduced
+// precision, and promoting every 128 dims halves the score error (docs/kernels.md, v2).
+constexpr int kQkChunk = 4;
+constexpr int kRows = 64;
+// Byte sizes of the shared-memory tiles (K-major, 8 x 16 B core matrices, 128 B each).
+constexpr int kQnBytes = kRows * kLatentDim;       // 32 KB, SBO 4096
+constexpr int kQrBytes = kRows * kRopeDim * 2;     // 8 KB, SBO 1024
+constexpr int kKlBytes = kPageSize * kLatentDim;   // 32 KB
+constexpr int kKrBytes = kPageSize * kRopeDim * 2; // 8 KB
+constexpr int kStageBytes = kKlBytes + kKrBytes + kPageSize * 4;
+constexpr int kVtBytes = 256 * kPageSize;          // one half: 256 dims x 64 tokens, SBO 512
+constexpr int kXchBytes = 128 * 32 * 4;
+constexpr int kSmemBytes = kQnBytes + kQrBytes + kStages * kStageBytes + 2 * kVtBytes + 2 * kXchBytes +
+                           (2 * kStages + 1) * 8;
 
-template <int RG>
-constexpr int smem_bytes() {
-  return 2 * kStageBytes + kVtBytes + 4 * RG * 32 * 32 * 4;
+// Offset of byte k of row r in a K-major no-swizzle tile whose rows are `row_bytes` long.
+__device__ __forceinline__ int km_offset(int r, int k, int row_bytes) {
+  return (r / 8) * (row_bytes * 8) + (k / 16) * 128 + (r % 8) * 16 + (k % 16);
 }
 
-struct Stage {
-  uint8_t* lat;
-  uint8_t* rope;
-  float* scale;
+struct Smem {
+  uint8_t* qn;
+  uint8_t* qr;
+  uint8_t* stage;
+  uint8_t* vt;
+  float* xch;
+  uint64_t* full;
+  uint64_t* empty;
+  uint64_t* qbar;
+  __device__ explicit Smem(uint8_t* base) {
+    qn = base;
+    qr = qn + kQnBytes;
+    stage = qr + kQrBytes;
+    vt = stage + kStages * kStageBytes;
+    xch = reinterpret_cast<float*>(vt + 2 * kVtBytes);
+    full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(xch) + 2 * kXchBytes);
+    empty = full + kStages;
+    qbar = empty + kStages;
+  }
+  __device__ uint8_t* kl(int s) const { return stage + s * kStageBytes; }
+  __device__ uint8_t* kr(int s) const { return stage + s * kStageBytes + kKlBytes; }
+  __device__ float* scale(int s) const {
+    return reinterpret_cast<float*>(stage + s * kStageBytes + kKlBytes + kKrBytes);
+  }
 };
 
-__device__ __forceinline__ Stage stage_at(uint8_t* smem, int s) {
-  uint8_t* base = smem + s * kStageBytes;
-  return {base, base + kStageLat, reinterpret_cast<float*>(base + kStageLat + kStageRope)};
+__device__ __forceinline__ bool page_ok(const DecodeParams& p, int32_t page) {
+  return page >= 0 && page < p.num_pages;
 }
 
-// Issues the copies of the page holding tokens [blk, blk + 64); tokens at or past `end` are
-// zero-filled, as is everything when the page index is out of range (which sets *fault).
-__device__ __forceinline__ void load_page(const DecodeParams& p, const Work& w, int blk, Stage st,
-                                          int* fault) {
+// Producer: the page holding tokens [blk, blk + 64) into stage s (K-major tiles). Tokens at or
+// past the split end are zero-filled, and so is everything for an out-of-range page index
+// (the consumers see the same index and turn their rows into NaN).
+__device__ __forceinline__ void load_page(const DecodeParams& p, const Work& w, int blk,
+                                          const Smem& sm, int s, int t) {
   const int32_t page = p.block_table[int64_t(w.seq) * p.max_pages + blk / kPageSize];
-  const bool page_ok = page >= 0 && page < p.num_pages;
-  if (!page_ok && threadIdx.x == 0) *fault = 1;
-  const int ntok = page_ok ? min(kPageSize, w.end - blk) : 0;
-  const int64_t slot0 = int64_t(page_ok ? page : 0) * kPageSize;
-  for (int c = threadIdx.x; c < kPageSize * 32; c += blockDim.x) {
+  const bool ok = page_ok(p, page);
+  const int ntok = ok ? min(kPageSize, w.end - blk) : 0;
+  const int64_t slot0 = int64_t(ok ? page : 0) * kPageSize;
+  uint8_t* kl = sm.kl(s);
+  uint8_t* kr = sm.kr(s);
+  for (int c = t; c < kPageSize * 32; c += 128) {
     const int tok = c / 32, part = c % 32;
-    ptx::cp_async_16(st.lat + tok * kLatStride + part * 16,
-                     p.latent + (slot0 + tok) * kLatentDim + part * 16, tok < ntok);
-  }
-  for (int c = threadIdx.x; c < kPageSize * 8; c += blockDim.x) {
-    const int tok = c / 8, part = c % 8;
-    ptx::cp_async_16(st.rope + tok * kRopeStride + part * 16,
-                     reinterpret_cast<const uint8_t*>(p.k_rope + (slot0 + tok) * kRopeDim) + part * 16,
+    ptx::cp_async_16(kl + km_offset(tok, part * 16, kLatentDim), p.latent + (slot0 + tok) * kLatentDim + part * 16,
                      tok < ntok);
   }
-  for (int tok = threadIdx.x; tok < kPageSize; tok += blockDim.x)
-    ptx::cp_async_4(st.scale + tok, p.k_scale + slot0 + tok, tok < ntok);
+  for (int c = t; c < kPageSize * 8; c += 128) {
+    const int tok = c / 8, part = c % 8;
+    ptx::cp_async_16(kr + km_offset(tok, part * 16, kRopeDim * 2),
+                     reinterpret_cast<const uint8_t*>(p.k_rope + (slot0 + tok) * kRopeDim) + part * 16, tok < ntok);
+  }
+  if (t < kPageSize) ptx::cp_async_4(sm.scale(s) + t, p.k_scale + slot0 + t, t < ntok);
 }
 
-// latent [token][dim] -> vt [dim][slot]. Within each 32-token chunk, slot 16 h + 4 q + j holds
-// token 16 h + {2q, 2q+1, 2q+8, 2q+9}[j]: exactly the tokens a thread's P fragment (C layout of
-// QK, 4 n-tiles) holds in A-operand order, so P can feed the PV MMA straight from registers.
-__device__ __forceinline__ void transpose_page(const uint8_t* lat, uint8_t* vt) {
-  for (int item = threadIdx.x; item < 128 * 16; item += blockDim.x) {
-    const int dq = item / 16, tq = item % 16;  // dim quad, token quad
-    const int c = tq / 8, h = (tq / 4) % 2, q = tq % 4;
-    const int t0 = 32 * c + 16 * h + 2 * q;
-    const uint32_t w0 = *reinterpret_cast<const uint32_t*>(lat + (t0)*kLatStride + 4 * dq);
-    const uint32_t w1 = *reinterpret_cast<const uint32_t*>(lat + (t0 + 1) * kLatStride + 4 * dq);
-    const uint32_t w2 = *reinterpret_cast<const uint32_t*>(lat + (t0 + 8) * kLatStride + 4 * dq);
-    const uint32_t w3 = *reinterpret_cast<const uint32_t*>(lat + (t0 + 9) * kLatStride + 4 * dq);
+// Consumer half c: latent dims [256 c, 256 c + 256) of stage s -> vt (256 dims x 64 slots,
+// K-major), slot 16 h + 4 q + j of chunk k holding token 32 k + 16 h + {2q, 2q+1, 2q+8, 2q+9}[j].
+__device__ __forceinline__ void transpose_half(const uint8_t* kl, uint8_t* vt, int c, int t) {
+#pragma unroll 2
+  for (int item = t; item < 64 * 16; item += 128) {
+    const int dq = item / 16, tq = item % 16;  // dim quad within the half, token quad
+    const int ch = tq / 8, h = (tq / 4) % 2, q = tq % 4;
+    const int t0 = 32 * ch + 16 * h + 2 * q;
+    const int k = 256 * c + 4 * dq;
+    const uint32_t w0 = *reinterpret_cast<const uint32_t*>(kl + km_offset(t0, k, kLatentDim));
+    const uint32_t w1 = *reinterpret_cast<const uint32_t*>(kl + km_offset(t0 + 1, k, kLatentDim));
+    const uint32_t w2 = *reinterpret_cast<const uint32_t*>(kl + km_offset(t0 + 8, k, kLatentDim));
+    const uint32_t w3 = *reinterpret_cast<const uint32_t*>(kl + km_offset(t0 + 9, k, kLatentDim));
     const uint32_t x0 = ptx::prmt(w0, w1, 0x5140), x1 = ptx::prmt(w0, w1, 0x7362);
     const uint32_t y0 = ptx::prmt(w2, w3, 0x5140), y1 = ptx::prmt(w2, w3, 0x7362);
-    uint8_t* dst = vt + (4 * dq) * kVtStride + 32 * c + 16 * h + 4 * q;
-    *reinterpret_cast<uint32_t*>(dst) = ptx::prmt(x0, y0, 0x5410);
-    *reinterpret_cast<uint32_t*>(dst + kVtStride) = ptx::prmt(x0, y0, 0x7632);
-    *reinterpret_cast<uint32_t*>(dst + 2 * kVtStride) = ptx::prmt(x1, y1, 0x5410);
-    *reinterpret_cast<uint32_t*>(dst + 3 * kVtStride) = ptx::prmt(x1, y1, 0x7632);
+    const int slot = 32 * ch + 16 * h + 4 * q;
+    const int n = 4 * dq;
+    *reinterpret_cast<uint32_t*>(vt + km_offset(n, slot, kPageSize)) = ptx::prmt(x0, y0, 0x5410);
+    *reinterpret_cast<uint32_t*>(vt + km_offset(n + 1, slot, kPageSize)) = ptx::prmt(x0, y0, 0x7632);
+    *reinterpret_cast<uint32_t*>(vt + km_offset(n + 2, slot, kPageSize)) = ptx::prmt(x1, y1, 0x5410);
+    *reinterpret_cast<uint32_t*>(vt + km_offset(n + 3, slot, kPageSize)) = ptx::prmt(x1, y1, 0x7632);
   }
 }
 
-template <int RG>
-__global__ void __launch_bounds__(128 * RG, 1) decode_fp8_kernel(DecodeParams p) {
-  extern __shared__ __align__(128) uint8_t smem[];
-  __shared__ int fault;
+__global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
   Work w;
   if (!find_work(p, blockIdx.x, w)) return;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  const int rg = warp / 4, cq = warp % 4;
-  const int row0 = blockIdx.y * 16 * RG + rg * 16;
-  uint8_t* vt = smem + 2 * kStageBytes;
-  float* xch = reinterpret_cast<float*>(vt + kVtBytes);
-  if (threadIdx.x == 0) fault = 0;
+  const Smem sm(smem_raw);
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  const int row0 = blockIdx.y * kRows;
+  const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      wg::mbar_init(&sm.full[s], 128);
+      wg::mbar_init(&sm.empty[s], 256);
+    }
+    wg::mbar_init(sm.qbar, 128);
+  }
+  __syncthreads();
 
-  // Query fragments for this warp's quarter: nope dims [128 cq, +128), rope dims [16 cq, +16).
-  int rows_[2] = {row0 + g, row0 + g + 8};
-  uint32_t qa[4][4], qr[4];
+  if (wg == 0) {
+    wg::setmaxnreg_dec<40>();
+    // The Q tile: nope and rope, K-major; rows past the query rows are zero.
+    for (int c = t; c < kRows * 32; c += 128) {
+      const int r = c / 32, part = c % 32;
+      const bool ok = row0 + r < p.rows;
+      const int64_t row = int64_t(w.seq) * p.rows + (ok ? row0 + r : 0);
+      ptx::cp_async_16(sm.qn + km_offset(r, part * 16, kLatentDim), p.q_nope + row * kLatentDim + part * 16, ok);
+    }
+    for (int c = t; c < kRows * 8; c += 128) {
+      const int r = c / 8, part = c % 8;
+      const bool ok = row0 + r < p.rows;
+      const int64_t row = int64_t(w.seq) * p.rows + (ok ? row0 + r : 0);
+      ptx::cp_async_16(sm.qr + km_offset(r, part * 16, kRopeDim * 2),
+                       reinterpret_cast<const uint8_t*>(p.q_rope + row * kRopeDim) + part * 16, ok);
+    }
+    wg::cp_async_arrive(sm.qbar);
+    for (int j = 0; j < nblk; ++j) {
+      const int s = j % kStages;
+      if (j >= kStages) wg::mbar_wait(&sm.empty[s], ((j / kStages) & 1) ^ 1);
+      load_page(p, w, w.begin + j * kPageSize, sm, s, t);
+      wg::cp_async_arrive(&sm.full[s]);
+    }
+    return;
+  }
+
+  wg::setmaxnreg_inc<232>();
+  const int c = wg - 1;  // output half
+  const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+  const int rows_[2] = {row0 + 16 * warp + g, row0 + 16 * warp + g + 8};
   float factor[2];
   int vis[2];
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     const bool ok = rows_[ri] < p.rows;
-    const int64_t r = int64_t(w.seq) * p.rows + (ok ? rows_[ri] : 0);
-    factor[ri] = p.softmax_scale * p.q_scale[r];
+    factor[ri] = p.softmax_scale * p.q_scale[int64_t(w.seq) * p.rows + (ok ? rows_[ri] : 0)];
     vis[ri] = ok ? visible_end(p, w, rows_[ri]) : 0;
-    const uint8_t* qn = p.q_nope + r * kLatentDim + cq * 128 + 4 * q;
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      qa[kk][ri] = *reinterpret_cast<const uint32_t*>(qn + kk * 32);
-      qa[kk][ri + 2] = *reinterpret_cast<const uint32_t*>(qn + kk * 32 + 16);
-    }
-    const uint16_t* qrp = p.q_rope + r * kRopeDim + cq * 16 + 2 * q;
-    qr[ri] = *reinterpret_cast<const uint32_t*>(qrp);
-    qr[ri + 2] = *reinterpret_cast<const uint32_t*>(qrp + 8);
   }
-
   SoftmaxState st;
-  float o[16][4];
+  float o[32][4];
 #pragma unroll
-  for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  uint8_t* vt = sm.vt + c * kVtBytes;
+  float* mine = sm.xch + c * (kXchBytes / 4);
+  const float* other = sm.xch + (1 - c) * (kXchBytes / 4);
+  wg::mbar_wait(sm.qbar, 0);
+  bool fault = false;
 
-  const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
-  __syncthreads();  // fault initialized
-  if (nblk > 0) load_page(p, w, w.begin, stage_at(smem, 0), &fault);
-  ptx::cp_async_commit();
-  const int mat = lane / 8, mrow = lane % 8;
   for (int j = 0; j < nblk; ++j) {
+    const int s = j % kStages;
     const int blk = w.begin + j * kPageSize;
-    ptx::cp_async_wait<0>();
-    __syncthreads();
-    if (j + 1 < nblk) load_page(p, w, blk + kPageSize, stage_at(smem, (j + 1) & 1), &fault);
-    ptx::cp_async_commit();
-    const Stage cur = stage_at(smem, j & 1);
-    transpose_page(cur.lat, vt);
-
-    // QK partial over this warp's dims.
-    float s[8][4];
+    fault |= !page_ok(p, p.block_table[int64_t(w.seq) * p.max_pages + blk / kPageSize]);
+    wg::mbar_wait(&sm.full[s], (j / kStages) & 1);
+    // QK partial over this half, promoted to fp32 registers every kQkChunk k32 steps.
+    float sc[8][4], part[8][4];
 #pragma unroll
-    for (int n = 0; n < 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    for (int n = 0; n < 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
 #pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      const int tok = 16 * np + (mat >> 1) * 8 + mrow;
+    for (int n = 0; n < 8; ++n) part[n][0] = part[n][1] = part[n][2] = part[n][3] = 0.f;
+    wg::fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        uint32_t b0, b1, b2, b3;
-        ptx::ldmatrix_x4(b0, b1, b2, b3, cur.lat + tok * kLatStride + cq * 128 + kk * 32 + (mat & 1) * 16);
-        ptx::mma_e4m3_16832(s[2 * np], qa[kk], b0, b1);
-        ptx::mma_e4m3_16832(s[2 * np + 1], qa[kk], b2, b3);
+    for (int ks = 0; ks < 2; ++ks)  // bf16 rope first: HGMMA accumulates in full fp32
+      wg::mma_64x64x16_bf16_ss(sc, wg::desc(sm.qr + c * 512 + ks * 256, 128, 1024),
+                               wg::desc(sm.kr(s) + c * 512 + ks * 256, 128, 1024));
+    wg::commit();
+    ptx::named_barrier(5 + c, 128);  // the previous PV finished reading this half's V^T
+    transpose_half(sm.kl(s), vt, c, t);  // overlaps the tensor cores
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      wg::fence();
+      wg::mma_64x64x32_e4m3_ss(part, wg::desc(sm.qn + c * 2048 + kk * 256, 128, 4096),
+                               wg::desc(sm.kl(s) + c * 2048 + kk * 256, 128, 4096));
+      if ((kk + 1) % kQkChunk == 0) {
+        wg::commit();
+        wg::wait<0>();
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            sc[n][e] += part[n][e];
+            part[n][e] = 0.f;
+          }
       }
-      uint32_t b0, b1, b2, b3;
-      ptx::ldmatrix_x4(b0, b1, b2, b3, cur.rope + tok * kRopeStride + (cq * 16 + (mat & 1) * 8) * 2);
-      ptx::mma_bf16_16816(s[2 * np], qr, b0, b1);
-      ptx::mma_bf16_16816(s[2 * np + 1], qr, b2, b3);
     }
-    float* mine = xch + warp * 1024;
+
+    // Sum the two QK partials (p0 + p1 in both warpgroups: identical scores).
 #pragma unroll
     for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) mine[(n * 4 + e) * 32 + lane] = s[n][e];
-    __syncthreads();
-    const float* grp = xch + rg * 4 * 1024;
+      for (int e = 0; e < 4; ++e) mine[(n * 4 + e) * 128 + t] = sc[n][e];
+    ptx::named_barrier(1, 256);
 #pragma unroll
     for (int n = 0; n < 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int i = (n * 4 + e) * 32 + lane;
-        s[n][e] = ((grp[i] + grp[1024 + i]) + grp[2048 + i]) + grp[3072 + i];
+        const float x = other[(n * 4 + e) * 128 + t];
+        sc[n][e] = c == 0 ? sc[n][e] + x : x + sc[n][e];
       }
+    ptx::named_barrier(2, 256);
 
     float rescale[2];
-    softmax_block<true>(st, s, factor, vis, blk, cur.scale, q, rescale);
+    softmax_block<true>(st, sc, factor, vis, blk, sm.scale(s), q, rescale);
+    wg::mbar_arrive(&sm.empty[s]);  // stage s fully read (QK done, transposed, scales used)
 #pragma unroll
-    for (int n = 0; n < 16; ++n) {
+    for (int n = 0; n < 32; ++n) {
       o[n][0] *= rescale[0];
       o[n][1] *= rescale[0];
       o[n][2] *= rescale[1];
       o[n][3] *= rescale[1];
     }
-    // P' / sigma -> e4m3 A fragments, one per 32-token chunk (see transpose_page).
     uint32_t pa[2][4];
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      pa[c][0] = e4m3x4(s[4 * c][0], s[4 * c][1], s[4 * c + 1][0], s[4 * c + 1][1]);
-      pa[c][1] = e4m3x4(s[4 * c][2], s[4 * c][3], s[4 * c + 1][2], s[4 * c + 1][3]);
-      pa[c][2] = e4m3x4(s[4 * c + 2][0], s[4 * c + 2][1], s[4 * c + 3][0], s[4 * c + 3][1]);
-      pa[c][3] = e4m3x4(s[4 * c + 2][2], s[4 * c + 2][3], s[4 * c + 3][2], s[4 * c + 3][3]);
+    for (int ch = 0; ch < 2; ++ch) {
+      pa[ch][0] = e4m3x4(sc[4 * ch][0], sc[4 * ch][1], sc[4 * ch + 1][0], sc[4 * ch + 1][1]);
+      pa[ch][1] = e4m3x4(sc[4 * ch][2], sc[4 * ch][3], sc[4 * ch + 1][2], sc[4 * ch + 1][3]);
+      pa[ch][2] = e4m3x4(sc[4 * ch + 2][0], sc[4 * ch + 2][1], sc[4 * ch + 3][0], sc[4 * ch + 3][1]);
+      pa[ch][3] = e4m3x4(sc[4 * ch + 2][2], sc[4 * ch + 2][3], sc[4 * ch + 3][2], sc[4 * ch + 3][3]);
     }
-#pragma unroll
-    for (int np = 0; np < 8; ++np) {
-      const int dim = cq * 128 + 16 * np + (mat >> 1) * 8 + mrow;
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        uint32_t b0, b1, b2, b3;
-        ptx::ldmatrix_x4(b0, b1, b2, b3, vt + dim * kVtStride + 32 * c + (mat & 1) * 16);
-        ptx::mma_e4m3_16832(o[2 * np], pa[c], b0, b1);
-        ptx::mma_e4m3_16832(o[2 * np + 1], pa[c], b2, b3);
-      }
-    }
+    wg::fence_proxy_async();       // V^T written with st.shared, read by wgmma
+    ptx::named_barrier(3 + c, 128);
+    wg::fence();
+    wg::mma_64x256x32_e4m3_rs(o, pa[0], wg::desc(vt, 128, 512));
+    wg::mma_64x256x32_e4m3_rs(o, pa[1], wg::desc(vt + 256, 128, 512));
+    wg::commit();
+    wg::wait<0>();
   }
-  __syncthreads();  // fault flag visible
-  write_rows<true>(p, w, st, o, row0, cq * 128, lane, cq == 0, fault != 0);
-}
-
-template <int RG>
-void launch(const DecodeParams& p, int grid_x, cudaStream_t stream) {
-  constexpr int bytes = smem_bytes<RG>();
-  check(cudaFuncSetAttribute(decode_fp8_kernel<RG>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-        "cudaFuncSetAttribute(decode_fp8_kernel)");
-  const dim3 grid(grid_x, (p.rows + 16 * RG - 1) / (16 * RG));
-  decode_fp8_kernel<RG><<<grid, 128 * RG, bytes, stream>>>(p);
-  check_launch("decode_fp8_kernel");
+  write_rows<true>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
 }
 
 }  // namespace
@@ -243,15 +286,11 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
   p.k_rope = reinterpret_cast<const uint16_t*>(cache.rope);
   p.num_pages = cache.num_pages;
   const cudaStream_t stream = as_stream(options.stream);
-  const int grid_x = options.plan ? options.plan->capacity : p.batch;
-  static const bool v2 = [] {
-    const char* e = std::getenv("SNAPMLA_FP8_KERNEL");
-    return e != nullptr && std::string(e) == "v2";
-  }();
-  if (const char* e = std::getenv("SNAPMLA_QK_CHUNK")) p.qk_chunk = std::max(1, std::atoi(e));
-  if (v2) decode_fp8_wgmma(p, grid_x, stream);
-  else if (p.rows % 32 == 0) launch<2>(p, grid_x, stream);
-  else launch<1>(p, grid_x, stream);
+  check(cudaFuncSetAttribute(decode_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
+        "cudaFuncSetAttribute(decode_fp8_kernel)");
+  const dim3 grid(options.plan ? options.plan->capacity : p.batch, (p.rows + kRows - 1) / kRows);
+  decode_fp8_kernel<<<grid, 384, kSmemBytes, stream>>>(p);
+  check_launch("decode_fp8_kernel");
   if (options.plan) combine(combine_params(p), stream);
 }
 

@@ -42,9 +42,6 @@ inline DecodeParams make_params(const char* op, int batch, int s_q, int h, const
   return p;
 }
 
-// decode_fp8 version 2 (decode_fp8_wgmma.cu).
-void decode_fp8_wgmma(const DecodeParams& p, int grid_x, cudaStream_t stream);
-
 inline CombineParams combine_params(const DecodeParams& p) {
   return {p.split_offsets, p.partial_out, p.partial_lse, p.out, p.lse,
           p.batch,         p.rows,        p.seqlen_q,    p.num_heads};

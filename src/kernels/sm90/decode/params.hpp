@@ -23,9 +23,6 @@ struct DecodeParams {
   int batch = 0, seqlen_q = 1, num_heads = 0, rows = 0;  // rows = seqlen_q * num_heads
   float softmax_scale = 0.f;
   bool causal = true;
-  // decode_fp8 v2: QK k32 steps accumulated in a fresh wgmma accumulator before being added
-  // to the fp32 scores (FP8 wgmma accumulates with reduced precision; see docs/kernels.md).
-  int qk_chunk = 4;
   // Split plan (null: one split per sequence) and the fp32 partials of split sequences.
   const int32_t* split_offsets = nullptr;
   const int32_t* split_begin = nullptr;
