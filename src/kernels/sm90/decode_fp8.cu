@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
   __syncthreads();
 
   if (wg == 0) {
-    wg::setmaxnreg_dec<40>();
+    wg::setmaxnreg_dec<56>();
     // The Q tile: nope and rope, K-major; rows past the query rows are zero.
     for (int c = t; c < kRows * 32; c += 128) {
       const int r = c / 32, part = c % 32;
@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
     return;
   }
 
-  wg::setmaxnreg_inc<232>();
+  wg::setmaxnreg_inc<224>();
   const int c = wg - 1;  // output half
   const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
   const int rows_[2] = {row0 + 16 * warp + g, row0 + 16 * warp + g + 8};
