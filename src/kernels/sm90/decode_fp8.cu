@@ -27,10 +27,6 @@ namespace snapmla::cuda {
 namespace {
 
 constexpr int kStages = 3;
-// QK's FP8 products are summed by the tensor cores kQkChunk k32 steps (128 dims) at a time into
-// a fresh accumulator, then added in fp32 registers: FP8 wgmma accumulates with reduced
-// precision, and promoting every 128 dims halves the score error (docs/kernels.md, v2).
-constexpr int kQkChunk = 4;
 constexpr int kRows = 64;
 // Byte sizes of the shared-memory tiles (K-major, 8 x 16 B core matrices, 128 B each).
 constexpr int kQnBytes = kRows * kLatentDim;       // 32 KB, SBO 4096
@@ -144,7 +140,7 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
   __syncthreads();
 
   if (wg == 0) {
-    wg::setmaxnreg_dec<56>();
+    wg::setmaxnreg_dec<40>();
     // The Q tile: nope and rope, K-major; rows past the query rows are zero.
     for (int c = t; c < kRows * 32; c += 128) {
       const int r = c / 32, part = c % 32;
@@ -169,7 +165,7 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
     return;
   }
 
-  wg::setmaxnreg_inc<224>();
+  wg::setmaxnreg_inc<232>();
   const int c = wg - 1;  // output half
   const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
   const int rows_[2] = {row0 + 16 * warp + g, row0 + 16 * warp + g + 8};
@@ -196,37 +192,26 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
     const int blk = w.begin + j * kPageSize;
     fault |= !page_ok(p, p.block_table[int64_t(w.seq) * p.max_pages + blk / kPageSize]);
     wg::mbar_wait(&sm.full[s], (j / kStages) & 1);
-    // QK partial over this half, promoted to fp32 registers every kQkChunk k32 steps.
-    float sc[8][4], part[8][4];
+    // QK partial over this half: the bf16 rope product first, then the FP8 latent product into
+    // the same accumulator. (Promoting FP8 partial sums to separate fp32 registers every 128
+    // dims halves the accumulator's rounding error but needs 32 more registers, which spill:
+    // measured 40% slower, docs/kernels.md.)
+    float sc[8][4];
 #pragma unroll
     for (int n = 0; n < 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
-#pragma unroll
-    for (int n = 0; n < 8; ++n) part[n][0] = part[n][1] = part[n][2] = part[n][3] = 0.f;
     wg::fence();
 #pragma unroll
-    for (int ks = 0; ks < 2; ++ks)  // bf16 rope first: HGMMA accumulates in full fp32
+    for (int ks = 0; ks < 2; ++ks)
       wg::mma_64x64x16_bf16_ss(sc, wg::desc(sm.qr + c * 512 + ks * 256, 128, 1024),
                                wg::desc(sm.kr(s) + c * 512 + ks * 256, 128, 1024));
-    wg::commit();
-    ptx::named_barrier(5 + c, 128);  // the previous PV finished reading this half's V^T
-    transpose_half(sm.kl(s), vt, c, t);  // overlaps the tensor cores
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      wg::fence();
-      wg::mma_64x64x32_e4m3_ss(part, wg::desc(sm.qn + c * 2048 + kk * 256, 128, 4096),
+    for (int kk = 0; kk < 8; ++kk)
+      wg::mma_64x64x32_e4m3_ss(sc, wg::desc(sm.qn + c * 2048 + kk * 256, 128, 4096),
                                wg::desc(sm.kl(s) + c * 2048 + kk * 256, 128, 4096));
-      if ((kk + 1) % kQkChunk == 0) {
-        wg::commit();
-        wg::wait<0>();
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            sc[n][e] += part[n][e];
-            part[n][e] = 0.f;
-          }
-      }
-    }
+    wg::commit();
+    ptx::named_barrier(5 + c, 128);      // the previous PV finished reading this half's V^T
+    transpose_half(sm.kl(s), vt, c, t);  // overlaps the tensor cores
+    wg::wait<0>();
 
     // Sum the two QK partials (p0 + p1 in both warpgroups: identical scores).
 #pragma unroll
