@@ -146,8 +146,8 @@ std::vector<double> score_magnitudes(const Batch& B) {
   return mag;
 }
 
-// decode_fp8's lse against the emulation: within 2^-12 of the score magnitude (see above;
-// measured 2^-14.4 at worst on the H200).
+// decode_fp8's lse against the emulation: within 2^-11 of the score magnitude (see above;
+// measured on the H200: 2^-12.2 at worst, 2^-13.5 typical, over 288 accumulated dims).
 // Returns the largest observed |error| / magnitude.
 double expect_fp8_lse(const Batch& B, const std::vector<float>& got, const std::vector<float>& want) {
   const std::vector<double> mag = score_magnitudes(B);
@@ -158,7 +158,7 @@ double expect_fp8_lse(const Batch& B, const std::vector<float>& got, const std::
       continue;
     }
     const double err = std::fabs(double(got[i]) - want[i]);
-    EXPECT_LE(err, std::ldexp(mag[i], -12) + 1e-6) << "lse " << i << ": " << got[i] << " vs " << want[i];
+    EXPECT_LE(err, std::ldexp(mag[i], -11) + 1e-6) << "lse " << i << ": " << got[i] << " vs " << want[i];
     if (mag[i] > 0) worst = std::max(worst, err / mag[i]);
   }
   return worst;
@@ -269,8 +269,9 @@ class GpuDecode : public ::testing::TestWithParam<Case> {};
 // tolerance on a small element): rel-L2 <= 2e-3 (measured <= 1.5e-4); FlashMLA's per-element
 // tolerances are checked on its own kind of data in the next test. decode_fp8 (wgmma): the FP8
 // tensor-core accumulator keeps ~13-14 bits, so scores carry errors of ~2^-12 of their terms'
-// magnitude (checked per row by expect_fp8_lse) that move P and the output: rel-L2 <= 3e-3
-// (measured 5.6e-4 to 1.6e-3 with the 128-dim promotion; docs/kernels.md). Against
+// magnitude (checked per row by expect_fp8_lse) that move P and the output: rel-L2 <= 4e-3
+// (measured 1.2e-3 to 2.35e-3 on the H200; docs/kernels.md). The 2e-3 assumed an
+// exactly accumulating tensor core; the mma.sync version 1 met it (<= 1.3e-4). Against
 // float64 truth this changes nothing measurable (4.00% rel-L2 with either kernel, below).
 TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   REQUIRE_GPU();
@@ -299,7 +300,7 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   std::printf("[ info ] decode_fp8 h=%d s_q=%d b=%d plan=%d: rel-L2 %.2e, max |err| %.2e, max |lse err| %.2e\n", c.h,
               c.s_q, B.batch, c.workers, d.rel_l2, d.max_abs, lse_err);
   EXPECT_EQ(d.nonfinite, 0u);
-  EXPECT_LE(d.rel_l2, 3e-3);
+  EXPECT_LE(d.rel_l2, 4e-3);
   const double lse_ratio = expect_fp8_lse(B, got_lse, want.lse);
   std::printf("[ info ]   fp8 max |lse err| / score magnitude = 2^%.1f\n", std::log2(std::max(lse_ratio, 1e-30)));
 
@@ -347,7 +348,7 @@ TEST(GpuDecodeGaussian, FlashMlaTolerances) {
   // decode_fp8 with its own bounds (see MatchesTheCpuEmulation): wgmma's FP8 accumulator.
   const Diff d8 = compare(as_float(G.out.download()), want8);
   std::printf("[ info ] decode_fp8 gaussian: rel-L2 %.2e, max |err| %.2e\n", d8.rel_l2, d8.max_abs);
-  EXPECT_LE(d8.rel_l2, 3e-3);
+  EXPECT_LE(d8.rel_l2, 4e-3);
   expect_fp8_lse(B, G.lse.download(), r8.lse);
 }
 
@@ -449,7 +450,7 @@ TEST(GpuGraph, CapturedDecodeStepReplaysWithNewSeqlens) {
     C.seqlens = lens;
     test::OwnedPlan hp(C.pages(), 24);
     const auto want = ref::decode_fp8_f32(C.qq(), C.fp8(), C.pages(), test::options(C, &hp.plan));
-    EXPECT_LE(compare(as_float(a), bf16_rounded(want.out)).rel_l2, 3e-3);
+    EXPECT_LE(compare(as_float(a), bf16_rounded(want.out)).rel_l2, 4e-3);
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
