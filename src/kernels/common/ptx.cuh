@@ -1,6 +1,7 @@
 // Thin wrappers over the PTX the decode kernels use: cp.async with zero-fill, ldmatrix, the
-// warp-level tensor-core MMAs (e4m3 m16n8k32 and bf16 m16n8k16, fp32 accumulators), prmt.
-// Fragment layouts follow the PTX ISA ("Matrix fragments for mma.m16n8k32 / m16n8k16"):
+// warp-level bf16 tensor-core MMA (m16n8k16, fp32 accumulators), prmt, named barriers.
+// Fragment layouts follow the PTX ISA ("Matrix fragments for mma.m16n8k32 / m16n8k16"); the
+// e4m3 m16n8k32 A layout is also the per-warp register layout of wgmma's k32 A operand:
 //   g = lane / 4, q = lane % 4
 //   A (16 x K):  a0 row g, a1 row g+8, a2 row g, a3 row g+8; a0/a1 cover the first K/2
 //                columns (q*4..q*4+3 bytes for e4m3, q*2..q*2+1 for bf16), a2/a3 the second.
@@ -43,16 +44,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t& r0, uint32_t& r1, ui
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                : "r"(smem_addr(smem)));
-}
-
-// D = A * B + D, e4m3 x e4m3 -> fp32, m16n8k32.
-__device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                               uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // D = A * B + D, bf16 x bf16 -> fp32, m16n8k16.
