@@ -146,8 +146,8 @@ std::vector<double> score_magnitudes(const Batch& B) {
   return mag;
 }
 
-// decode_fp8's lse against the emulation: within 2^-11 of the score magnitude (see above;
-// measured on the H200: 2^-12.2 at worst, 2^-13.5 typical, over 288 accumulated dims).
+// decode_fp8's lse against the emulation: within 2^-10 of the score magnitude (see above;
+// measured on the H200 with 576 dims in one accumulator: 2^-11.8 at worst, 2^-12.5 typical).
 // Returns the largest observed |error| / magnitude.
 double expect_fp8_lse(const Batch& B, const std::vector<float>& got, const std::vector<float>& want) {
   const std::vector<double> mag = score_magnitudes(B);
@@ -158,9 +158,34 @@ double expect_fp8_lse(const Batch& B, const std::vector<float>& got, const std::
       continue;
     }
     const double err = std::fabs(double(got[i]) - want[i]);
-    EXPECT_LE(err, std::ldexp(mag[i], -11) + 1e-6) << "lse " << i << ": " << got[i] << " vs " << want[i];
+    EXPECT_LE(err, std::ldexp(mag[i], -10) + 1e-6) << "lse " << i << ": " << got[i] << " vs " << want[i];
     if (mag[i] > 0) worst = std::max(worst, err / mag[i]);
   }
+  return worst;
+}
+
+// decode_fp8's output against the emulation, row by row: a score error of at most
+// delta = 2^-10 x magnitude moves every softmax weight by a factor within e^(+-delta), so a
+// row's relative error is at most ~2 delta, plus 4e-3 for e4m3 roundings of P' and bf16
+// roundings of the output that flip near a boundary. Returns the worst error / bound.
+double expect_fp8_rows(const Batch& B, const std::vector<float>& got, const std::vector<float>& want) {
+  const std::vector<double> mag = score_magnitudes(B);
+  double worst = 0;
+  for (int b = 0; b < B.batch; ++b)
+    for (int i = 0; i < B.s_q; ++i)
+      for (int hh = 0; hh < B.h; ++hh) {
+        const size_t row = (size_t(b) * B.s_q + i) * B.h + hh;
+        double num = 0, den = 0;
+        for (int d = 0; d < kLatentDim; ++d) {
+          const double e = double(got[row * kLatentDim + d]) - want[row * kLatentDim + d];
+          num += e * e;
+          den += double(want[row * kLatentDim + d]) * want[row * kLatentDim + d];
+        }
+        const double err = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+        const double bound = 2 * std::ldexp(mag[(size_t(b) * B.h + hh) * B.s_q + i], -10) + 4e-3;
+        EXPECT_LE(err, bound) << "row " << row;
+        worst = std::max(worst, err / bound);
+      }
   return worst;
 }
 
@@ -269,9 +294,10 @@ class GpuDecode : public ::testing::TestWithParam<Case> {};
 // tolerance on a small element): rel-L2 <= 2e-3 (measured <= 1.5e-4); FlashMLA's per-element
 // tolerances are checked on its own kind of data in the next test. decode_fp8 (wgmma): the FP8
 // tensor-core accumulator keeps ~13-14 bits, so scores carry errors of ~2^-12 of their terms'
-// magnitude (checked per row by expect_fp8_lse) that move P and the output: rel-L2 <= 4e-3
-// (measured 1.2e-3 to 2.35e-3 on the H200; docs/kernels.md). The 2e-3 assumed an
-// exactly accumulating tensor core; the mma.sync version 1 met it (<= 1.3e-4). Against
+// magnitude (checked per row by expect_fp8_lse) that move P and the output (checked per row by
+// expect_fp8_rows); the overall rel-L2 measured 1.2e-3 .. 4.5e-3 on the H200 (docs/kernels.md),
+// bounded here at 1e-2 as a gross check. The 2e-3 assumed an exactly accumulating
+// tensor core; the mma.sync version 1 met it (<= 1.3e-4). Against
 // float64 truth this changes nothing measurable (4.00% rel-L2 with either kernel, below).
 TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   REQUIRE_GPU();
@@ -300,9 +326,11 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   std::printf("[ info ] decode_fp8 h=%d s_q=%d b=%d plan=%d: rel-L2 %.2e, max |err| %.2e, max |lse err| %.2e\n", c.h,
               c.s_q, B.batch, c.workers, d.rel_l2, d.max_abs, lse_err);
   EXPECT_EQ(d.nonfinite, 0u);
-  EXPECT_LE(d.rel_l2, 4e-3);
+  EXPECT_LE(d.rel_l2, 1e-2);
   const double lse_ratio = expect_fp8_lse(B, got_lse, want.lse);
-  std::printf("[ info ]   fp8 max |lse err| / score magnitude = 2^%.1f\n", std::log2(std::max(lse_ratio, 1e-30)));
+  const double row_ratio = expect_fp8_rows(B, as_float(G.out.download()), bf16_rounded(want.out));
+  std::printf("[ info ]   fp8 max |lse err| / score magnitude = 2^%.1f, worst row error / bound = %.2f\n",
+              std::log2(std::max(lse_ratio, 1e-30)), row_ratio);
 
   const auto want16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), cpu_opt);
   decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), gpu_opt);
@@ -348,8 +376,9 @@ TEST(GpuDecodeGaussian, FlashMlaTolerances) {
   // decode_fp8 with its own bounds (see MatchesTheCpuEmulation): wgmma's FP8 accumulator.
   const Diff d8 = compare(as_float(G.out.download()), want8);
   std::printf("[ info ] decode_fp8 gaussian: rel-L2 %.2e, max |err| %.2e\n", d8.rel_l2, d8.max_abs);
-  EXPECT_LE(d8.rel_l2, 4e-3);
+  EXPECT_LE(d8.rel_l2, 1e-2);
   expect_fp8_lse(B, G.lse.download(), r8.lse);
+  expect_fp8_rows(B, as_float(G.out.download()), want8);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -450,7 +479,7 @@ TEST(GpuGraph, CapturedDecodeStepReplaysWithNewSeqlens) {
     C.seqlens = lens;
     test::OwnedPlan hp(C.pages(), 24);
     const auto want = ref::decode_fp8_f32(C.qq(), C.fp8(), C.pages(), test::options(C, &hp.plan));
-    EXPECT_LE(compare(as_float(a), bf16_rounded(want.out)).rel_l2, 4e-3);
+    expect_fp8_rows(C, as_float(a), bf16_rounded(want.out));
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);

@@ -3,18 +3,16 @@
 // CTA = one split of one sequence x 64 query rows (one wgmma M tile), 3 warpgroups:
 //   WG0  producer: copies the Q tile once, then streams pages into a 3-stage ring
 //        (cp.async completing on mbarriers; a stage is refilled when both consumers release it)
-//   WG1, WG2  consumers, one per half of the 512 output dims. Each computes the QK partial over
-//        its half of the latent (QGMMA m64n64k32, Q and K from shared memory) and of the rope
-//        (HGMMA m64n64k16) while it transposes its half of the page's latent for PV; the two
-//        partials are summed through shared memory (same order in both, so both hold identical
-//        scores); both run the same online softmax (decode/softmax.cuh), quantize P' / sigma to
-//        e4m3 in registers, and accumulate PV for their 256 dims (QGMMA m64n256k32, P from
-//        registers, V^T from shared memory).
+//   WG1, WG2  consumers, one per half of the 512 output dims. Each computes the whole QK
+//        (QGMMA m64n64k32 over the latent, HGMMA m64n64k16 over the rope, Q and K from shared
+//        memory, one accumulator) while it transposes its half of the page's latent for PV,
+//        runs the online softmax (decode/softmax.cuh), quantizes P' / sigma to e4m3 in
+//        registers, and accumulates PV for its 256 dims (QGMMA m64n256k32, P from registers,
+//        V^T from shared memory). Both compute the same QK: cheaper, as measured, than
+//        splitting it and exchanging partial sums through shared memory with two barriers.
 // Shared-memory operands use the no-swizzle K-major layout (wgmma.cuh). The transposed latent
 // puts each 32-token chunk's tokens in the order of P's register fragment (as in version 1).
 #include <cuda_runtime.h>
-
-#include <cstdlib>
 
 #include "../common/check.cuh"
 #include "../common/ptx.cuh"
@@ -37,8 +35,7 @@ constexpr int kKlBytes = kPageSize * kLatentDim;   // 32 KB
 constexpr int kKrBytes = kPageSize * kRopeDim * 2; // 8 KB
 constexpr int kStageBytes = kKlBytes + kKrBytes + kPageSize * 4;
 constexpr int kVtBytes = 256 * kPageSize;          // one half: 256 dims x 64 tokens, SBO 512
-constexpr int kXchBytes = 128 * 32 * 4;
-constexpr int kSmemBytes = kQnBytes + kQrBytes + kStages * kStageBytes + 2 * kVtBytes + 2 * kXchBytes +
+constexpr int kSmemBytes = kQnBytes + kQrBytes + kStages * kStageBytes + 2 * kVtBytes +
                            (2 * kStages + 1) * 8;
 
 // Offset of byte k of row r in a K-major no-swizzle tile whose rows are `row_bytes` long.
@@ -51,7 +48,6 @@ struct Smem {
   uint8_t* qr;
   uint8_t* stage;
   uint8_t* vt;
-  float* xch;
   uint64_t* full;
   uint64_t* empty;
   uint64_t* qbar;
@@ -60,8 +56,7 @@ struct Smem {
     qr = qn + kQnBytes;
     stage = qr + kQrBytes;
     vt = stage + kStages * kStageBytes;
-    xch = reinterpret_cast<float*>(vt + 2 * kVtBytes);
-    full = reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(xch) + 2 * kXchBytes);
+    full = reinterpret_cast<uint64_t*>(vt + 2 * kVtBytes);
     empty = full + kStages;
     qbar = empty + kStages;
   }
@@ -100,46 +95,30 @@ __device__ __forceinline__ void load_page(const DecodeParams& p, const Work& w, 
   if (t < kPageSize) ptx::cp_async_4(sm.scale(s) + t, p.k_scale + slot0 + t, t < ntok);
 }
 
-// 4 x 4 byte transpose: out[i] = {w0.byte i, w1.byte i, w2.byte i, w3.byte i}.
-__device__ __forceinline__ void transpose4x4(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3,
-                                             uint32_t (&out)[4]) {
-  const uint32_t x0 = ptx::prmt(w0, w1, 0x5140), x1 = ptx::prmt(w0, w1, 0x7362);
-  const uint32_t y0 = ptx::prmt(w2, w3, 0x5140), y1 = ptx::prmt(w2, w3, 0x7362);
-  out[0] = ptx::prmt(x0, y0, 0x5410);
-  out[1] = ptx::prmt(x0, y0, 0x7632);
-  out[2] = ptx::prmt(x1, y1, 0x5410);
-  out[3] = ptx::prmt(x1, y1, 0x7632);
-}
-
 // Consumer half c: latent dims [256 c, 256 c + 256) of stage s -> vt (256 dims x 64 slots,
 // K-major), slot 16 h + 4 q + j of chunk k holding token 32 k + 16 h + {2q, 2q+1, 2q+8, 2q+9}[j].
-// Each item moves 4 tokens x 16 dims: four 16-byte loads, 16 word stores.
 __device__ __forceinline__ void transpose_half(const uint8_t* kl, uint8_t* vt, int c, int t) {
-#pragma unroll
-  for (int item = t; item < 16 * 16; item += 128) {
-    const int dg = item / 16, tq = item % 16;  // 16-dim group within the half, token quad
+#pragma unroll 2
+  for (int item = t; item < 64 * 16; item += 128) {
+    const int dq = item / 16, tq = item % 16;  // dim quad within the half, token quad
     const int ch = tq / 8, h = (tq / 4) % 2, q = tq % 4;
     const int t0 = 32 * ch + 16 * h + 2 * q;
-    const int k = 256 * c + 16 * dg;
-    const uint4 r0 = *reinterpret_cast<const uint4*>(kl + km_offset(t0, k, kLatentDim));
-    const uint4 r1 = *reinterpret_cast<const uint4*>(kl + km_offset(t0 + 1, k, kLatentDim));
-    const uint4 r2 = *reinterpret_cast<const uint4*>(kl + km_offset(t0 + 8, k, kLatentDim));
-    const uint4 r3 = *reinterpret_cast<const uint4*>(kl + km_offset(t0 + 9, k, kLatentDim));
+    const int k = 256 * c + 4 * dq;
+    const uint32_t w0 = *reinterpret_cast<const uint32_t*>(kl + km_offset(t0, k, kLatentDim));
+    const uint32_t w1 = *reinterpret_cast<const uint32_t*>(kl + km_offset(t0 + 1, k, kLatentDim));
+    const uint32_t w2 = *reinterpret_cast<const uint32_t*>(kl + km_offset(t0 + 8, k, kLatentDim));
+    const uint32_t w3 = *reinterpret_cast<const uint32_t*>(kl + km_offset(t0 + 9, k, kLatentDim));
+    const uint32_t x0 = ptx::prmt(w0, w1, 0x5140), x1 = ptx::prmt(w0, w1, 0x7362);
+    const uint32_t y0 = ptx::prmt(w2, w3, 0x5140), y1 = ptx::prmt(w2, w3, 0x7362);
     const int slot = 32 * ch + 16 * h + 4 * q;
-    const uint32_t a[4] = {r0.x, r0.y, r0.z, r0.w}, b[4] = {r1.x, r1.y, r1.z, r1.w};
-    const uint32_t cc[4] = {r2.x, r2.y, r2.z, r2.w}, d[4] = {r3.x, r3.y, r3.z, r3.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      uint32_t out[4];
-      transpose4x4(a[j], b[j], cc[j], d[j], out);
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        *reinterpret_cast<uint32_t*>(vt + km_offset(16 * dg + 4 * j + i, slot, kPageSize)) = out[i];
-    }
+    const int n = 4 * dq;
+    *reinterpret_cast<uint32_t*>(vt + km_offset(n, slot, kPageSize)) = ptx::prmt(x0, y0, 0x5410);
+    *reinterpret_cast<uint32_t*>(vt + km_offset(n + 1, slot, kPageSize)) = ptx::prmt(x0, y0, 0x7632);
+    *reinterpret_cast<uint32_t*>(vt + km_offset(n + 2, slot, kPageSize)) = ptx::prmt(x1, y1, 0x5410);
+    *reinterpret_cast<uint32_t*>(vt + km_offset(n + 3, slot, kPageSize)) = ptx::prmt(x1, y1, 0x7632);
   }
 }
 
-template <bool kFullQk>
 __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   Work w;
@@ -200,8 +179,6 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
 #pragma unroll
   for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   uint8_t* vt = sm.vt + c * kVtBytes;
-  float* mine = sm.xch + c * (kXchBytes / 4);
-  const float* other = sm.xch + (1 - c) * (kXchBytes / 4);
   wg::mbar_wait(sm.qbar, 0);
   bool fault = false;
 
@@ -218,45 +195,18 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
 #pragma unroll
     for (int n = 0; n < 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
     wg::fence();
-    if constexpr (kFullQk) {
-      // Each warpgroup computes the whole QK (no partial-sum exchange between warpgroups).
+    // The whole QK in this warpgroup (both compute it: cheaper than exchanging partial sums,
+    // measured): the bf16 rope product first, then the FP8 latent product, one accumulator.
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks)
-        wg::mma_64x64x16_bf16_ss(sc, wg::desc(sm.qr + ks * 256, 128, 1024), wg::desc(sm.kr(s) + ks * 256, 128, 1024));
+    for (int ks = 0; ks < 4; ++ks)
+      wg::mma_64x64x16_bf16_ss(sc, wg::desc(sm.qr + ks * 256, 128, 1024), wg::desc(sm.kr(s) + ks * 256, 128, 1024));
 #pragma unroll
-      for (int kk = 0; kk < 16; ++kk)
-        wg::mma_64x64x32_e4m3_ss(sc, wg::desc(sm.qn + kk * 256, 128, 4096), wg::desc(sm.kl(s) + kk * 256, 128, 4096));
-    } else {
-#pragma unroll
-      for (int ks = 0; ks < 2; ++ks)
-        wg::mma_64x64x16_bf16_ss(sc, wg::desc(sm.qr + c * 512 + ks * 256, 128, 1024),
-                                 wg::desc(sm.kr(s) + c * 512 + ks * 256, 128, 1024));
-#pragma unroll
-      for (int kk = 0; kk < 8; ++kk)
-        wg::mma_64x64x32_e4m3_ss(sc, wg::desc(sm.qn + c * 2048 + kk * 256, 128, 4096),
-                                 wg::desc(sm.kl(s) + c * 2048 + kk * 256, 128, 4096));
-    }
+    for (int kk = 0; kk < 16; ++kk)
+      wg::mma_64x64x32_e4m3_ss(sc, wg::desc(sm.qn + kk * 256, 128, 4096), wg::desc(sm.kl(s) + kk * 256, 128, 4096));
     wg::commit();
     ptx::named_barrier(5 + c, 128);      // the previous PV finished reading this half's V^T
     transpose_half(sm.kl(s), vt, c, t);  // overlaps the tensor cores
     wg::wait<0>();
-
-    if constexpr (!kFullQk) {
-      // Sum the two QK partials (p0 + p1 in both warpgroups: identical scores).
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) mine[(n * 4 + e) * 128 + t] = sc[n][e];
-      ptx::named_barrier(1, 256);
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float x = other[(n * 4 + e) * 128 + t];
-          sc[n][e] = c == 0 ? sc[n][e] + x : x + sc[n][e];
-        }
-      ptx::named_barrier(2, 256);
-    }
 
     float rescale[2];
     softmax_block<true>(st, sc, factor, vis, blk, sm.scale(s), q, rescale);
@@ -301,15 +251,10 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
   p.k_rope = reinterpret_cast<const uint16_t*>(cache.rope);
   p.num_pages = cache.num_pages;
   const cudaStream_t stream = as_stream(options.stream);
+  check(cudaFuncSetAttribute(decode_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
+        "cudaFuncSetAttribute(decode_fp8_kernel)");
   const dim3 grid(options.plan ? options.plan->capacity : p.batch, (p.rows + kRows - 1) / kRows);
-  static const bool full_qk = std::getenv("SNAPMLA_FULL_QK") != nullptr;
-  if (full_qk) {
-    check(cudaFuncSetAttribute(decode_fp8_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes), "attr");
-    decode_fp8_kernel<true><<<grid, 384, kSmemBytes, stream>>>(p);
-  } else {
-    check(cudaFuncSetAttribute(decode_fp8_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes), "attr");
-    decode_fp8_kernel<false><<<grid, 384, kSmemBytes, stream>>>(p);
-  }
+  decode_fp8_kernel<<<grid, 384, kSmemBytes, stream>>>(p);
   check_launch("decode_fp8_kernel");
   if (options.plan) combine(combine_params(p), stream);
 }
