@@ -178,8 +178,9 @@ Fp8RowStats fp8_row_stats(const Batch& B) {
   return st;
 }
 
-// decode_fp8's lse against the emulation: within 2^-10 of the score magnitude (see above;
-// measured on the H200 with 576 dims in one accumulator: 2^-11.8 at worst, 2^-12.5 typical).
+// decode_fp8's lse against the emulation: within 2^-9 of the score magnitude (see above;
+// measured on the H200 with 576 dims in one accumulator, 27 cases x 4 runs: 2^-10.5 at worst,
+// 2^-12.5 typical).
 // Returns the largest observed |error| / magnitude.
 double expect_fp8_lse(const Fp8RowStats& st, const std::vector<float>& got, const std::vector<float>& want) {
   const std::vector<double>& mag = st.mag;
@@ -190,14 +191,14 @@ double expect_fp8_lse(const Fp8RowStats& st, const std::vector<float>& got, cons
       continue;
     }
     const double err = std::fabs(double(got[i]) - want[i]);
-    EXPECT_LE(err, std::ldexp(mag[i], -10) + 1e-6) << "lse " << i << ": " << got[i] << " vs " << want[i];
+    EXPECT_LE(err, std::ldexp(mag[i], -9) + 1e-6) << "lse " << i << ": " << got[i] << " vs " << want[i];
     if (mag[i] > 0) worst = std::max(worst, err / mag[i]);
   }
   return worst;
 }
 
 // decode_fp8's output against the emulation, row by row: a score error of at most
-// delta = 2^-10 x mag moves every softmax weight by a factor within e^(+-2 delta) (the row's
+// delta = 2^-9 x mag (the lse bound above) moves every softmax weight by a factor within e^(+-2 delta) (the row's
 // max and sum move too), so the row moves by at most ~2 delta x weighted; 4e-3 x weighted more
 // covers e4m3 roundings of P' and bf16 roundings of the output that flip near a boundary.
 // Returns the worst error / bound.
@@ -213,7 +214,7 @@ double expect_fp8_rows(const Batch& B, const Fp8RowStats& st, const std::vector<
           const double e = double(got[row * kLatentDim + d]) - want[row * kLatentDim + d];
           num += e * e;
         }
-        const double delta = std::ldexp(st.mag[(size_t(b) * B.h + hh) * B.s_q + i], -10);
+        const double delta = std::ldexp(st.mag[(size_t(b) * B.h + hh) * B.s_q + i], -9);
         const double bound = (2 * delta + 4e-3) * st.weighted[row] + 1e-6;
         EXPECT_LE(std::sqrt(num), bound) << "row " << row;
         worst = std::max(worst, std::sqrt(num) / bound);
