@@ -141,6 +141,10 @@ struct Shape {
   std::vector<int32_t> seqlens;
 };
 
+void PrintTo(const Shape& s, std::ostream* os) {
+  *os << "h=" << s.h << " s_q=" << s.s_q << " batch=" << s.seqlens.size();
+}
+
 class DecodeFp8Shapes : public ::testing::TestWithParam<Shape> {};
 
 // The emulation differs from the independent formulation only by fp32 rounding of scores,

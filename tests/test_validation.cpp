@@ -143,6 +143,20 @@ TEST_F(Bad, DevicesThatDoNotMatchOrAreNotBuilt) {
   EXPECT_ARG_ERROR(ref::append(c, {nullptr, 0, Device::cpu()}, {nullptr, 0, Device::cpu()}), "cache.device");
 }
 
+TEST_F(Bad, DebugTableChecksReportTheFirstBadEntry) {
+  EXPECT_NO_THROW(check_page_table(B.pages(), B.num_pages));
+  Batch C = B;
+  C.block_table[0] = -4;
+  EXPECT_ARG_ERROR(check_page_table(C.pages(), C.num_pages), "block_table");
+  C = B;
+  C.seqlens[0] = C.max_pages * kPageSize + 64;
+  EXPECT_ARG_ERROR(check_page_table(C.pages(), C.num_pages), "cache_seqlens");
+  std::vector<int32_t> slots = {0, -1, int32_t(B.num_pages * kPageSize)};
+  EXPECT_NO_THROW(check_slot_mapping({slots.data(), 2, Device::cpu()}, B.num_pages));
+  EXPECT_ARG_ERROR(check_slot_mapping({slots.data(), 3, Device::cpu()}, B.num_pages), "slot_mapping");
+  EXPECT_GE(recommended_num_workers(Device::cpu(), 1, 16), 1);
+}
+
 TEST(ErrorText, NamesOperationArgumentAndExpectation) {
   try {
     split_plan_capacity(4, 0);

@@ -134,13 +134,6 @@ std::string json_num(double v, const char* fmt) {
   return buf;
 }
 
-std::string iso_date() {
-  const std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&t));
-  return buf;
-}
-
 }  // namespace
 
 int accuracy_command(const std::vector<std::string>& args) {

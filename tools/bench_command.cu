@@ -82,13 +82,6 @@ double time_us(Fn&& fn, int warmup, int reps) {
   return median(ms) * 1000.0;
 }
 
-int sm_count() {
-  int dev = 0, n = 0;
-  cuda_ok(cudaGetDevice(&dev), "device");
-  cuda_ok(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "attr");
-  return n;
-}
-
 Result run_case(const Case& c, int reps, std::mt19937_64& rng) {
   const Device gpu = Device::cuda(0);
   std::vector<int32_t> lens(c.b, c.s_k);
@@ -137,8 +130,7 @@ Result run_case(const Case& c, int reps, std::mt19937_64& rng) {
   quantize_query(q16, qq);
   DeviceBuffer<int32_t> gtable(table), glens(lens);
   PageTable pages{gtable.get(), glens.get(), c.b, max_pages, gpu};
-  const int row_tiles = (rows + 31) / 32;
-  const int workers = std::max(1, 2 * sm_count() / row_tiles);
+  const int workers = recommended_num_workers(gpu, c.s_q, c.h);
   const int cap = split_plan_capacity(c.b, workers);
   DeviceBuffer<int32_t> off(c.b + 1), beg(cap);
   DeviceBuffer<uint8_t> ws(decode_workspace_bytes(cap, c.s_q, c.h));
@@ -204,13 +196,6 @@ std::string us_or_dash(double v) {
   char b[32];
   std::snprintf(b, sizeof b, "%.0f", v);
   return b;
-}
-
-std::string iso_date() {
-  const std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d", std::gmtime(&t));
-  return buf;
 }
 
 }  // namespace

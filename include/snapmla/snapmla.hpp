@@ -44,6 +44,18 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
 void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
                  const DecodeOutput& out, const DecodeOptions& options);
 
+// A num_workers for plan_splits that fills `device` (CPU: its reference threads; GPU: about two
+// waves of the decode kernel's CTAs, which cover 64 query rows each).
+int recommended_num_workers(Device device, int seqlen_q, int num_heads);
+
+// Debug checks of table contents. The GPU path cannot read device-resident tables without a
+// host synchronization, so there a bad page index turns the affected rows into NaN and a bad
+// slot is skipped, instead of an error. These functions copy the tables to the host
+// (synchronizing `stream` on the GPU; not for the hot path, not capturable in a CUDA graph) and
+// throw snapmla::Error for the first bad entry, exactly as the CPU path does.
+void check_page_table(const PageTable& pages, int64_t num_pages, Stream stream = nullptr);
+void check_slot_mapping(const SlotMapping& slots, int64_t num_pages, Stream stream = nullptr);
+
 // Whether this build has the CUDA kernels, and whether a usable sm_90 device is present.
 bool built_with_cuda();
 bool cuda_device_available();

@@ -3,6 +3,9 @@
 // tables (page indices, seqlens, slots) only where they are host memory, since reading device
 // memory would need a host synchronization. The kernels never access memory outside the
 // cache for a bad index: a bad page makes the affected rows NaN, a bad slot is skipped.
+#include <algorithm>
+#include <vector>
+
 #include "snapmla/reference.hpp"
 #include "snapmla/snapmla.hpp"
 #include "validate.hpp"
@@ -68,7 +71,11 @@ bool cuda_device_available() {
 #endif
 }
 
-void append(const PagedFp8Cache& cache, const KvRows& kv, const SlotMapping& slots, Stream s) {
+namespace {
+
+// Both caches: same checks, then the reference or the kernel for that cache type.
+template <typename Cache>
+void append_impl(const Cache& cache, const KvRows& kv, const SlotMapping& slots, Stream s) {
   detail::check_devices_match("append", cache.device, "kv", kv.device);
   detail::check_devices_match("append", cache.device, "slot_mapping", slots.device);
   if (!on_gpu("append", "cache", cache.device)) return ref::append(cache, kv, slots);
@@ -83,19 +90,59 @@ void append(const PagedFp8Cache& cache, const KvRows& kv, const SlotMapping& slo
 #endif
 }
 
-void append(const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& slots, Stream s) {
-  detail::check_devices_match("append", cache.device, "kv", kv.device);
-  detail::check_devices_match("append", cache.device, "slot_mapping", slots.device);
-  if (!on_gpu("append", "cache", cache.device)) return ref::append(cache, kv, slots);
-  detail::validate("append", cache);
-  detail::validate("append", kv, "kv");
-  detail::validate("append", slots);
-  check_rows_match("append", kv, slots, "kv");
+}  // namespace
+
+int recommended_num_workers(Device device, int seqlen_q, int num_heads) {
+  if (device.is_cpu()) return ref::num_threads();
 #if SNAPMLA_HAVE_CUDA
-  cuda::append(cache, kv, slots, s);
+  const int sms = cuda::require_sm90("recommended_num_workers", "device", device);
+  const int row_tiles = std::max(1, (seqlen_q * num_heads + 63) / 64);
+  return std::max(1, 2 * sms / row_tiles);
+#else
+  detail::fail("recommended_num_workers", "device",
+               "expected host memory: this build of SnapMLA has no CUDA kernels, got " + to_string(device));
+#endif
+}
+
+void check_page_table(const PageTable& pages, int64_t num_pages, Stream s) {
+  detail::validate("check_page_table", pages);
+  if (pages.device.is_cpu()) return detail::check_page_table_contents("check_page_table", pages, num_pages);
+#if SNAPMLA_HAVE_CUDA
+  cuda::require_sm90("check_page_table", "pages", pages.device);
+  std::vector<int32_t> seqlens(pages.batch), table(size_t(pages.batch) * pages.max_pages);
+  cuda::copy_to_host(seqlens.data(), pages.cache_seqlens, seqlens.size() * sizeof(int32_t), s);
+  cuda::copy_to_host(table.data(), pages.block_table, table.size() * sizeof(int32_t), s);
+  PageTable host = pages;
+  host.cache_seqlens = seqlens.data();
+  host.block_table = table.data();
+  host.device = Device::cpu();
+  detail::check_page_table_contents("check_page_table", host, num_pages);
 #else
   (void)s;
+  on_gpu("check_page_table", "pages", pages.device);
 #endif
+}
+
+void check_slot_mapping(const SlotMapping& slots, int64_t num_pages, Stream s) {
+  detail::validate("check_slot_mapping", slots);
+  if (slots.device.is_cpu()) return detail::check_slots_in_range("check_slot_mapping", slots, num_pages);
+#if SNAPMLA_HAVE_CUDA
+  cuda::require_sm90("check_slot_mapping", "slot_mapping", slots.device);
+  std::vector<int32_t> host(slots.num_tokens);
+  cuda::copy_to_host(host.data(), slots.slots, host.size() * sizeof(int32_t), s);
+  detail::check_slots_in_range("check_slot_mapping", {host.data(), slots.num_tokens, Device::cpu()}, num_pages);
+#else
+  (void)s;
+  on_gpu("check_slot_mapping", "slot_mapping", slots.device);
+#endif
+}
+
+void append(const PagedFp8Cache& cache, const KvRows& kv, const SlotMapping& slots, Stream s) {
+  append_impl(cache, kv, slots, s);
+}
+
+void append(const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& slots, Stream s) {
+  append_impl(cache, kv, slots, s);
 }
 
 void quantize_query(const QueryBf16& q, const QuantizedQuery& out, Stream s) {

@@ -11,6 +11,8 @@ namespace snapmla::cuda {
 // capability 9.0 (sm_90a kernels). Returns its multiprocessor count. Makes it current.
 int require_sm90(const char* op, const char* argument, Device d);
 bool device_available();
+// Synchronous device-to-host copy after the work queued on `s`.
+void copy_to_host(void* dst, const void* src, size_t bytes, Stream s);
 
 void append(const PagedFp8Cache& cache, const KvRows& kv, const SlotMapping& slots, Stream s);
 void append(const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& slots, Stream s);

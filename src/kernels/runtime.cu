@@ -22,6 +22,12 @@ bool device_available() {
   return false;
 }
 
+void copy_to_host(void* dst, const void* src, size_t bytes, Stream s) {
+  if (bytes == 0) return;
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_stream(s)), "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(as_stream(s)), "cudaStreamSynchronize");
+}
+
 int require_sm90(const char* op, const char* argument, Device d) {
   static std::mutex mu;
   static std::vector<int> sm_count;  // per ordinal: 0 unknown, -1 not sm_90, else SM count

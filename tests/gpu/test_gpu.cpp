@@ -318,6 +318,10 @@ struct Case {
   int workers;  // 0: no plan
 };
 
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "h=" << c.h << " s_q=" << c.s_q << " batch=" << c.seqlens.size() << " workers=" << c.workers;
+}
+
 class GpuDecode : public ::testing::TestWithParam<Case> {};
 
 // decode_fp8 and decode_bf16 against the CPU emulation of the same algorithm, both rounded to
@@ -536,6 +540,12 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
   QuantizedQuery q = G.qq();
   q.num_heads = 24;
   EXPECT_ARG_ERROR(decode_fp8(q, G.fp8(), G.pages(), G.output(), test::options(B)), "q.num_heads");
+  // The debug checks read the device tables and name the bad entry.
+  EXPECT_NO_THROW(check_page_table(G.pages(), B.num_pages));
+  EXPECT_EQ(recommended_num_workers(kGpu, 1, 128), 2 * 132 / 2) << "two waves of 64-row CTAs on 132 SMs";
+  std::vector<int32_t> bad_slots = {0, int32_t(B.num_pages * kPageSize) + 3};
+  DeviceBuffer<int32_t> gbad_slots(bad_slots);
+  EXPECT_ARG_ERROR(check_slot_mapping({gbad_slots.get(), 2, kGpu}, B.num_pages), "slot_mapping");
   // A page index out of range: no crash, and the affected rows come out NaN (not garbage).
   std::vector<int32_t> bad = B.block_table;
   bad[0] = int32_t(B.num_pages + 5);
@@ -544,6 +554,7 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
   test::cuda_ok(cudaDeviceSynchronize(), "decode with a bad page");
   const auto o = G.out.download();
   EXPECT_TRUE(std::isnan(to_float(o[0])));
+  EXPECT_ARG_ERROR(check_page_table(G.pages(), B.num_pages), "block_table");
 }
 
 }  // namespace
