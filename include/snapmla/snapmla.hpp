@@ -44,8 +44,9 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
 void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
                  const DecodeOutput& out, const DecodeOptions& options);
 
-// A num_workers for plan_splits that fills `device` (CPU: its reference threads; GPU: about two
-// waves of the decode kernel's CTAs, which cover 64 query rows each).
+// A num_workers for plan_splits that fills `device` (CPU: its reference threads; GPU: one split
+// per multiprocessor and 64-row tile of the decode kernel, like FlashMLA's num_sm_parts;
+// measured against twice as many in docs/kernels.md).
 int recommended_num_workers(Device device, int seqlen_q, int num_heads);
 
 // Debug checks of table contents. The GPU path cannot read device-resident tables without a

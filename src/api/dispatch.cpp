@@ -97,7 +97,7 @@ int recommended_num_workers(Device device, int seqlen_q, int num_heads) {
 #if SNAPMLA_HAVE_CUDA
   const int sms = cuda::require_sm90("recommended_num_workers", "device", device);
   const int row_tiles = std::max(1, (seqlen_q * num_heads + 63) / 64);
-  return std::max(1, 2 * sms / row_tiles);
+  return std::max(1, sms / row_tiles);
 #else
   detail::fail("recommended_num_workers", "device",
                "expected host memory: this build of SnapMLA has no CUDA kernels, got " + to_string(device));

@@ -542,7 +542,7 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
   EXPECT_ARG_ERROR(decode_fp8(q, G.fp8(), G.pages(), G.output(), test::options(B)), "q.num_heads");
   // The debug checks read the device tables and name the bad entry.
   EXPECT_NO_THROW(check_page_table(G.pages(), B.num_pages));
-  EXPECT_EQ(recommended_num_workers(kGpu, 1, 128), 2 * 132 / 2) << "two waves of 64-row CTAs on 132 SMs";
+  EXPECT_EQ(recommended_num_workers(kGpu, 1, 128), 132 / 2) << "132 SMs, two 64-row tiles";
   std::vector<int32_t> bad_slots = {0, int32_t(B.num_pages * kPageSize) + 3};
   DeviceBuffer<int32_t> gbad_slots(bad_slots);
   EXPECT_ARG_ERROR(check_slot_mapping({gbad_slots.get(), 2, kGpu}, B.num_pages), "slot_mapping");
