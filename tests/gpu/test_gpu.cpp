@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <tuple>
 
 #include "../test_util.hpp"
 #include "device_buffer.hpp"
@@ -433,6 +434,44 @@ INSTANTIATE_TEST_SUITE_P(
       std::snprintf(name, sizeof name, "h%d_sq%d_w%d_%zu", info.param.h, info.param.s_q, info.param.workers, info.index);
       return std::string(name);
     });
+
+// The coverage edges of the issue: a 256K-token sequence (with a length that is not a multiple
+// of 64) and a batch of 1024 sequences of mixed lengths including 0 and 1.
+TEST(GpuDecodeEdges, QuarterMillionTokensAndBatch1024) {
+  REQUIRE_GPU();
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  std::vector<int32_t> many(1024);
+  for (auto& l : many) l = int32_t(rng() % 300);
+  many[0] = 0;
+  many[1] = 1;
+  for (const auto& [lens, s_q, h] : {std::tuple{std::vector<int32_t>{262144 + 17}, 1, 16},
+                                     std::tuple{many, 2, 32}}) {
+    Batch B = make_batch(rng, lens, s_q, h);
+    GpuBatch G(B);
+    const int workers = recommended_num_workers(kGpu, s_q, h);
+    GpuPlan plan(G.pages(), workers, s_q, h);
+    test::OwnedPlan host_plan(B.pages(), workers);
+    const auto want = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), test::options(B, &host_plan.plan));
+    decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), plan.options(B.softmax_scale));
+    test::cuda_ok(cudaDeviceSynchronize(), "decode_fp8");
+    const auto got = as_float(G.out.download());
+    const Diff d = compare(got, bf16_rounded(want.out));
+    const Fp8RowStats stats = fp8_row_stats(B);
+    expect_fp8_lse(stats, G.lse.download(), want.lse);
+    const double ratio = expect_fp8_rows(B, stats, got, bf16_rounded(want.out));
+    std::printf("[ info ] decode_fp8 batch=%zu max_len=%d h=%d s_q=%d: rel-L2 %.2e, worst row / bound %.2f\n",
+                lens.size(), *std::max_element(lens.begin(), lens.end()), h, s_q, d.rel_l2, ratio);
+    EXPECT_EQ(d.nonfinite, 0u);
+    const auto want16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), test::options(B, &host_plan.plan));
+    decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), plan.options(B.softmax_scale));
+    test::cuda_ok(cudaDeviceSynchronize(), "decode_bf16");
+    const Diff d16 = compare(as_float(G.out.download()), bf16_rounded(want16.out));
+    std::printf("[ info ] decode_bf16 same case: rel-L2 %.2e\n", d16.rel_l2);
+    EXPECT_LE(d16.rel_l2, 2e-3);
+    expect_lse(G.lse.download(), want16.lse, 1e-6, 8.0 / 65536);
+  }
+}
 
 TEST(GpuDecode, LongSequenceAgainstFloat64Truth) {
   REQUIRE_GPU();
