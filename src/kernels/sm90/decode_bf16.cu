@@ -1,13 +1,22 @@
-// decode_bf16, version 1: the baseline on the BF16 cache (FlashMLA's arithmetic: bf16 QK and
-// PV with P rounded to bf16, fp32 accumulators), with the same structure, scheduler, softmax
-// and combine as decode_fp8 so that speedups are measured against a like-for-like kernel:
-// CTA = one split x 16 * RG rows, 4 warps per 16 rows splitting the 576 QK dims and the 512
-// output dims in quarters, pages through a two-stage cp.async ring, V read with
-// ldmatrix.trans (bf16 needs no explicit transpose).
+// decode_bf16 (version 2): the BF16 baseline on the same skeleton as decode_fp8 (warpgroup MMAs,
+// warp-specialized page pipeline, same scheduler, softmax and combine), so speedups are
+// measured against a like-for-like kernel. FlashMLA's arithmetic: bf16 QK and PV, P rounded
+// to bf16, fp32 accumulators.
+//
+// CTA = one split of one sequence x 64 query rows, 3 warpgroups:
+//   WG0  producer: the Q tile once, then pages into a 2-stage ring (cp.async on mbarriers)
+//   WG1, WG2  consumers, one per half of the 512 output dims: the whole QK (HGMMA m64n64k16,
+//        Q and K from shared memory), the online softmax, P to bf16 in registers, PV with
+//        HGMMA m64n256k16 reading V straight from the page in shared memory (the page's rows
+//        are token-major, which wgmma reads for bf16 with its transpose bit: no transpose).
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include <cstdlib>
 
 #include "../common/check.cuh"
 #include "../common/ptx.cuh"
+#include "../common/wgmma.cuh"
 #include "../kernels.hpp"
 #include "decode/epilogue.cuh"
 #include "decode/launch.hpp"
@@ -17,29 +26,48 @@
 namespace snapmla::cuda {
 namespace {
 
-constexpr int kRowStride = (kHeadDim + 8) * 2;  // bytes per token row in shared memory
-constexpr int kStageBytes = kPageSize * kRowStride;
-constexpr int kQuarter = kHeadDim / 4;           // 144 QK dims per warp
-constexpr int kQkSteps = kQuarter / 16;          // 9
+constexpr int kStages = 2;
+constexpr int kRows = 64;
+constexpr int kRowBytes = kHeadDim * 2;                 // 1152: one token / one query row
+constexpr int kTileBytes = kPageSize * kRowBytes;       // 72 KB, K-major, SBO = 8 rows = 9216
+constexpr int kSbo = 8 * kRowBytes;
+constexpr int kSmemBytes = kRows * kRowBytes + kStages * kTileBytes + (2 * kStages + 1) * 8;
 
-template <int RG>
-constexpr int smem_bytes() {
-  return 2 * kStageBytes + 4 * RG * 32 * 32 * 4;
+__device__ __forceinline__ int km_offset(int r, int k) {
+  return (r / 8) * kSbo + (k / 16) * 128 + (r % 8) * 16 + (k % 16);
 }
 
-__device__ __forceinline__ void load_page(const DecodeParams& p, const Work& w, int blk,
-                                          uint8_t* stage, int* fault) {
+struct Smem {
+  uint8_t* q;
+  uint8_t* stage;
+  uint64_t* full;
+  uint64_t* empty;
+  uint64_t* qbar;
+  __device__ explicit Smem(uint8_t* base) {
+    q = base;
+    stage = q + kRows * kRowBytes;
+    full = reinterpret_cast<uint64_t*>(stage + kStages * kTileBytes);
+    empty = full + kStages;
+    qbar = empty + kStages;
+  }
+  __device__ uint8_t* kv(int s) const { return stage + s * kTileBytes; }
+};
+
+__device__ __forceinline__ bool page_ok(const DecodeParams& p, int32_t page) {
+  return page >= 0 && page < p.num_pages;
+}
+
+__device__ __forceinline__ void load_page(const DecodeParams& p, const Work& w, int blk, uint8_t* dst,
+                                          int t) {
   const int32_t page = p.block_table[int64_t(w.seq) * p.max_pages + blk / kPageSize];
-  const bool page_ok = page >= 0 && page < p.num_pages;
-  if (!page_ok && threadIdx.x == 0) *fault = 1;
-  const int ntok = page_ok ? min(kPageSize, w.end - blk) : 0;
-  const int64_t slot0 = int64_t(page_ok ? page : 0) * kPageSize;
-  constexpr int kChunks = kHeadDim * 2 / 16;  // 72 per token
-  for (int c = threadIdx.x; c < kPageSize * kChunks; c += blockDim.x) {
+  const bool ok = page_ok(p, page);
+  const int ntok = ok ? min(kPageSize, w.end - blk) : 0;
+  const int64_t slot0 = int64_t(ok ? page : 0) * kPageSize;
+  constexpr int kChunks = kRowBytes / 16;  // 72
+  for (int c = t; c < kPageSize * kChunks; c += 128) {
     const int tok = c / kChunks, part = c % kChunks;
-    ptx::cp_async_16(stage + tok * kRowStride + part * 16,
-                     reinterpret_cast<const uint8_t*>(p.kv_bf16 + (slot0 + tok) * kHeadDim) + part * 16,
-                     tok < ntok);
+    ptx::cp_async_16(dst + km_offset(tok, part * 16),
+                     reinterpret_cast<const uint8_t*>(p.kv_bf16 + (slot0 + tok) * kHeadDim) + part * 16, tok < ntok);
   }
 }
 
@@ -47,119 +75,112 @@ __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
   return uint32_t(float_to_bf16_bits(lo)) | (uint32_t(float_to_bf16_bits(hi)) << 16);
 }
 
-template <int RG>
-__global__ void __launch_bounds__(128 * RG, 1) decode_bf16_kernel(DecodeParams p) {
-  extern __shared__ __align__(128) uint8_t smem[];
-  __shared__ int fault;
+template <bool kLboAlongN>
+__global__ void __launch_bounds__(384, 1) decode_bf16_kernel(DecodeParams p) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
   Work w;
   if (!find_work(p, blockIdx.x, w)) return;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  const int rg = warp / 4, cq = warp % 4;
-  const int row0 = blockIdx.y * 16 * RG + rg * 16;
-  float* xch = reinterpret_cast<float*>(smem + 2 * kStageBytes);
-  if (threadIdx.x == 0) fault = 0;
+  const Smem sm(smem_raw);
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  const int row0 = blockIdx.y * kRows;
+  const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      wg::mbar_init(&sm.full[s], 128);
+      wg::mbar_init(&sm.empty[s], 256);
+    }
+    wg::mbar_init(sm.qbar, 128);
+  }
+  __syncthreads();
 
-  const int rows_[2] = {row0 + g, row0 + g + 8};
-  uint32_t qb[kQkSteps][4];
+  if (wg == 0) {
+    wg::setmaxnreg_dec<40>();
+    for (int c = t; c < kRows * (kRowBytes / 16); c += 128) {
+      const int r = c / (kRowBytes / 16), part = c % (kRowBytes / 16);
+      const bool ok = row0 + r < p.rows;
+      const int64_t row = int64_t(w.seq) * p.rows + (ok ? row0 + r : 0);
+      ptx::cp_async_16(sm.q + km_offset(r, part * 16),
+                       reinterpret_cast<const uint8_t*>(p.q_bf16 + row * kHeadDim) + part * 16, ok);
+    }
+    wg::cp_async_arrive(sm.qbar);
+    for (int j = 0; j < nblk; ++j) {
+      const int s = j % kStages;
+      if (j >= kStages) wg::mbar_wait(&sm.empty[s], ((j / kStages) & 1) ^ 1);
+      load_page(p, w, w.begin + j * kPageSize, sm.kv(s), t);
+      wg::cp_async_arrive(&sm.full[s]);
+    }
+    return;
+  }
+
+  wg::setmaxnreg_inc<232>();
+  const int c = wg - 1;
+  const int warp = t / 32, lane = t % 32, q = lane % 4, g = lane / 4;
+  const int rows_[2] = {row0 + 16 * warp + g, row0 + 16 * warp + g + 8};
   float factor[2];
   int vis[2];
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     const bool ok = rows_[ri] < p.rows;
-    const int64_t r = int64_t(w.seq) * p.rows + (ok ? rows_[ri] : 0);
     factor[ri] = p.softmax_scale;
     vis[ri] = ok ? visible_end(p, w, rows_[ri]) : 0;
-    const uint16_t* qp = p.q_bf16 + r * kHeadDim + cq * kQuarter + 2 * q;
-#pragma unroll
-    for (int ks = 0; ks < kQkSteps; ++ks) {
-      qb[ks][ri] = *reinterpret_cast<const uint32_t*>(qp + 16 * ks);
-      qb[ks][ri + 2] = *reinterpret_cast<const uint32_t*>(qp + 16 * ks + 8);
-    }
   }
-
   SoftmaxState st;
-  float o[16][4];
+  float o[32][4];
 #pragma unroll
-  for (int n = 0; n < 16; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  wg::mbar_wait(sm.qbar, 0);
+  bool fault = false;
+  // V for this half, MN-major: 8-dim core matrices 128 B apart along N, 8-token groups kSbo apart.
+  constexpr uint32_t kVLbo = kLboAlongN ? 128 : kSbo, kVSbo = kLboAlongN ? kSbo : 128;
 
-  const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
-  __syncthreads();
-  if (nblk > 0) load_page(p, w, w.begin, smem, &fault);
-  ptx::cp_async_commit();
-  const int mat = lane / 8, mrow = lane % 8;
   for (int j = 0; j < nblk; ++j) {
+    const int s = j % kStages;
     const int blk = w.begin + j * kPageSize;
-    ptx::cp_async_wait<0>();
-    __syncthreads();
-    if (j + 1 < nblk) load_page(p, w, blk + kPageSize, smem + ((j + 1) & 1) * kStageBytes, &fault);
-    ptx::cp_async_commit();
-    const uint8_t* kv = smem + (j & 1) * kStageBytes;
-
-    float s[8][4];
+    fault |= !page_ok(p, p.block_table[int64_t(w.seq) * p.max_pages + blk / kPageSize]);
+    wg::mbar_wait(&sm.full[s], (j / kStages) & 1);
+    float sc[8][4];
 #pragma unroll
-    for (int n = 0; n < 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    for (int n = 0; n < 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+    wg::fence();
 #pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      const int tok = 16 * np + (mat >> 1) * 8 + mrow;
-#pragma unroll
-      for (int ks = 0; ks < kQkSteps; ++ks) {
-        uint32_t b0, b1, b2, b3;
-        ptx::ldmatrix_x4(b0, b1, b2, b3, kv + tok * kRowStride + (cq * kQuarter + 16 * ks + (mat & 1) * 8) * 2);
-        ptx::mma_bf16_16816(s[2 * np], qb[ks], b0, b1);
-        ptx::mma_bf16_16816(s[2 * np + 1], qb[ks], b2, b3);
-      }
-    }
-    float* mine = xch + warp * 1024;
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) mine[(n * 4 + e) * 32 + lane] = s[n][e];
-    __syncthreads();
-    const float* grp = xch + rg * 4 * 1024;
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = (n * 4 + e) * 32 + lane;
-        s[n][e] = ((grp[i] + grp[1024 + i]) + grp[2048 + i]) + grp[3072 + i];
-      }
+    for (int ks = 0; ks < kHeadDim / 16; ++ks)
+      wg::mma_64x64x16_bf16_ss(sc, wg::desc(sm.q + ks * 256, 128, kSbo), wg::desc(sm.kv(s) + ks * 256, 128, kSbo));
+    wg::commit();
+    wg::wait<0>();
 
     float rescale[2];
-    softmax_block<false>(st, s, factor, vis, blk, nullptr, q, rescale);
+    softmax_block<false>(st, sc, factor, vis, blk, nullptr, q, rescale);
 #pragma unroll
-    for (int n = 0; n < 16; ++n) {
+    for (int n = 0; n < 32; ++n) {
       o[n][0] *= rescale[0];
       o[n][1] *= rescale[0];
       o[n][2] *= rescale[1];
       o[n][3] *= rescale[1];
     }
+    uint32_t pa[4][4];
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {
-      const uint32_t pa[4] = {bf16x2(s[2 * ks][0], s[2 * ks][1]), bf16x2(s[2 * ks][2], s[2 * ks][3]),
-                              bf16x2(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                              bf16x2(s[2 * ks + 1][2], s[2 * ks + 1][3])};
-      const int tok = 16 * ks + (mat & 1) * 8 + mrow;
-#pragma unroll
-      for (int np = 0; np < 8; ++np) {
-        uint32_t b0, b1, b2, b3;
-        ptx::ldmatrix_x4_trans(b0, b1, b2, b3,
-                               kv + tok * kRowStride + (cq * 128 + 16 * np + (mat >> 1) * 8) * 2);
-        ptx::mma_bf16_16816(o[2 * np], pa, b0, b1);
-        ptx::mma_bf16_16816(o[2 * np + 1], pa, b2, b3);
-      }
+      pa[ks][0] = bf16x2(sc[2 * ks][0], sc[2 * ks][1]);
+      pa[ks][1] = bf16x2(sc[2 * ks][2], sc[2 * ks][3]);
+      pa[ks][2] = bf16x2(sc[2 * ks + 1][0], sc[2 * ks + 1][1]);
+      pa[ks][3] = bf16x2(sc[2 * ks + 1][2], sc[2 * ks + 1][3]);
     }
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks)
+      wg::mma_64x256x16_bf16_rs_tb(o, pa[ks], wg::desc(sm.kv(s) + 2 * ks * kSbo + c * 4096, kVLbo, kVSbo));
+    wg::commit();
+    wg::wait<0>();
+    wg::mbar_arrive(&sm.empty[s]);
   }
-  __syncthreads();
-  write_rows<false>(p, w, st, o, row0, cq * 128, lane, cq == 0, fault != 0);
+  write_rows<false>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
 }
 
-template <int RG>
-void launch(const DecodeParams& p, int grid_x, cudaStream_t stream) {
-  constexpr int bytes = smem_bytes<RG>();
-  check(cudaFuncSetAttribute(decode_bf16_kernel<RG>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+template <bool kLboAlongN>
+void launch(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
+  check(cudaFuncSetAttribute(decode_bf16_kernel<kLboAlongN>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
         "cudaFuncSetAttribute(decode_bf16_kernel)");
-  const dim3 grid(grid_x, (p.rows + 16 * RG - 1) / (16 * RG));
-  decode_bf16_kernel<RG><<<grid, 128 * RG, bytes, stream>>>(p);
+  decode_bf16_kernel<kLboAlongN><<<grid, 384, kSmemBytes, stream>>>(p);
   check_launch("decode_bf16_kernel");
 }
 
@@ -173,8 +194,9 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
   p.kv_bf16 = reinterpret_cast<const uint16_t*>(cache.data);
   p.num_pages = cache.num_pages;
   const cudaStream_t stream = as_stream(options.stream);
-  const int grid_x = options.plan ? options.plan->capacity : p.batch;
-  if (p.rows % 32 == 0) launch<2>(p, grid_x, stream); else launch<1>(p, grid_x, stream);
+  const dim3 grid(options.plan ? options.plan->capacity : p.batch, (p.rows + kRows - 1) / kRows);
+  static const bool swap = std::getenv("SNAPMLA_BF16_VSWAP") != nullptr;  // layout experiment
+  if (swap) launch<false>(p, grid, stream); else launch<true>(p, grid, stream);
   if (options.plan) combine(combine_params(p), stream);
 }
 
