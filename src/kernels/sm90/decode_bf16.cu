@@ -12,8 +12,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-
 #include "../common/check.cuh"
 #include "../common/ptx.cuh"
 #include "../common/wgmma.cuh"
@@ -75,7 +73,6 @@ __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
   return uint32_t(float_to_bf16_bits(lo)) | (uint32_t(float_to_bf16_bits(hi)) << 16);
 }
 
-template <bool kLboAlongN>
 __global__ void __launch_bounds__(384, 1) decode_bf16_kernel(DecodeParams p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   Work w;
@@ -130,8 +127,10 @@ __global__ void __launch_bounds__(384, 1) decode_bf16_kernel(DecodeParams p) {
   for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   wg::mbar_wait(sm.qbar, 0);
   bool fault = false;
-  // V for this half, MN-major: 8-dim core matrices 128 B apart along N, 8-token groups kSbo apart.
-  constexpr uint32_t kVLbo = kLboAlongN ? 128 : kSbo, kVSbo = kLboAlongN ? kSbo : 128;
+  // V for this half, MN-major: LBO = distance between core matrices along K (8-token groups,
+  // kSbo apart), SBO = along N (8-dim groups, 128 B apart) -- the same roles as for K-major
+  // operands (measured: the other assignment reads out of bounds).
+  constexpr uint32_t kVLbo = kSbo, kVSbo = 128;
 
   for (int j = 0; j < nblk; ++j) {
     const int s = j % kStages;
@@ -176,14 +175,6 @@ __global__ void __launch_bounds__(384, 1) decode_bf16_kernel(DecodeParams p) {
   write_rows<false>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
 }
 
-template <bool kLboAlongN>
-void launch(const DecodeParams& p, dim3 grid, cudaStream_t stream) {
-  check(cudaFuncSetAttribute(decode_bf16_kernel<kLboAlongN>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
-        "cudaFuncSetAttribute(decode_bf16_kernel)");
-  decode_bf16_kernel<kLboAlongN><<<grid, 384, kSmemBytes, stream>>>(p);
-  check_launch("decode_bf16_kernel");
-}
-
 }  // namespace
 
 void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
@@ -195,8 +186,10 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
   p.num_pages = cache.num_pages;
   const cudaStream_t stream = as_stream(options.stream);
   const dim3 grid(options.plan ? options.plan->capacity : p.batch, (p.rows + kRows - 1) / kRows);
-  static const bool swap = std::getenv("SNAPMLA_BF16_VSWAP") != nullptr;  // layout experiment
-  if (swap) launch<false>(p, grid, stream); else launch<true>(p, grid, stream);
+  check(cudaFuncSetAttribute(decode_bf16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
+        "cudaFuncSetAttribute(decode_bf16_kernel)");
+  decode_bf16_kernel<<<grid, 384, kSmemBytes, stream>>>(p);
+  check_launch("decode_bf16_kernel");
   if (options.plan) combine(combine_params(p), stream);
 }
 
