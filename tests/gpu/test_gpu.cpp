@@ -326,8 +326,8 @@ void PrintTo(const Case& c, std::ostream* os) {
 class GpuDecode : public ::testing::TestWithParam<Case> {};
 
 // decode_fp8 and decode_bf16 against the CPU emulation of the same algorithm, both rounded to
-// bf16. decode_bf16 (mma.sync, fp32 accumulation): differences come from summation order and
-// exp, and from a bf16 rounding of P flipping near a boundary (one flip moves an element by
+// bf16. decode_bf16 (bf16 wgmma, fp32 accumulation): differences come from summation order
+// and exp, and from a bf16 rounding of P flipping near a boundary (one flip moves an element by
 // 2^-8 of that token's share, which on this wide-range data can exceed FlashMLA's per-element
 // tolerance on a small element): rel-L2 <= 2e-3 (measured <= 1.5e-4); FlashMLA's per-element
 // tolerances are checked on its own kind of data in the next test. decode_fp8 (wgmma): the FP8

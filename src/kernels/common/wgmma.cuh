@@ -79,8 +79,8 @@ __device__ __forceinline__ void mma_64x64x16_bf16_ss(float (&d)[8][4], uint64_t 
 : "l"(a), "l"(b));
 }
 
-// O[64 x 256] += P[64 x 32] * V[32 x 256], e4m3, P from registers (m16n8k32 A layout per
-// warp), V from shared memory (K-major: tokens contiguous per output dim).
+// O[64 x 256] += P[64 x 32] * V[32 x 256], e4m3, P from registers (per warp, the m16n8k32 A
+// layout: rows g and g + 8, bytes 4q..4q+3 and 16+4q..), V from shared memory (K-major: tokens contiguous per output dim).
 __device__ __forceinline__ void mma_64x256x32_e4m3_rs(float (&d)[32][4], const uint32_t (&a)[4], uint64_t b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
