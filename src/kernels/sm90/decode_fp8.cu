@@ -11,7 +11,8 @@
 //        V^T from shared memory). Both compute the same QK: cheaper, as measured, than
 //        splitting it and exchanging partial sums through shared memory with two barriers.
 // Shared-memory operands use the no-swizzle K-major layout (wgmma.cuh). The transposed latent
-// puts each 32-token chunk's tokens in the order of P's register fragment (as in version 1).
+// puts each 32-token chunk's tokens in the order of P's register fragment, so P feeds PV
+// straight from registers.
 #include <cuda_runtime.h>
 
 #include "../common/check.cuh"
