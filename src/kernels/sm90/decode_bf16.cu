@@ -18,6 +18,7 @@
 #include "../kernels.hpp"
 #include "decode/epilogue.cuh"
 #include "decode/launch.hpp"
+#include "decode/pipeline.cuh"
 #include "decode/scheduler.cuh"
 #include "decode/softmax.cuh"
 
@@ -29,42 +30,28 @@ constexpr int kRows = 64;
 constexpr int kRowBytes = kHeadDim * 2;                 // 1152: one token / one query row
 constexpr int kTileBytes = kPageSize * kRowBytes;       // 72 KB, K-major, SBO = 8 rows = 9216
 constexpr int kSbo = 8 * kRowBytes;
-constexpr int kSmemBytes = kRows * kRowBytes + kStages * kTileBytes + (2 * kStages + 1) * 8;
-
-__device__ __forceinline__ int km_offset(int r, int k) {
-  return (r / 8) * kSbo + (k / 16) * 128 + (r % 8) * 16 + (k % 16);
-}
+using Ring = PageRing<kStages>;
+constexpr int kSmemBytes = kRows * kRowBytes + kStages * kTileBytes + Ring::kBytes;
 
 struct Smem {
   uint8_t* q;
   uint8_t* stage;
-  uint64_t* full;
-  uint64_t* empty;
-  uint64_t* qbar;
-  __device__ explicit Smem(uint8_t* base) {
-    q = base;
-    stage = q + kRows * kRowBytes;
-    full = reinterpret_cast<uint64_t*>(stage + kStages * kTileBytes);
-    empty = full + kStages;
-    qbar = empty + kStages;
-  }
+  Ring ring;
+  __device__ explicit Smem(uint8_t* base)
+      : q(base), stage(base + kRows * kRowBytes), ring(stage + kStages * kTileBytes) {}
   __device__ uint8_t* kv(int s) const { return stage + s * kTileBytes; }
 };
 
-__device__ __forceinline__ bool page_ok(const DecodeParams& p, int32_t page) {
-  return page >= 0 && page < p.num_pages;
-}
-
 __device__ __forceinline__ void load_page(const DecodeParams& p, const Work& w, int blk, uint8_t* dst,
                                           int t) {
-  const int32_t page = p.block_table[int64_t(w.seq) * p.max_pages + blk / kPageSize];
+  const int32_t page = page_of(p, w, blk);
   const bool ok = page_ok(p, page);
   const int ntok = ok ? min(kPageSize, w.end - blk) : 0;
   const int64_t slot0 = int64_t(ok ? page : 0) * kPageSize;
   constexpr int kChunks = kRowBytes / 16;  // 72
   for (int c = t; c < kPageSize * kChunks; c += 128) {
     const int tok = c / kChunks, part = c % kChunks;
-    ptx::cp_async_16(dst + km_offset(tok, part * 16),
+    ptx::cp_async_16(dst + km_offset(tok, part * 16, kRowBytes),
                      reinterpret_cast<const uint8_t*>(p.kv_bf16 + (slot0 + tok) * kHeadDim) + part * 16, tok < ntok);
   }
 }
@@ -81,13 +68,7 @@ __global__ void __launch_bounds__(384, 1) decode_bf16_kernel(DecodeParams p) {
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   const int row0 = blockIdx.y * kRows;
   const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      wg::mbar_init(&sm.full[s], 128);
-      wg::mbar_init(&sm.empty[s], 256);
-    }
-    wg::mbar_init(sm.qbar, 128);
-  }
+  if (threadIdx.x == 0) sm.ring.init();
   __syncthreads();
 
   if (wg == 0) {
@@ -96,15 +77,14 @@ __global__ void __launch_bounds__(384, 1) decode_bf16_kernel(DecodeParams p) {
       const int r = c / (kRowBytes / 16), part = c % (kRowBytes / 16);
       const bool ok = row0 + r < p.rows;
       const int64_t row = int64_t(w.seq) * p.rows + (ok ? row0 + r : 0);
-      ptx::cp_async_16(sm.q + km_offset(r, part * 16),
+      ptx::cp_async_16(sm.q + km_offset(r, part * 16, kRowBytes),
                        reinterpret_cast<const uint8_t*>(p.q_bf16 + row * kHeadDim) + part * 16, ok);
     }
-    wg::cp_async_arrive(sm.qbar);
+    wg::cp_async_arrive(sm.ring.qbar);
     for (int j = 0; j < nblk; ++j) {
-      const int s = j % kStages;
-      if (j >= kStages) wg::mbar_wait(&sm.empty[s], ((j / kStages) & 1) ^ 1);
-      load_page(p, w, w.begin + j * kPageSize, sm.kv(s), t);
-      wg::cp_async_arrive(&sm.full[s]);
+      sm.ring.acquire(j);
+      load_page(p, w, w.begin + j * kPageSize, sm.kv(j % kStages), t);
+      sm.ring.produced(j);
     }
     return;
   }
@@ -125,7 +105,7 @@ __global__ void __launch_bounds__(384, 1) decode_bf16_kernel(DecodeParams p) {
   float o[32][4];
 #pragma unroll
   for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  wg::mbar_wait(sm.qbar, 0);
+  wg::mbar_wait(sm.ring.qbar, 0);
   bool fault = false;
   // V for this half, MN-major: LBO = distance between core matrices along K (8-token groups,
   // kSbo apart), SBO = along N (8-dim groups, 128 B apart) -- the same roles as for K-major
@@ -135,8 +115,8 @@ __global__ void __launch_bounds__(384, 1) decode_bf16_kernel(DecodeParams p) {
   for (int j = 0; j < nblk; ++j) {
     const int s = j % kStages;
     const int blk = w.begin + j * kPageSize;
-    fault |= !page_ok(p, p.block_table[int64_t(w.seq) * p.max_pages + blk / kPageSize]);
-    wg::mbar_wait(&sm.full[s], (j / kStages) & 1);
+    fault |= !page_ok(p, page_of(p, w, blk));
+    sm.ring.wait(j);
     float sc[8][4];
 #pragma unroll
     for (int n = 0; n < 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
@@ -170,7 +150,7 @@ __global__ void __launch_bounds__(384, 1) decode_bf16_kernel(DecodeParams p) {
       wg::mma_64x256x16_bf16_rs_tb(o, pa[ks], wg::desc(sm.kv(s) + 2 * ks * kSbo + c * 4096, kVLbo, kVSbo));
     wg::commit();
     wg::wait<0>();
-    wg::mbar_arrive(&sm.empty[s]);
+    sm.ring.release(j);
   }
   write_rows<false>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
 }

@@ -21,6 +21,7 @@
 #include "../kernels.hpp"
 #include "decode/epilogue.cuh"
 #include "decode/launch.hpp"
+#include "decode/pipeline.cuh"
 #include "decode/scheduler.cuh"
 #include "decode/softmax.cuh"
 
@@ -36,31 +37,21 @@ constexpr int kKlBytes = kPageSize * kLatentDim;   // 32 KB
 constexpr int kKrBytes = kPageSize * kRopeDim * 2; // 8 KB
 constexpr int kStageBytes = kKlBytes + kKrBytes + kPageSize * 4;
 constexpr int kVtBytes = 256 * kPageSize;          // one half: 256 dims x 64 tokens, SBO 512
-constexpr int kSmemBytes = kQnBytes + kQrBytes + kStages * kStageBytes + 2 * kVtBytes +
-                           (2 * kStages + 1) * 8;
-
-// Offset of byte k of row r in a K-major no-swizzle tile whose rows are `row_bytes` long.
-__device__ __forceinline__ int km_offset(int r, int k, int row_bytes) {
-  return (r / 8) * (row_bytes * 8) + (k / 16) * 128 + (r % 8) * 16 + (k % 16);
-}
+using Ring = PageRing<kStages>;
+constexpr int kSmemBytes = kQnBytes + kQrBytes + kStages * kStageBytes + 2 * kVtBytes + Ring::kBytes;
 
 struct Smem {
   uint8_t* qn;
   uint8_t* qr;
   uint8_t* stage;
   uint8_t* vt;
-  uint64_t* full;
-  uint64_t* empty;
-  uint64_t* qbar;
-  __device__ explicit Smem(uint8_t* base) {
-    qn = base;
-    qr = qn + kQnBytes;
-    stage = qr + kQrBytes;
-    vt = stage + kStages * kStageBytes;
-    full = reinterpret_cast<uint64_t*>(vt + 2 * kVtBytes);
-    empty = full + kStages;
-    qbar = empty + kStages;
-  }
+  Ring ring;
+  __device__ explicit Smem(uint8_t* base)
+      : qn(base),
+        qr(base + kQnBytes),
+        stage(base + kQnBytes + kQrBytes),
+        vt(stage + kStages * kStageBytes),
+        ring(vt + 2 * kVtBytes) {}
   __device__ uint8_t* kl(int s) const { return stage + s * kStageBytes; }
   __device__ uint8_t* kr(int s) const { return stage + s * kStageBytes + kKlBytes; }
   __device__ float* scale(int s) const {
@@ -68,16 +59,12 @@ struct Smem {
   }
 };
 
-__device__ __forceinline__ bool page_ok(const DecodeParams& p, int32_t page) {
-  return page >= 0 && page < p.num_pages;
-}
-
 // Producer: the page holding tokens [blk, blk + 64) into stage s (K-major tiles). Tokens at or
 // past the split end are zero-filled, and so is everything for an out-of-range page index
 // (the consumers see the same index and turn their rows into NaN).
 __device__ __forceinline__ void load_page(const DecodeParams& p, const Work& w, int blk,
                                           const Smem& sm, int s, int t) {
-  const int32_t page = p.block_table[int64_t(w.seq) * p.max_pages + blk / kPageSize];
+  const int32_t page = page_of(p, w, blk);
   const bool ok = page_ok(p, page);
   const int ntok = ok ? min(kPageSize, w.end - blk) : 0;
   const int64_t slot0 = int64_t(ok ? page : 0) * kPageSize;
@@ -128,13 +115,7 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   const int row0 = blockIdx.y * kRows;
   const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      wg::mbar_init(&sm.full[s], 128);
-      wg::mbar_init(&sm.empty[s], 256);
-    }
-    wg::mbar_init(sm.qbar, 128);
-  }
+  if (threadIdx.x == 0) sm.ring.init();
   __syncthreads();
 
   if (wg == 0) {
@@ -153,12 +134,11 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
       ptx::cp_async_16(sm.qr + km_offset(r, part * 16, kRopeDim * 2),
                        reinterpret_cast<const uint8_t*>(p.q_rope + row * kRopeDim) + part * 16, ok);
     }
-    wg::cp_async_arrive(sm.qbar);
+    wg::cp_async_arrive(sm.ring.qbar);
     for (int j = 0; j < nblk; ++j) {
-      const int s = j % kStages;
-      if (j >= kStages) wg::mbar_wait(&sm.empty[s], ((j / kStages) & 1) ^ 1);
-      load_page(p, w, w.begin + j * kPageSize, sm, s, t);
-      wg::cp_async_arrive(&sm.full[s]);
+      sm.ring.acquire(j);
+      load_page(p, w, w.begin + j * kPageSize, sm, j % kStages, t);
+      sm.ring.produced(j);
     }
     return;
   }
@@ -180,14 +160,14 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
 #pragma unroll
   for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   uint8_t* vt = sm.vt + c * kVtBytes;
-  wg::mbar_wait(sm.qbar, 0);
+  wg::mbar_wait(sm.ring.qbar, 0);
   bool fault = false;
 
   for (int j = 0; j < nblk; ++j) {
     const int s = j % kStages;
     const int blk = w.begin + j * kPageSize;
-    fault |= !page_ok(p, p.block_table[int64_t(w.seq) * p.max_pages + blk / kPageSize]);
-    wg::mbar_wait(&sm.full[s], (j / kStages) & 1);
+    fault |= !page_ok(p, page_of(p, w, blk));
+    sm.ring.wait(j);
     // QK partial over this half: the bf16 rope product first, then the FP8 latent product into
     // the same accumulator. (Promoting FP8 partial sums to separate fp32 registers every 128
     // dims halves the accumulator's rounding error but needs 32 more registers, which spill:
@@ -211,7 +191,7 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
 
     float rescale[2];
     softmax_block<true>(st, sc, factor, vis, blk, sm.scale(s), q, rescale);
-    wg::mbar_arrive(&sm.empty[s]);  // stage s fully read (QK done, transposed, scales used)
+    sm.ring.release(j);  // stage fully read (QK done, transposed, scales used)
 #pragma unroll
     for (int n = 0; n < 32; ++n) {
       o[n][0] *= rescale[0];

@@ -1,0 +1,58 @@
+// The page pipeline shared by the decode kernels: a producer warpgroup fills a ring of
+// shared-memory stages with cp.async, completion signalled on `full` mbarriers; the two consumer
+// warpgroups release a stage on its `empty` mbarrier. Also the no-swizzle K-major tile layout
+// the wgmma operands use, and the page lookup.
+#pragma once
+
+#include "../../common/wgmma.cuh"
+#include "params.hpp"
+#include "scheduler.cuh"
+
+namespace snapmla::cuda {
+
+// Byte k of row r in a K-major no-swizzle tile with `row_bytes`-long rows: 8 x 16 B core
+// matrices stored as contiguous 128 B blocks, LBO = 128 (along K), SBO = 8 rows (along M/N).
+__device__ __forceinline__ int km_offset(int r, int k, int row_bytes) {
+  return (r / 8) * (row_bytes * 8) + (k / 16) * 128 + (r % 8) * 16 + (k % 16);
+}
+
+__device__ __forceinline__ int32_t page_of(const DecodeParams& p, const Work& w, int blk) {
+  return p.block_table[int64_t(w.seq) * p.max_pages + blk / kPageSize];
+}
+__device__ __forceinline__ bool page_ok(const DecodeParams& p, int32_t page) {
+  return page >= 0 && page < p.num_pages;
+}
+
+// mbarriers of a kStages ring plus one for the Q tile, in shared memory.
+template <int kStages>
+struct PageRing {
+  uint64_t* full;   // [kStages]: 128 producer arrivals (cp.async completion)
+  uint64_t* empty;  // [kStages]: 256 consumer arrivals
+  uint64_t* qbar;   // 128 producer arrivals
+  static constexpr int kBytes = (2 * kStages + 1) * 8;
+
+  __device__ explicit PageRing(void* at) {
+    full = static_cast<uint64_t*>(at);
+    empty = full + kStages;
+    qbar = empty + kStages;
+  }
+  __device__ void init() const {  // one thread, before a __syncthreads
+    for (int s = 0; s < kStages; ++s) {
+      wg::mbar_init(&full[s], 128);
+      wg::mbar_init(&empty[s], 256);
+    }
+    wg::mbar_init(qbar, 128);
+  }
+  // Producer: wait until page j's stage is free.
+  __device__ void acquire(int j) const {
+    if (j >= kStages) wg::mbar_wait(&empty[j % kStages], ((j / kStages) & 1) ^ 1);
+  }
+  // Producer: page j's copies are issued; full[] completes when they land.
+  __device__ void produced(int j) const { wg::cp_async_arrive(&full[j % kStages]); }
+  // Consumers: wait until page j is in its stage.
+  __device__ void wait(int j) const { wg::mbar_wait(&full[j % kStages], (j / kStages) & 1); }
+  // Consumers: done reading page j's stage.
+  __device__ void release(int j) const { wg::mbar_arrive(&empty[j % kStages]); }
+};
+
+}  // namespace snapmla::cuda
