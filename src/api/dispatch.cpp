@@ -93,22 +93,23 @@ void append_impl(const Cache& cache, const KvRows& kv, const SlotMapping& slots,
 }  // namespace
 
 int recommended_num_workers(Device device, int seqlen_q, int num_heads) {
-  if (device.is_cpu()) return ref::num_threads();
+  if (!on_gpu("recommended_num_workers", "device", device)) return ref::num_threads();
 #if SNAPMLA_HAVE_CUDA
   const int sms = cuda::require_sm90("recommended_num_workers", "device", device);
   const int row_tiles = std::max(1, (seqlen_q * num_heads + 63) / 64);
   return std::max(1, sms / row_tiles);
 #else
-  detail::fail("recommended_num_workers", "device",
-               "expected host memory: this build of SnapMLA has no CUDA kernels, got " + to_string(device));
+  (void)seqlen_q;
+  (void)num_heads;
+  return 1;  // unreachable: on_gpu throws for device memory without CUDA kernels
 #endif
 }
 
 void check_page_table(const PageTable& pages, int64_t num_pages, Stream s) {
   detail::validate("check_page_table", pages);
-  if (pages.device.is_cpu()) return detail::check_page_table_contents("check_page_table", pages, num_pages);
+  if (!on_gpu("check_page_table", "pages", pages.device))
+    return detail::check_page_table_contents("check_page_table", pages, num_pages);
 #if SNAPMLA_HAVE_CUDA
-  cuda::require_sm90("check_page_table", "pages", pages.device);
   std::vector<int32_t> seqlens(pages.batch), table(size_t(pages.batch) * pages.max_pages);
   cuda::copy_to_host(seqlens.data(), pages.cache_seqlens, seqlens.size() * sizeof(int32_t), s);
   cuda::copy_to_host(table.data(), pages.block_table, table.size() * sizeof(int32_t), s);
@@ -119,21 +120,19 @@ void check_page_table(const PageTable& pages, int64_t num_pages, Stream s) {
   detail::check_page_table_contents("check_page_table", host, num_pages);
 #else
   (void)s;
-  on_gpu("check_page_table", "pages", pages.device);
 #endif
 }
 
 void check_slot_mapping(const SlotMapping& slots, int64_t num_pages, Stream s) {
   detail::validate("check_slot_mapping", slots);
-  if (slots.device.is_cpu()) return detail::check_slots_in_range("check_slot_mapping", slots, num_pages);
+  if (!on_gpu("check_slot_mapping", "slot_mapping", slots.device))
+    return detail::check_slots_in_range("check_slot_mapping", slots, num_pages);
 #if SNAPMLA_HAVE_CUDA
-  cuda::require_sm90("check_slot_mapping", "slot_mapping", slots.device);
   std::vector<int32_t> host(slots.num_tokens);
   cuda::copy_to_host(host.data(), slots.slots, host.size() * sizeof(int32_t), s);
   detail::check_slots_in_range("check_slot_mapping", {host.data(), slots.num_tokens, Device::cpu()}, num_pages);
 #else
   (void)s;
-  on_gpu("check_slot_mapping", "slot_mapping", slots.device);
 #endif
 }
 

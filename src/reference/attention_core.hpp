@@ -40,12 +40,9 @@ void attend_rows(const QueryRow* rows, int count, const KeySet& keys, int begin,
 // n must be a multiple of 8.
 double dot_f64(const float* a, const float* b, int n);
 
-// Runs fn(i) for i in [0, n) on the reference's threads.
-template <typename Fn>
-void parallel_for(int64_t n, Fn&& fn);
-
 void parallel_for_impl(int64_t n, void (*call)(void*, int64_t), void* ctx);
 
+// Runs fn(i) for i in [0, n) on the reference's threads.
 template <typename Fn>
 void parallel_for(int64_t n, Fn&& fn) {
   parallel_for_impl(
