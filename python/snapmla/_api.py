@@ -1,0 +1,207 @@
+"""The native API: the C++ functions of include/snapmla/snapmla.hpp over DLPack arrays.
+
+Every function runs where its arrays live (CPU: the reference implementation; CUDA: the sm_90a
+kernels), on the caller's current CUDA stream unless `stream=` is given, without host
+synchronization. Results come back in the framework of the first array argument; pass `out=`
+arrays to reuse memory. Bad arguments raise SnapMLAError (a ValueError) naming the argument.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple, Optional
+
+from . import _C
+from ._frameworks import current_stream, device_index, empty, is_cuda, raw
+
+SnapMLAError = _C.SnapMLAError
+LATENT_DIM, ROPE_DIM, HEAD_DIM, PAGE_SIZE = _C.LATENT_DIM, _C.ROPE_DIM, _C.HEAD_DIM, _C.PAGE_SIZE
+
+
+class PagedFp8Cache(NamedTuple):
+    """SnapMLA FP8 cache planes: latent [P, 64, 512] e4m3, scale [P, 64] f32, rope [P, 64, 64]
+    bf16 (pre-divided by the scale). 644 bytes per token."""
+
+    latent: Any
+    scale: Any
+    rope: Any
+
+    @property
+    def num_pages(self) -> int:
+        return int(self.scale.shape[0]) if len(self.scale.shape) == 2 else _numel(self.scale) // PAGE_SIZE
+
+
+class QuantizedQuery(NamedTuple):
+    """quantize_query's result: nope [b, s_q, h, 512] e4m3, rope [b, s_q, h, 64] bf16 (pre-divided
+    by the scale), scale [b, s_q, h] f32."""
+
+    nope: Any
+    rope: Any
+    scale: Any
+
+
+class SplitPlan(NamedTuple):
+    """plan_splits' result: split_offsets [b + 1] and split_begin [capacity] (int32)."""
+
+    split_offsets: Any
+    split_begin: Any
+    num_workers: int
+
+
+def _numel(x: Any) -> int:
+    n = 1
+    for s in x.shape:
+        n *= int(s)
+    return n
+
+
+def built_with_cuda() -> bool:
+    return _C.built_with_cuda()
+
+
+def cuda_device_available() -> bool:
+    """True when this build has the CUDA kernels and an sm_90 GPU is present."""
+    return _C.cuda_device_available()
+
+
+def split_plan_capacity(batch: int, num_workers: int) -> int:
+    return _C.split_plan_capacity(batch, num_workers)
+
+
+def decode_workspace_bytes(split_capacity: int, seqlen_q: int, num_heads: int) -> int:
+    return _C.decode_workspace_bytes(split_capacity, seqlen_q, num_heads)
+
+
+@functools.lru_cache(maxsize=None)
+def _workers(cuda: bool, index: int, seqlen_q: int, num_heads: int) -> int:
+    return _C.recommended_num_workers(cuda, index, seqlen_q, num_heads)
+
+
+def recommended_num_workers(like: Any, seqlen_q: int, num_heads: int) -> int:
+    """A num_workers for plan_splits that fills the device `like` lives on."""
+    return _workers(is_cuda(like), device_index(like), int(seqlen_q), int(num_heads))
+
+
+# --- allocation ------------------------------------------------------------------------------
+
+def alloc_fp8_cache(num_pages: int, like: Any) -> PagedFp8Cache:
+    """Zero-filled FP8 cache planes for `num_pages` pages, in the framework and on the device of
+    `like` (any array)."""
+    cache = PagedFp8Cache(empty(like, (num_pages, PAGE_SIZE, LATENT_DIM), "e4m3"),
+                          empty(like, (num_pages, PAGE_SIZE), "f32"),
+                          empty(like, (num_pages, PAGE_SIZE, ROPE_DIM), "bf16"))
+    for plane in cache:
+        _zero(plane)
+    return cache
+
+
+def alloc_bf16_cache(num_pages: int, like: Any):
+    """A zero-filled BF16 cache [num_pages, 64, 576] like `like`."""
+    cache = empty(like, (num_pages, PAGE_SIZE, HEAD_DIM), "bf16")
+    _zero(cache)
+    return cache
+
+
+def _zero(x: Any) -> None:
+    r = raw(x)  # float8 has no fill in every framework; its bytes do
+    if hasattr(r, "zero_"):
+        r.zero_()
+    else:
+        r.fill(0)
+
+
+# --- operations ------------------------------------------------------------------------------
+
+def append(cache: Any, kv: Any, slots: Any, *, stream: Optional[int] = None) -> None:
+    """Write kv rows [n, 576] (bf16) to `slots` ([n] int32, slot = page * 64 + offset, -1 =
+    skip). A PagedFp8Cache quantizes on write; a plain array is the BF16 cache [P, 64, 576]."""
+    s = current_stream(kv, stream)
+    if isinstance(cache, PagedFp8Cache):
+        _C.append_fp8(raw(kv), slots, raw(cache.latent), cache.scale, raw(cache.rope), s)
+    else:
+        _C.append_bf16(raw(kv), slots, raw(cache), s)
+
+
+def quantize_query(q: Any, *, out: Optional[QuantizedQuery] = None,
+                   stream: Optional[int] = None) -> QuantizedQuery:
+    """Per-(token, head) quantization of q [b, s_q, h, 576] (bf16) for decode_fp8."""
+    if out is None:
+        lead = tuple(q.shape[:-1])
+        out = QuantizedQuery(empty(q, lead + (LATENT_DIM,), "e4m3"), empty(q, lead + (ROPE_DIM,), "bf16"),
+                             empty(q, lead, "f32"))
+    _C.quantize_query(raw(q), raw(out.nope), raw(out.rope), out.scale, current_stream(q, stream))
+    return out
+
+
+def gather_dequant(cache: PagedFp8Cache, slots: Any, *, out: Any = None,
+                   stream: Optional[int] = None):
+    """Rows [n, 576] (bf16) = dequantized cache entries at `slots` (a slot of -1 gives zeros)."""
+    if out is None:
+        out = empty(cache.scale, (_numel(slots), HEAD_DIM), "bf16")
+    _C.gather_dequant(raw(cache.latent), cache.scale, raw(cache.rope), slots, raw(out),
+                      current_stream(slots, stream))
+    return out
+
+
+def plan_splits(cache_seqlens: Any, num_workers: int, *, out: Optional[SplitPlan] = None,
+                stream: Optional[int] = None) -> SplitPlan:
+    """Split-KV plan for `num_workers` workers from cache_seqlens ([b] int32), computed where
+    cache_seqlens lives (on the GPU without host synchronization: CUDA-graph safe)."""
+    b = _numel(cache_seqlens)
+    if out is None:
+        cap = split_plan_capacity(b, num_workers)
+        out = SplitPlan(empty(cache_seqlens, (b + 1,), "i32"), empty(cache_seqlens, (cap,), "i32"),
+                        num_workers)
+    _C.plan_splits(cache_seqlens, int(num_workers), out.split_offsets, out.split_begin,
+                   current_stream(cache_seqlens, stream))
+    return SplitPlan(out.split_offsets, out.split_begin, int(num_workers))
+
+
+def _decode_outputs(q: Any, b: int, s_q: int, h: int, plan: Optional[SplitPlan], out: Any,
+                    lse: Any, workspace: Any):
+    if out is None:
+        out = empty(q, (b, s_q, h, LATENT_DIM), "bf16")
+    if lse is None:
+        lse = empty(q, (b, h, s_q), "f32")
+    if plan is not None and workspace is None and is_cuda(q):
+        cap = _numel(plan.split_begin)
+        workspace = empty(q, (decode_workspace_bytes(cap, s_q, h),), "u8")
+    return out, lse, workspace
+
+
+def decode_fp8(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Any, cache_seqlens: Any, *,
+               softmax_scale: float, causal: bool = True, plan: Optional[SplitPlan] = None,
+               workspace: Any = None, out: Any = None, lse: Any = None,
+               stream: Optional[int] = None):
+    """SnapMLA decoding: returns (out [b, s_q, h, 512] bf16, lse [b, h, s_q] f32)."""
+    b, s_q, h = (int(d) for d in q.nope.shape[:3])
+    out, lse, workspace = _decode_outputs(q.nope, b, s_q, h, plan, out, lse, workspace)
+    _C.decode_fp8(raw(q.nope), raw(q.rope), q.scale, raw(cache.latent), cache.scale,
+                  raw(cache.rope), block_table, cache_seqlens, raw(out), lse, float(softmax_scale),
+                  bool(causal), plan.split_offsets if plan else None,
+                  plan.split_begin if plan else None, raw(workspace),
+                  current_stream(q.nope, stream))
+    return out, lse
+
+
+def decode_bf16(q: Any, cache: Any, block_table: Any, cache_seqlens: Any, *, softmax_scale: float,
+                causal: bool = True, plan: Optional[SplitPlan] = None, workspace: Any = None,
+                out: Any = None, lse: Any = None, stream: Optional[int] = None):
+    """Decoding on the BF16 cache (the baseline): returns (out, lse) as decode_fp8."""
+    b, s_q, h = (int(d) for d in q.shape[:3])
+    out, lse, workspace = _decode_outputs(q, b, s_q, h, plan, out, lse, workspace)
+    _C.decode_bf16(raw(q), raw(cache), block_table, cache_seqlens, raw(out), lse,
+                   float(softmax_scale), bool(causal), plan.split_offsets if plan else None,
+                   plan.split_begin if plan else None, raw(workspace), current_stream(q, stream))
+    return out, lse
+
+
+def check_page_table(block_table: Any, cache_seqlens: Any, num_pages: int, *,
+                     stream: Optional[int] = None) -> None:
+    """Debug check of table contents (synchronizes on the GPU; not for the hot path)."""
+    _C.check_page_table(block_table, cache_seqlens, int(num_pages), current_stream(block_table, stream))
+
+
+def check_slot_mapping(slots: Any, num_pages: int, *, stream: Optional[int] = None) -> None:
+    """Debug check of slot contents (synchronizes on the GPU; not for the hot path)."""
+    _C.check_slot_mapping(slots, int(num_pages), current_stream(slots, stream))

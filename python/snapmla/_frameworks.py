@@ -1,0 +1,140 @@
+"""Arrays of the caller's framework: allocation, raw views and streams.
+
+snapmla's functions take any DLPack array (PyTorch, NumPy, CuPy, JAX...) and return results in
+the framework of their first array argument. Element types by meaning:
+
+    kind   PyTorch               NumPy / CuPy (no such dtypes there)
+    bf16   torch.bfloat16        uint16 holding the bf16 bits (ml_dtypes.bfloat16 accepted)
+    e4m3   torch.float8_e4m3fn   uint8 holding the e4m3 bits (ml_dtypes.float8_e4m3fn accepted)
+    f32    torch.float32         float32
+    i32    torch.int32           int32
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+
+def framework_of(x: Any) -> str:
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        return "torch"
+    if mod.startswith("cupy"):
+        return "cupy"
+    if mod.startswith("numpy"):
+        return "numpy"
+    if hasattr(x, "__dlpack__"):
+        return "dlpack"
+    raise TypeError(f"expected a PyTorch, NumPy or CuPy array (or any DLPack array), got {type(x)!r}")
+
+
+def _torch_dtype(kind: str):
+    import torch
+
+    return {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn, "f32": torch.float32,
+            "i32": torch.int32, "u8": torch.uint8}[kind]
+
+
+_NP_KIND = {"bf16": "uint16", "e4m3": "uint8", "f32": "float32", "i32": "int32", "u8": "uint8"}
+
+
+def empty(like: Any, shape: Sequence[int], kind: str):
+    """An uninitialized array of `kind` on the device of `like`, in its framework."""
+    fw = framework_of(like)
+    shape = tuple(int(s) for s in shape)
+    if fw == "torch":
+        import torch
+
+        return torch.empty(shape, dtype=_torch_dtype(kind), device=like.device)
+    if fw == "cupy":
+        import cupy
+
+        with cupy.cuda.Device(like.device.id):
+            return cupy.empty(shape, dtype=_NP_KIND[kind])
+    import numpy as np
+
+    if fw == "dlpack" and _dlpack_device(like)[0] != 1:
+        raise TypeError(f"cannot allocate outputs for a device array of type {type(like)!r}: "
+                        "pass out= arrays, or use PyTorch or CuPy")
+    return np.empty(shape, dtype=_NP_KIND[kind])
+
+
+def raw(x: Any) -> Any:
+    """A view the extension accepts: float8 and ml_dtypes bfloat16 as same-width integers."""
+    if x is None:
+        return None
+    fw = framework_of(x)
+    if fw == "torch":
+        import torch
+
+        if x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz):
+            if x.dtype != torch.float8_e4m3fn:
+                raise TypeError(f"expected torch.float8_e4m3fn, got {x.dtype}")
+            return x.view(torch.uint8)
+        return x
+    if fw in ("numpy", "cupy"):
+        name = str(x.dtype)
+        if name == "bfloat16":
+            return x.view("uint16")
+        if name.startswith("float8"):
+            if name != "float8_e4m3fn":
+                raise TypeError(f"expected float8_e4m3fn, got {name}")
+            return x.view("uint8")
+    return x
+
+
+def _dlpack_device(x: Any):
+    try:
+        return tuple(x.__dlpack_device__())
+    except AttributeError:
+        return (1, 0)
+
+
+def is_cuda(x: Any) -> bool:
+    fw = framework_of(x)
+    if fw == "torch":
+        return x.is_cuda
+    if fw == "cupy":
+        return True
+    if fw == "numpy":
+        return False
+    return _dlpack_device(x)[0] == 2
+
+
+def device_index(x: Any) -> int:
+    fw = framework_of(x)
+    if fw == "torch":
+        return (x.device.index or 0) if x.is_cuda else 0
+    if fw == "cupy":
+        return int(x.device.id)
+    return int(_dlpack_device(x)[1])
+
+
+def current_stream(x: Any, stream: Optional[int]) -> int:
+    """The caller's current CUDA stream for `x`'s device, as an integer handle (0: legacy)."""
+    if stream is not None:
+        return int(stream)
+    if not is_cuda(x):
+        return 0
+    fw = framework_of(x)
+    if fw == "torch":
+        import torch
+
+        return int(torch.cuda.current_stream(x.device).cuda_stream)
+    if fw == "cupy":
+        import cupy
+
+        return int(cupy.cuda.get_current_stream().ptr)
+    return 0
+
+
+def to_host(x: Any) -> Any:
+    """A CPU copy of `x` in the same framework where it has a CPU form (CuPy goes to NumPy)."""
+    fw = framework_of(x)
+    if fw == "torch":
+        return x.detach().cpu()
+    if fw == "cupy":
+        import cupy
+
+        return cupy.asnumpy(x)
+    return x
