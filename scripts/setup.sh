@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what SnapMLA needs to build and test, on a fresh Debian/Ubuntu machine:
-# g++ (C++20), make, CMake >= 3.25 and GoogleTest from Debian's packages; if Debian's CMake is
-# older than 3.25, the pinned CMake wheel from PyPI. The CUDA toolkit is optional: with nvcc on
+# g++ (C++20), make, CMake >= 3.25, GoogleTest and python3 (venv, headers) from Debian's
+# packages; if Debian's CMake is older than 3.25, the pinned CMake wheel from PyPI. The CUDA toolkit is optional: with nvcc on
 # the PATH the CUDA parts build too. Safe to run again: it installs only what is missing.
 set -euo pipefail
 
@@ -10,6 +10,15 @@ command -v g++ >/dev/null 2>&1 || need+=(g++)
 command -v make >/dev/null 2>&1 || need+=(make)
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 [ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
+# Python package build: python3 with venv/pip and its C headers (Debian splits them out).
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+if command -v python3 >/dev/null 2>&1; then
+  python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need+=(python3-venv)
+  [ -f "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] ||
+    need+=(python3-dev)
+else
+  need+=(python3-venv python3-dev)
+fi
 
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing from Debian packages: ${need[*]}"

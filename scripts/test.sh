@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite: set up, build (warnings are errors), run every test with CTest.
-# GPU tests (label `gpu`) skip with a visible message on a machine without an sm_90 GPU.
+# The whole test suite: set up, build (warnings are errors), run every test with CTest, then
+# build the Python package with `pip install .` into a virtual environment and run pytest.
+# GPU tests (CTest label `gpu`, and the PyTorch GPU tests) skip with a visible message on a
+# machine without an sm_90 GPU; the PyTorch tests skip where PyTorch is not installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -9,3 +11,11 @@ BUILD_DIR=${BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DSNAPMLA_BUILD_TESTS=ON -DSNAPMLA_WERROR=ON
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" "$@"
+
+# Python package (issue 4): the same library through scikit-build-core + nanobind (pinned in
+# pyproject.toml), tested with NumPy against the float64 formulation in tests/python.
+VENV="$BUILD_DIR/venv"
+[ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+"$VENV/bin/python" -m pip install --quiet ".[test]"
+"$VENV/bin/python" -c "import snapmla; print(snapmla.info())"
+"$VENV/bin/python" -m pytest -q -rs tests/python

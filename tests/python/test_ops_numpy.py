@@ -1,0 +1,250 @@
+"""The native API on NumPy arrays (the CPU path), against the independent NumPy formulation in
+conftest.py. These run in CI, on machines without a GPU."""
+
+import math
+
+import numpy as np
+import pytest
+
+import snapmla
+from conftest import (attention, bf16_bits, bf16_value, dequantize_rows, e4m3_bits, e4m3_value,
+                      make_paged, quantize_rows, rel_l2)
+
+
+def random_rows(rng, n, rope_scale=30.0):
+    """MLA-like rows: latent ~ N(0, 1) with a few large channels, rope wider than the latent."""
+    rows = rng.standard_normal((n, 576)).astype(np.float32)
+    rows[:, :512] *= np.where(rng.random(512) < 0.02, 8.0, 1.0).astype(np.float32)
+    rows[:, 512:] *= rope_scale
+    return bf16_bits(rows)
+
+
+def nan_cache(num_pages):
+    """FP8 cache planes with NaN everywhere, so a read of an unwritten slot shows up."""
+    cache = snapmla.alloc_fp8_cache(num_pages, np.zeros(1))
+    cache.latent.fill(0x7F)  # e4m3 NaN
+    cache.scale.fill(np.nan)
+    cache.rope.fill(0x7FC0)  # bf16 NaN
+    return cache
+
+
+def test_info_says_what_runs():
+    text = snapmla.info()
+    assert "snapmla" in text
+    if not snapmla.cuda_device_available():
+        assert "CPU reference ops only" in text
+
+
+def test_e4m3_helpers_agree_with_the_format():
+    codes = np.arange(256, dtype=np.uint8)
+    vals = e4m3_value(codes)
+    finite = ~np.isnan(vals)
+    assert np.array_equal(e4m3_bits(vals[finite].astype(np.float32)) & 0x7F, codes[finite] & 0x7F)
+    assert e4m3_value(e4m3_bits(np.float32(1000.0))) == 448.0
+    assert e4m3_bits(np.float32(2.0 ** -10)) == 0  # tie between 0 and 2^-9: even code
+
+
+def test_append_fp8_is_the_quantization_rule_bit_for_bit(rng):
+    n, pages = 150, 4
+    kv = random_rows(rng, n)
+    kv[3, :512] = 0  # an all-zero latent row still gets a finite scale
+    slots = rng.permutation(pages * 64)[:n].astype(np.int32)
+    slots[7] = -1  # padding: skipped
+    cache = nan_cache(pages)
+    snapmla.append(cache, kv, slots)
+    latent, scale, rope = quantize_rows(kv)
+    keep = slots >= 0
+    s = slots[keep]
+    assert np.array_equal(cache.latent.reshape(-1, 512)[s], latent[keep])
+    assert np.array_equal(cache.scale.reshape(-1)[s], scale[keep])
+    assert np.array_equal(cache.rope.reshape(-1, 64)[s], rope[keep])
+    untouched = np.setdiff1d(np.arange(pages * 64), s)
+    assert np.all(np.isnan(cache.scale.reshape(-1)[untouched]))
+    # And the stored values reconstruct the rows within e4m3's half-ulp (2^-4 relative).
+    back = dequantize_rows(latent, scale, rope)
+    orig = bf16_value(kv).astype(np.float64)
+    # (plus e4m3's subnormal spacing 2^-9 in the scaled domain for the smallest values)
+    bound = 2.0 ** -4 * np.abs(orig[:, :512]) + 2.0 ** -10 * scale[:, None]
+    assert np.all(np.abs(back[:, :512] - orig[:, :512]) <= bound)
+
+
+def test_append_bf16_is_a_copy(rng):
+    kv = random_rows(rng, 70)
+    slots = rng.permutation(128).astype(np.int32)[:70]
+    cache = snapmla.alloc_bf16_cache(2, kv)
+    snapmla.append(cache, kv, slots)
+    assert np.array_equal(cache.reshape(-1, 576)[slots], kv)
+
+
+def test_quantize_query_is_the_same_rule(rng):
+    q = random_rows(rng, 2 * 3 * 16).reshape(2, 3, 16, 576)
+    qq = snapmla.quantize_query(q)
+    latent, scale, rope = quantize_rows(q.reshape(-1, 576))
+    assert qq.nope.shape == (2, 3, 16, 512) and qq.nope.dtype == np.uint8
+    assert np.array_equal(qq.nope.reshape(-1, 512), latent)
+    assert np.array_equal(qq.scale.reshape(-1), scale)
+    assert np.array_equal(qq.rope.reshape(-1, 64), rope)
+
+
+def test_gather_dequant_reconstructs_what_append_stored(rng):
+    kv = random_rows(rng, 100)
+    slots = rng.permutation(256).astype(np.int32)[:100]
+    cache = nan_cache(4)
+    snapmla.append(cache, kv, slots)
+    fetch = np.concatenate([slots[::3], np.array([-1], np.int32)])
+    rows = snapmla.gather_dequant(cache, fetch)
+    latent, scale, rope = quantize_rows(kv[::3])
+    expect = dequantize_rows(latent, scale, rope).astype(np.float32)
+    assert np.array_equal(rows[:-1], bf16_bits(expect))
+    assert np.array_equal(rows[-1], np.zeros(576, np.uint16))
+
+
+def test_plan_splits_covers_every_sequence(rng):
+    seqlens = np.array([0, 1, 64, 65, 4000, 129], np.int32)
+    for workers in (1, 3, 16):
+        plan = snapmla.plan_splits(seqlens, workers)
+        off, begin = plan.split_offsets, plan.split_begin
+        assert off[0] == 0 and off[-1] <= snapmla.split_plan_capacity(len(seqlens), workers)
+        for i, n in enumerate(seqlens):
+            b = begin[off[i]:off[i + 1]]
+            assert len(b) >= 1 and b[0] == 0 and np.all(b % 64 == 0)
+            assert np.all(np.diff(b) > 0) and (n == 0 or b[-1] < n)
+
+
+def build_case(rng, seqlens, s_q, h):
+    """An FP8 and a BF16 cache holding the same random tokens, with NaN in every unused slot."""
+    table, slots, num_pages = make_paged(rng, seqlens)
+    cache8 = nan_cache(num_pages)
+    cache16 = snapmla.alloc_bf16_cache(num_pages, np.zeros(1))
+    cache16.fill(0x7FC0)
+    rows = []
+    for s in slots:
+        kv = random_rows(rng, len(s))
+        rows.append(kv)
+        if len(s):
+            snapmla.append(cache8, kv, s)
+            snapmla.append(cache16, kv, s)
+    q = random_rows(rng, len(seqlens) * s_q * h, rope_scale=3.0).reshape(len(seqlens), s_q, h, 576)
+    return q, table, rows, cache8, cache16
+
+
+@pytest.mark.parametrize("s_q,h,causal", [(1, 16, True), (2, 32, True), (4, 16, False)])
+def test_decode_fp8_against_float64(rng, s_q, h, causal):
+    seqlens = np.array([0, 1, 70, 300], np.int32)
+    q, table, rows, cache8, _ = build_case(rng, seqlens, s_q, h)
+    scale = 1.0 / math.sqrt(192)
+    qq = snapmla.quantize_query(q)
+    out, lse = snapmla.decode_fp8(qq, cache8, table, seqlens, softmax_scale=scale, causal=causal)
+    assert out.shape == (4, s_q, h, 512) and lse.shape == (4, h, s_q)
+    # Ground truth on what the kernel is given (quantized query and cache): what is left is the
+    # P quantization (e4m3, relative half-ulp 2^-4 per weight, averaging out over tokens) and
+    # the bf16 output (2^-8). On this data that measures up to 0.5% rel-L2; bound 1.5%.
+    qn, qs, qr = qq.nope.reshape(-1, 512), qq.scale.reshape(-1), qq.rope.reshape(-1, 64)
+    qv = dequantize_rows(qn, qs, qr).reshape(q.shape)
+    for i, n in enumerate(seqlens):
+        kv = dequantize_rows(*quantize_rows(rows[i])) if n else np.zeros((0, 576))
+        ref_out, ref_lse = attention(qv[i], kv, scale, causal)
+        got = bf16_value(out[i]).astype(np.float64)
+        seen = np.isfinite(ref_lse.T)  # [s_q, h]
+        assert np.all(got[~seen] == 0) and np.all(np.isneginf(lse[i].T[~seen]))
+        if seen.any():
+            assert rel_l2(got[seen], ref_out[seen]) < 1.5e-2
+            # lse comes from the unquantized fp32 scores: only fp32 rounding.
+            assert np.max(np.abs(lse[i].T[seen] - ref_lse.T[seen])) < 1e-4 * (1 + np.max(np.abs(ref_lse[np.isfinite(ref_lse)])))
+
+
+@pytest.mark.parametrize("s_q,h", [(1, 16), (2, 48)])
+def test_decode_bf16_against_float64(rng, s_q, h):
+    seqlens = np.array([5, 64, 200], np.int32)
+    q, table, rows, _, cache16 = build_case(rng, seqlens, s_q, h)
+    scale = 0.1
+    out, lse = snapmla.decode_bf16(q, cache16, table, seqlens, softmax_scale=scale)
+    qv = bf16_value(q).astype(np.float64)
+    for i in range(len(seqlens)):
+        ref_out, ref_lse, ref_abs = attention(qv[i], bf16_value(rows[i]).astype(np.float64), scale,
+                                              with_abs=True)
+        got = bf16_value(out[i]).astype(np.float64)
+        # The kernel rounds P to bf16 for the PV product (each weight within bf16's unit
+        # roundoff 2^-8, so the output within 2^-8 sum p|v|) and the output to bf16 (2^-8 |o|);
+        # 10% slack for the fp32 sums. Measured: up to 0.87 of the bound.
+        bound = 1.1 * 2.0 ** -8 * (ref_abs + np.abs(ref_out))
+        assert np.all(np.abs(got - ref_out) <= bound)
+        assert np.max(np.abs(lse[i] - ref_lse)) < 1e-5 * (1 + np.max(np.abs(ref_lse)))
+
+
+def test_split_plan_gives_the_same_decode(rng):
+    seqlens = np.array([1000, 3, 640], np.int32)
+    q, table, _, cache8, cache16 = build_case(rng, seqlens, 2, 16)
+    qq = snapmla.quantize_query(q)
+    plan = snapmla.plan_splits(seqlens, 7)
+    assert plan.split_offsets[-1] > len(seqlens)  # the plan really splits something
+    a, la = snapmla.decode_fp8(qq, cache8, table, seqlens, softmax_scale=0.1)
+    b, lb = snapmla.decode_fp8(qq, cache8, table, seqlens, softmax_scale=0.1, plan=plan)
+    # Splits change where the running max and sigma restart, so outputs differ by rounding
+    # only (measured up to 3e-4 rel-L2 for both kernels' algorithms; bound 2e-3).
+    assert rel_l2(bf16_value(b), bf16_value(a)) < 2e-3
+    assert np.max(np.abs(la - lb)) < 1e-5 * np.max(np.abs(la))
+    c, _ = snapmla.decode_bf16(q, cache16, table, seqlens, softmax_scale=0.1, plan=plan)
+    d, _ = snapmla.decode_bf16(q, cache16, table, seqlens, softmax_scale=0.1)
+    assert rel_l2(bf16_value(c), bf16_value(d)) < 2e-3
+
+
+def test_reference_module_matches_native_on_cpu(rng):
+    seqlens = np.array([90, 2], np.int32)
+    q, table, _, cache8, _ = build_case(rng, seqlens, 1, 16)
+    qq = snapmla.reference.quantize_query(q)
+    out, lse = snapmla.reference.decode_fp8(qq, cache8, table, seqlens, softmax_scale=0.05)
+    out2, lse2 = snapmla.decode_fp8(snapmla.quantize_query(q), cache8, table, seqlens, softmax_scale=0.05)
+    assert np.array_equal(out, out2) and np.array_equal(lse, lse2)
+
+
+def test_attention_f64_matches_numpy(rng):
+    q = rng.standard_normal((2, 16, 576)).astype(np.float32)
+    kv = rng.standard_normal((77, 576)).astype(np.float32)
+    out, lse = snapmla.reference.attention_f64(q, kv, 0.05, True)
+    ref_out, ref_lse = attention(q.astype(np.float64), kv.astype(np.float64), 0.05, True)
+    assert np.allclose(out, ref_out, rtol=1e-12, atol=1e-14)
+    assert np.allclose(lse, ref_lse, rtol=1e-12)
+
+
+# --- bad input: a clear error naming the argument -----------------------------------------------
+
+def error_of(fn):
+    with pytest.raises(snapmla.SnapMLAError) as e:
+        fn()
+    assert isinstance(e.value, ValueError)
+    return str(e.value)
+
+
+def test_errors_name_the_argument(rng):
+    seqlens = np.array([10], np.int32)
+    q, table, _, cache8, cache16 = build_case(rng, seqlens, 1, 16)
+    qq = snapmla.quantize_query(q)
+    dec = lambda **kw: snapmla.decode_fp8(**{**dict(q=qq, cache=cache8, block_table=table, cache_seqlens=seqlens, softmax_scale=0.1), **kw})
+    assert "'block_table'" in error_of(lambda: dec(block_table=table.astype(np.int64))) and "int64" in error_of(lambda: dec(block_table=table.astype(np.int64)))
+    assert "'cache_seqlens'" in error_of(lambda: dec(cache_seqlens=seqlens.astype(np.float32)))
+    assert "'q_scale'" in error_of(lambda: dec(q=snapmla.QuantizedQuery(qq.nope, qq.rope, qq.scale[:, :, :8].copy())))
+    assert "softmax_scale" in error_of(lambda: dec(softmax_scale=0.0))
+    assert "'latent'" in error_of(lambda: dec(cache=snapmla.PagedFp8Cache(cache8.latent[:, :63].copy(), cache8.scale, cache8.rope)))
+    msg = error_of(lambda: snapmla.append(cache8, q.reshape(-1, 576)[::2], np.zeros(8, np.int32)))
+    assert "'kv'" in msg and "contiguous" in msg
+    assert "'slots'" in error_of(lambda: snapmla.append(cache8, q.reshape(-1, 576), np.zeros((4, 4), np.int32)))
+    assert "'q'" in error_of(lambda: snapmla.quantize_query(q.reshape(16, 576)))
+    assert "'q'" in error_of(lambda: snapmla.decode_bf16(q.astype(np.float32), cache16, table, seqlens, softmax_scale=0.1))
+    plan = snapmla.plan_splits(seqlens, 2)
+    assert "split_begin" in error_of(lambda: dec(plan=snapmla.SplitPlan(plan.split_offsets, None, 2)))
+    assert "num_workers" in error_of(lambda: snapmla.plan_splits(seqlens, 0))
+
+
+def test_table_contents_are_checked_on_the_cpu(rng):
+    seqlens = np.array([100], np.int32)
+    q, table, _, cache8, _ = build_case(rng, seqlens, 1, 16)
+    qq = snapmla.quantize_query(q)
+    bad = table.copy()
+    bad[0, 1] = 10_000
+    msg = error_of(lambda: snapmla.decode_fp8(qq, cache8, bad, seqlens, softmax_scale=0.1))
+    assert "block_table" in msg
+    long = np.array([table.shape[1] * 64 + 1], np.int32)
+    assert "cache_seqlens" in error_of(lambda: snapmla.decode_fp8(qq, cache8, table, long, softmax_scale=0.1))
+    assert "block_table" in error_of(lambda: snapmla.check_page_table(bad, seqlens, cache8.num_pages))
+    assert "slot" in error_of(lambda: snapmla.check_slot_mapping(np.array([5, 1 << 20], np.int32), cache8.num_pages))
