@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what SnapMLA needs to build and test, on a fresh Debian/Ubuntu machine:
 # g++ (C++20), make, CMake >= 3.25, GoogleTest and python3 (venv, headers) from Debian's
-# packages; if Debian's CMake is older than 3.25, the pinned CMake wheel from PyPI. The CUDA toolkit is optional: with nvcc on
-# the PATH the CUDA parts build too. Safe to run again: it installs only what is missing.
+# packages; if Debian's CMake is older than 3.25, the pinned CMake wheel from PyPI. The CUDA
+# toolkit is optional: with nvcc on the PATH the CUDA parts build too. Safe to run again: it
+# installs only what is missing.
 set -euo pipefail
 
 need=()
