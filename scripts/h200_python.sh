@@ -10,7 +10,9 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
 python3 -c "import sys, torch, numpy; print(sys.version.split()[0], 'torch', torch.__version__, 'numpy', numpy.__version__)"
 t0=$(date +%s)
-python3 -m pip install --no-index --find-links .whl . > "$out/pip_install.log" 2>&1 ||
+# No build isolation: the device's own CMake (its isolated build env cannot fetch one).
+python3 -m pip install -q --no-index --no-deps .whl/*.whl
+python3 -m pip install --no-build-isolation --no-index --no-deps . > "$out/pip_install.log" 2>&1 ||
   { tail -40 "$out/pip_install.log"; exit 1; }
 echo "pip install .: $(( $(date +%s) - t0 )) s"
 cd /tmp  # import the installed package, not the source tree
