@@ -204,6 +204,7 @@ int bench_command(const std::vector<std::string>& args) {
   std::string json, md, commit = "unknown";
   bool quick = false;
   int reps = 20;
+  std::vector<Case> only;  // --case b,h,s_q,s_k (repeatable): just these, no bandwidth section
   for (size_t i = 0; i < args.size(); ++i) {
     auto value = [&]() -> std::string {
       if (i + 1 >= args.size()) throw std::invalid_argument(args[i] + ": missing value");
@@ -214,7 +215,14 @@ int bench_command(const std::vector<std::string>& args) {
     else if (args[i] == "--commit") commit = value();
     else if (args[i] == "--reps") reps = std::stoi(value());
     else if (args[i] == "--quick") quick = true;
-    else throw std::invalid_argument("unknown option '" + args[i] + "' (options: --json F --md F --commit C --reps N --quick)");
+    else if (args[i] == "--case") {
+      Case c{};
+      if (std::sscanf(value().c_str(), "%d,%d,%d,%d", &c.b, &c.h, &c.s_q, &c.s_k) != 4 || c.b < 1 || c.s_k < 1)
+        throw std::invalid_argument("--case: expected b,h,s_q,s_k (e.g. 128,128,1,8192)");
+      only.push_back(c);
+    } else
+      throw std::invalid_argument("unknown option '" + args[i] +
+                                  "' (options: --json F --md F --commit C --reps N --quick --case b,h,s_q,s_k)");
   }
   if (!cuda_device_available()) {
     std::printf("snapmla bench: no sm_90 GPU here; nothing to time (run it on an H100/H200)\n");
@@ -225,7 +233,7 @@ int bench_command(const std::vector<std::string>& args) {
   std::mt19937_64 rng(1234);
 
   // Copy bandwidth (read + write) of a 4 GiB buffer: the memory ceiling for everything below.
-  const size_t copy_bytes = size_t(2) << 30;
+  const size_t copy_bytes = only.empty() ? size_t(2) << 30 : size_t(256) << 20;
   DeviceBuffer<uint8_t> a(copy_bytes), b(copy_bytes);
   const double copy_us = time_us([&] { cuda_ok(cudaMemcpyAsync(b.get(), a.get(), copy_bytes, cudaMemcpyDeviceToDevice), "copy"); }, 3, 10);
   const double copy_tbs = 2.0 * copy_bytes / (copy_us * 1e-6) / 1e12;
@@ -233,7 +241,7 @@ int bench_command(const std::vector<std::string>& args) {
 
   // append and gather_dequant over 4M tokens.
   double append_tbs = 0, gather_tbs = 0;
-  {
+  if (only.empty()) {
     const Device gpu = Device::cuda(0);
     const int64_t n = 1 << 22, pages = n / kPageSize;
     DeviceBuffer<bf16> kv(size_t(n) * kHeadDim), back(size_t(n) * kHeadDim);
@@ -257,13 +265,15 @@ int bench_command(const std::vector<std::string>& args) {
                 bytes / (gat * 1e-6) / 1e12, 100 * bytes / (gat * 1e-6) / 1e12 / copy_tbs);
   }
 
-  std::vector<Case> cases;
+  std::vector<Case> cases = only;
   const std::vector<int> ks = quick ? std::vector<int>{8192} : std::vector<int>{4096, 8192, 16384, 32768};
-  for (int s_q : {1, 2})
-    for (int h : {128, 64, 16})
-      for (int s_k : ks) cases.push_back({128, h, s_q, s_k});
-  cases.push_back({32, 128, 1, 65536});
-  cases.push_back({128, 128, 1, 0, true});
+  if (only.empty()) {
+    for (int s_q : {1, 2})
+      for (int h : {128, 64, 16})
+        for (int s_k : ks) cases.push_back({128, h, s_q, s_k});
+    cases.push_back({32, 128, 1, 65536});
+    cases.push_back({128, 128, 1, 0, true});
+  }
 
   std::printf("%4s %4s %4s %7s | %9s %9s %6s | %7s %7s %8s | %7s %7s\n", "b", "h", "s_q", "s_k", "fp8 us",
               "bf16 us", "ratio", "fp8TB/s", "fp8 TF", "fp8 %flr", "bf16 TF", "bf16%flr");

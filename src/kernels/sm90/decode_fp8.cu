@@ -28,7 +28,8 @@
 namespace snapmla::cuda {
 namespace {
 
-constexpr int kStages = 3;
+constexpr int kStages = 3;    // pages in flight (K-major latent, rope, scales)
+constexpr int kVtStages = 2;  // transposed latents (V^T) ready for PV
 constexpr int kRows = 64;
 // Byte sizes of the shared-memory tiles (K-major, 8 x 16 B core matrices, 128 B each).
 constexpr int kQnBytes = kRows * kLatentDim;       // 32 KB, SBO 4096
@@ -38,24 +39,39 @@ constexpr int kKrBytes = kPageSize * kRopeDim * 2; // 8 KB
 constexpr int kStageBytes = kKlBytes + kKrBytes + kPageSize * 4;
 constexpr int kVtBytes = 256 * kPageSize;          // one half: 256 dims x 64 tokens, SBO 512
 using Ring = PageRing<kStages>;
-constexpr int kSmemBytes = kQnBytes + kQrBytes + kStages * kStageBytes + 2 * kVtBytes + Ring::kBytes;
+constexpr int kVtBarBytes = 2 * kVtStages * 8;
+constexpr int kSmemBytes = kQnBytes + kQrBytes + kStages * kStageBytes + kVtStages * 2 * kVtBytes +
+                           Ring::kBytes + kVtBarBytes;
+static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 
 struct Smem {
   uint8_t* qn;
   uint8_t* qr;
   uint8_t* stage;
-  uint8_t* vt;
+  uint8_t* vt_base;
   Ring ring;
+  uint64_t* vt_full;   // [kVtStages]: 128 producer arrivals (V^T written)
+  uint64_t* vt_empty;  // [kVtStages]: 256 consumer arrivals (PV done reading)
   __device__ explicit Smem(uint8_t* base)
       : qn(base),
         qr(base + kQnBytes),
         stage(base + kQnBytes + kQrBytes),
-        vt(stage + kStages * kStageBytes),
-        ring(vt + 2 * kVtBytes) {}
+        vt_base(stage + kStages * kStageBytes),
+        ring(vt_base + kVtStages * 2 * kVtBytes),
+        vt_full(reinterpret_cast<uint64_t*>(vt_base + kVtStages * 2 * kVtBytes + Ring::kBytes)),
+        vt_empty(vt_full + kVtStages) {}
   __device__ uint8_t* kl(int s) const { return stage + s * kStageBytes; }
   __device__ uint8_t* kr(int s) const { return stage + s * kStageBytes + kKlBytes; }
   __device__ float* scale(int s) const {
     return reinterpret_cast<float*>(stage + s * kStageBytes + kKlBytes + kKrBytes);
+  }
+  // V^T of page j, output half c.
+  __device__ uint8_t* vt(int j, int c) const { return vt_base + ((j % kVtStages) * 2 + c) * kVtBytes; }
+  __device__ void init_vt() const {
+    for (int v = 0; v < kVtStages; ++v) {
+      wg::mbar_init(&vt_full[v], 128);
+      wg::mbar_init(&vt_empty[v], 256);
+    }
   }
 };
 
@@ -107,6 +123,21 @@ __device__ __forceinline__ void transpose_half(const uint8_t* kl, uint8_t* vt, i
   }
 }
 
+// Producer: page i's latent, once its copies landed, transposed into V^T stage i % kVtStages
+// (both halves) when the consumers are done with the page that used it before.
+__device__ __forceinline__ void transpose_page(const Smem& sm, int i, int t) {
+  sm.ring.wait(i);
+  if (i >= kVtStages) wg::mbar_wait(&sm.vt_empty[i % kVtStages], ((i / kVtStages) - 1) & 1);
+  const uint8_t* kl = sm.kl(i % kStages);
+  transpose_half(kl, sm.vt(i, 0), 0, t);
+  transpose_half(kl, sm.vt(i, 1), 1, t);
+  wg::fence_proxy_async();  // V^T written with st.shared, read by wgmma (async proxy)
+  wg::mbar_arrive(&sm.vt_full[i % kVtStages]);
+  // The stage's latent may be overwritten by the next load into it only after every producer
+  // thread has read it.
+  ptx::named_barrier(2, 128);
+}
+
 __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   Work w;
@@ -115,11 +146,14 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   const int row0 = blockIdx.y * kRows;
   const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
-  if (threadIdx.x == 0) sm.ring.init();
+  if (threadIdx.x == 0) {
+    sm.ring.init();
+    sm.init_vt();
+  }
   __syncthreads();
 
   if (wg == 0) {
-    wg::setmaxnreg_dec<40>();
+    wg::setmaxnreg_dec<56>();
     // The Q tile: nope and rope, K-major; rows past the query rows are zero.
     for (int c = t; c < kRows * 32; c += 128) {
       const int r = c / 32, part = c % 32;
@@ -135,15 +169,18 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
                        reinterpret_cast<const uint8_t*>(p.q_rope + row * kRopeDim) + part * 16, ok);
     }
     wg::cp_async_arrive(sm.ring.qbar);
+    // Loads run one page ahead of the transposition.
     for (int j = 0; j < nblk; ++j) {
       sm.ring.acquire(j);
       load_page(p, w, w.begin + j * kPageSize, sm, j % kStages, t);
       sm.ring.produced(j);
+      if (j >= 1) transpose_page(sm, j - 1, t);
     }
+    if (nblk > 0) transpose_page(sm, nblk - 1, t);
     return;
   }
 
-  wg::setmaxnreg_inc<232>();
+  wg::setmaxnreg_inc<224>();
   const int c = wg - 1;  // output half
   const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
   const int rows_[2] = {row0 + 16 * warp + g, row0 + 16 * warp + g + 8};
@@ -159,7 +196,6 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
   float o[32][4];
 #pragma unroll
   for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  uint8_t* vt = sm.vt + c * kVtBytes;
   wg::mbar_wait(sm.ring.qbar, 0);
   bool fault = false;
 
@@ -185,8 +221,6 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
     for (int kk = 0; kk < 16; ++kk)
       wg::mma_64x64x32_e4m3_ss(sc, wg::desc(sm.qn + kk * 256, 128, 4096), wg::desc(sm.kl(s) + kk * 256, 128, 4096));
     wg::commit();
-    ptx::named_barrier(5 + c, 128);      // the previous PV finished reading this half's V^T
-    transpose_half(sm.kl(s), vt, c, t);  // overlaps the tensor cores
     wg::wait<0>();
 
     float rescale[2];
@@ -207,13 +241,14 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
       pa[ch][2] = e4m3x4(sc[4 * ch + 2][0], sc[4 * ch + 2][1], sc[4 * ch + 3][0], sc[4 * ch + 3][1]);
       pa[ch][3] = e4m3x4(sc[4 * ch + 2][2], sc[4 * ch + 2][3], sc[4 * ch + 3][2], sc[4 * ch + 3][3]);
     }
-    wg::fence_proxy_async();       // V^T written with st.shared, read by wgmma
-    ptx::named_barrier(3 + c, 128);
+    const uint8_t* vt = sm.vt(j, c);
+    wg::mbar_wait(&sm.vt_full[j % kVtStages], (j / kVtStages) & 1);
     wg::fence();
     wg::mma_64x256x32_e4m3_rs(o, pa[0], wg::desc(vt, 128, 512));
     wg::mma_64x256x32_e4m3_rs(o, pa[1], wg::desc(vt + 256, 128, 512));
     wg::commit();
     wg::wait<0>();
+    wg::mbar_arrive(&sm.vt_empty[j % kVtStages]);
   }
   write_rows<true>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
 }
