@@ -27,6 +27,18 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return r;
 }
 
+// Four 8x8 b16 matrices from shared memory, transposed: lanes 8m..8m+7 give matrix m's row
+// addresses (16 B each); lane 4c + q receives rows 2q, 2q + 1 of column c of each matrix.
+__device__ __forceinline__ void ldsm_x4_trans(const void* smem, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(smem)));
+}
+
+__device__ __forceinline__ void sts32(void* smem, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_addr(smem)), "r"(v) : "memory");
+}
+
 // Named barrier over `threads` threads (a multiple of 32).
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads));

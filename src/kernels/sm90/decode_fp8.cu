@@ -1,18 +1,17 @@
-// decode_fp8 (version 2): warpgroup MMAs and a warp-specialized page pipeline.
+// decode_fp8 (version 3): warpgroup MMAs and a warp-specialized page pipeline.
 //
 // CTA = one split of one sequence x 64 query rows (one wgmma M tile), 3 warpgroups:
-//   WG0  producer: copies the Q tile once, then streams pages into a 3-stage ring
-//        (cp.async completing on mbarriers; a stage is refilled when both consumers release it)
+//   WG0  producer: copies the Q tile once, then streams pages into a 3-stage ring (cp.async
+//        completing on mbarriers), and one page behind the loads transposes each page's latent
+//        into a 2-stage V^T ring (ldmatrix.trans + byte permutes) for PV.
 //   WG1, WG2  consumers, one per half of the 512 output dims. Each computes the whole QK
 //        (QGMMA m64n64k32 over the latent, HGMMA m64n64k16 over the rope, Q and K from shared
-//        memory, one accumulator) while it transposes its half of the page's latent for PV,
-//        runs the online softmax (decode/softmax.cuh), quantizes P' / sigma to e4m3 in
-//        registers, and accumulates PV for its 256 dims (QGMMA m64n256k32, P from registers,
-//        V^T from shared memory). Both compute the same QK: cheaper, as measured, than
-//        splitting it and exchanging partial sums through shared memory with two barriers.
-// Shared-memory operands use the no-swizzle K-major layout (wgmma.cuh). The transposed latent
-// puts each 32-token chunk's tokens in the order of P's register fragment, so P feeds PV
-// straight from registers.
+//        memory, one accumulator), runs the online softmax (decode/softmax.cuh), quantizes
+//        P' / sigma to e4m3 in registers, and accumulates PV for its 256 dims (QGMMA
+//        m64n256k32, P from registers, V^T from shared memory). Both compute the same QK:
+//        cheaper, as measured, than splitting it and exchanging partial sums.
+// Shared-memory operands use the no-swizzle K-major layout (wgmma.cuh). History and
+// measurements: docs/kernels.md.
 #include <cuda_runtime.h>
 
 #include "../common/check.cuh"
@@ -65,7 +64,7 @@ struct Smem {
   __device__ float* scale(int s) const {
     return reinterpret_cast<float*>(stage + s * kStageBytes + kKlBytes + kKrBytes);
   }
-  // V^T of page j, output half c.
+  // V^T of page j, output half c (the halves are contiguous).
   __device__ uint8_t* vt(int j, int c) const { return vt_base + ((j % kVtStages) * 2 + c) * kVtBytes; }
   __device__ void init_vt() const {
     for (int v = 0; v < kVtStages; ++v) {
@@ -99,27 +98,27 @@ __device__ __forceinline__ void load_page(const DecodeParams& p, const Work& w, 
   if (t < kPageSize) ptx::cp_async_4(sm.scale(s) + t, p.k_scale + slot0 + t, t < ntok);
 }
 
-// Consumer half c: latent dims [256 c, 256 c + 256) of stage s -> vt (256 dims x 64 slots,
-// K-major), slot 16 h + 4 q + j of chunk k holding token 32 k + 16 h + {2q, 2q+1, 2q+8, 2q+9}[j].
-__device__ __forceinline__ void transpose_half(const uint8_t* kl, uint8_t* vt, int c, int t) {
-#pragma unroll 2
-  for (int item = t; item < 64 * 16; item += 128) {
-    const int dq = item / 16, tq = item % 16;  // dim quad within the half, token quad
-    const int ch = tq / 8, h = (tq / 4) % 2, q = tq % 4;
-    const int t0 = 32 * ch + 16 * h + 2 * q;
-    const int k = 256 * c + 4 * dq;
-    const uint32_t w0 = *reinterpret_cast<const uint32_t*>(kl + km_offset(t0, k, kLatentDim));
-    const uint32_t w1 = *reinterpret_cast<const uint32_t*>(kl + km_offset(t0 + 1, k, kLatentDim));
-    const uint32_t w2 = *reinterpret_cast<const uint32_t*>(kl + km_offset(t0 + 8, k, kLatentDim));
-    const uint32_t w3 = *reinterpret_cast<const uint32_t*>(kl + km_offset(t0 + 9, k, kLatentDim));
-    const uint32_t x0 = ptx::prmt(w0, w1, 0x5140), x1 = ptx::prmt(w0, w1, 0x7362);
-    const uint32_t y0 = ptx::prmt(w2, w3, 0x5140), y1 = ptx::prmt(w2, w3, 0x7362);
-    const int slot = 32 * ch + 16 * h + 4 * q;
-    const int n = 4 * dq;
-    *reinterpret_cast<uint32_t*>(vt + km_offset(n, slot, kPageSize)) = ptx::prmt(x0, y0, 0x5410);
-    *reinterpret_cast<uint32_t*>(vt + km_offset(n + 1, slot, kPageSize)) = ptx::prmt(x0, y0, 0x7632);
-    *reinterpret_cast<uint32_t*>(vt + km_offset(n + 2, slot, kPageSize)) = ptx::prmt(x1, y1, 0x5410);
-    *reinterpret_cast<uint32_t*>(vt + km_offset(n + 3, slot, kPageSize)) = ptx::prmt(x1, y1, 0x7632);
+// The latent of one page (64 tokens x 512 dims, K-major) -> V^T for PV: two halves of 256 dims
+// x 64 token slots, K-major, slot 16 h + 4 q + j of 32-token chunk k holding token
+// 32 k + 16 h + {2q, 2q+1, 2q+8, 2q+9}[j]: the order of P's register fragment, so P feeds PV
+// from registers. Warp w of the producer moves tokens [16 w, 16 w + 16): per step 32 dims with
+// one transposing ldmatrix (b16 units: two tokens x two dims per register), then byte
+// permutes split the dim pairs and four 4-byte stores write four dims' 4-token words.
+__device__ __forceinline__ void transpose_page_latent(const uint8_t* kl, uint8_t* vt, int t) {
+  const int w = t / 32, lane = t % 32, m = lane / 8;
+  const int token = 16 * w + (m % 2) * 8 + lane % 8;
+  const uint8_t* src = kl + (token / 8) * (kLatentDim * 8) + (m / 2) * 128 + (token % 8) * 16;
+  const int c = lane / 4, q = lane % 4;
+  uint8_t* dst = vt + (c / 4) * 512 + ((2 * c) % 8) * 16 + w * 128 + 4 * q;
+#pragma unroll 4
+  for (int i = 0; i < kLatentDim / 32; ++i) {
+    uint32_t r[4];
+    ptx::ldsm_x4_trans(src + i * 256, r);
+    uint8_t* d = dst + i * 2048;
+    ptx::sts32(d, ptx::prmt(r[0], r[1], 0x6420));
+    ptx::sts32(d + 16, ptx::prmt(r[0], r[1], 0x7531));
+    ptx::sts32(d + 1024, ptx::prmt(r[2], r[3], 0x6420));
+    ptx::sts32(d + 1040, ptx::prmt(r[2], r[3], 0x7531));
   }
 }
 
@@ -128,9 +127,7 @@ __device__ __forceinline__ void transpose_half(const uint8_t* kl, uint8_t* vt, i
 __device__ __forceinline__ void transpose_page(const Smem& sm, int i, int t) {
   sm.ring.wait(i);
   if (i >= kVtStages) wg::mbar_wait(&sm.vt_empty[i % kVtStages], ((i / kVtStages) - 1) & 1);
-  const uint8_t* kl = sm.kl(i % kStages);
-  transpose_half(kl, sm.vt(i, 0), 0, t);
-  transpose_half(kl, sm.vt(i, 1), 1, t);
+  transpose_page_latent(sm.kl(i % kStages), sm.vt(i, 0), t);
   wg::fence_proxy_async();  // V^T written with st.shared, read by wgmma (async proxy)
   wg::mbar_arrive(&sm.vt_full[i % kVtStages]);
   // The stage's latent may be overwritten by the next load into it only after every producer
