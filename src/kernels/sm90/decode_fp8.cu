@@ -150,7 +150,7 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
   __syncthreads();
 
   if (wg == 0) {
-    wg::setmaxnreg_dec<56>();
+    wg::setmaxnreg_dec<32>();
     // The Q tile: nope and rope, K-major; rows past the query rows are zero.
     for (int c = t; c < kRows * 32; c += 128) {
       const int r = c / 32, part = c % 32;
@@ -177,7 +177,7 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
     return;
   }
 
-  wg::setmaxnreg_inc<224>();
+  wg::setmaxnreg_inc<232>();
   const int c = wg - 1;  // output half
   const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
   const int rows_[2] = {row0 + 16 * warp + g, row0 + 16 * warp + g + 8};
@@ -196,41 +196,36 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
   wg::mbar_wait(sm.ring.qbar, 0);
   bool fault = false;
 
-  for (int j = 0; j < nblk; ++j) {
+  // Software pipeline over pages (FA3's intra-warpgroup overlap): QK(j) is issued, then PV(j - 1);
+  // the softmax of page j runs while PV(j - 1) is on the tensor cores, and QK(j) while the
+  // output is rescaled and PV(j - 1) issued. P is converted to e4m3 only when no wgmma is in
+  // flight: ptxas serializes all wgmma when an A operand is written while one is.
+  float sc[8][4];
+  uint32_t pa[2][4];
+  float rescale[2];
+  auto issue_qk = [&](int j) {
     const int s = j % kStages;
-    const int blk = w.begin + j * kPageSize;
-    fault |= !page_ok(p, page_of(p, w, blk));
     sm.ring.wait(j);
-    // QK partial over this half: the bf16 rope product first, then the FP8 latent product into
-    // the same accumulator. (Promoting FP8 partial sums to separate fp32 registers every 128
-    // dims halves the accumulator's rounding error but needs 32 more registers, which spill:
-    // measured 40% slower, docs/kernels.md.)
-    float sc[8][4];
-#pragma unroll
-    for (int n = 0; n < 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
     wg::fence();
     // The whole QK in this warpgroup (both compute it: cheaper than exchanging partial sums,
-    // measured): the bf16 rope product first, then the FP8 latent product, one accumulator.
+    // measured): the bf16 rope product first (the first one overwriting the accumulator),
+    // then the FP8 latent product, one accumulator.
+    wg::mma_64x64x16_bf16_ss_zero(sc, wg::desc(sm.qr, 128, 1024), wg::desc(sm.kr(s), 128, 1024));
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
+    for (int ks = 1; ks < 4; ++ks)
       wg::mma_64x64x16_bf16_ss(sc, wg::desc(sm.qr + ks * 256, 128, 1024), wg::desc(sm.kr(s) + ks * 256, 128, 1024));
 #pragma unroll
     for (int kk = 0; kk < 16; ++kk)
       wg::mma_64x64x32_e4m3_ss(sc, wg::desc(sm.qn + kk * 256, 128, 4096), wg::desc(sm.kl(s) + kk * 256, 128, 4096));
     wg::commit();
-    wg::wait<0>();
-
-    float rescale[2];
-    softmax_block<true>(st, sc, factor, vis, blk, sm.scale(s), q, rescale);
-    sm.ring.release(j);  // stage fully read (QK done, transposed, scales used)
-#pragma unroll
-    for (int n = 0; n < 32; ++n) {
-      o[n][0] *= rescale[0];
-      o[n][1] *= rescale[0];
-      o[n][2] *= rescale[1];
-      o[n][3] *= rescale[1];
-    }
-    uint32_t pa[2][4];
+  };
+  auto softmax = [&](int j) {
+    const int blk = w.begin + j * kPageSize;
+    fault |= !page_ok(p, page_of(p, w, blk));
+    softmax_block<true>(st, sc, factor, vis, blk, sm.scale(j % kStages), q, rescale);
+    sm.ring.release(j);  // stage fully read (QK done, scales used)
+  };
+  auto convert_p = [&] {
 #pragma unroll
     for (int ch = 0; ch < 2; ++ch) {
       pa[ch][0] = e4m3x4(sc[4 * ch][0], sc[4 * ch][1], sc[4 * ch + 1][0], sc[4 * ch + 1][1]);
@@ -238,14 +233,44 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
       pa[ch][2] = e4m3x4(sc[4 * ch + 2][0], sc[4 * ch + 2][1], sc[4 * ch + 3][0], sc[4 * ch + 3][1]);
       pa[ch][3] = e4m3x4(sc[4 * ch + 2][2], sc[4 * ch + 2][3], sc[4 * ch + 3][2], sc[4 * ch + 3][3]);
     }
+  };
+  auto issue_pv = [&](int j) {
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+      o[n][0] *= rescale[0];
+      o[n][1] *= rescale[0];
+      o[n][2] *= rescale[1];
+      o[n][3] *= rescale[1];
+    }
     const uint8_t* vt = sm.vt(j, c);
     wg::mbar_wait(&sm.vt_full[j % kVtStages], (j / kVtStages) & 1);
+    wg::fence_operands(o);
+    wg::fence_operands(pa);
     wg::fence();
     wg::mma_64x256x32_e4m3_rs(o, pa[0], wg::desc(vt, 128, 512));
     wg::mma_64x256x32_e4m3_rs(o, pa[1], wg::desc(vt + 256, 128, 512));
     wg::commit();
+  };
+  if (nblk > 0) {
+    issue_qk(0);
     wg::wait<0>();
-    wg::mbar_arrive(&sm.vt_empty[j % kVtStages]);
+    wg::fence_operands(sc);
+    softmax(0);
+    convert_p();
+    for (int j = 1; j < nblk; ++j) {
+      issue_qk(j);
+      issue_pv(j - 1);
+      wg::wait<1>();  // QK(j) done
+      wg::fence_operands(sc);
+      softmax(j);
+      wg::wait<0>();  // PV(j - 1) done
+      wg::fence_operands(o);
+      wg::mbar_arrive(&sm.vt_empty[(j - 1) % kVtStages]);
+      convert_p();
+    }
+    issue_pv(nblk - 1);
+    wg::wait<0>();
+    wg::fence_operands(o);
   }
   write_rows<true>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
 }
