@@ -39,8 +39,9 @@ constexpr int kStageBytes = kKlBytes + kKrBytes + kPageSize * 4;
 constexpr int kVtBytes = 256 * kPageSize;          // one half: 256 dims x 64 tokens, SBO 512
 using Ring = PageRing<kStages>;
 constexpr int kVtBarBytes = 2 * kVtStages * 8;
+constexpr int kXchgBytes = 2 * 2 * kRows * 4;  // row maxima of S and of P', per warpgroup
 constexpr int kSmemBytes = kQnBytes + kQrBytes + kStages * kStageBytes + kVtStages * 2 * kVtBytes +
-                           Ring::kBytes + kVtBarBytes;
+                           Ring::kBytes + kVtBarBytes + kXchgBytes;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 
 struct Smem {
@@ -51,6 +52,8 @@ struct Smem {
   Ring ring;
   uint64_t* vt_full;   // [kVtStages]: 128 producer arrivals (V^T written)
   uint64_t* vt_empty;  // [kVtStages]: 256 consumer arrivals (PV done reading)
+  float* xmax;         // [2][64]: each consumer's row maxima of its half of S
+  float* xpmax;        // [2][64]: the same for P (times the token scales)
   __device__ explicit Smem(uint8_t* base)
       : qn(base),
         qr(base + kQnBytes),
@@ -58,9 +61,14 @@ struct Smem {
         vt_base(stage + kStages * kStageBytes),
         ring(vt_base + kVtStages * 2 * kVtBytes),
         vt_full(reinterpret_cast<uint64_t*>(vt_base + kVtStages * 2 * kVtBytes + Ring::kBytes)),
-        vt_empty(vt_full + kVtStages) {}
+        vt_empty(vt_full + kVtStages),
+        xmax(reinterpret_cast<float*>(vt_empty + kVtStages)),
+        xpmax(xmax + 2 * kRows) {}
   __device__ uint8_t* kl(int s) const { return stage + s * kStageBytes; }
   __device__ uint8_t* kr(int s) const { return stage + s * kStageBytes + kKlBytes; }
+  // The page's P / sigma as e4m3 [64 rows x 64 slots] (K-major, in V^T's slot order), written
+  // over the stage's rope tile once both consumers' QK of the page is done with it.
+  __device__ uint8_t* p_tile(int s) const { return kr(s); }
   __device__ float* scale(int s) const {
     return reinterpret_cast<float*>(stage + s * kStageBytes + kKlBytes + kKrBytes);
   }
@@ -150,7 +158,7 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
   __syncthreads();
 
   if (wg == 0) {
-    wg::setmaxnreg_dec<32>();
+    wg::setmaxnreg_dec<56>();
     // The Q tile: nope and rope, K-major; rows past the query rows are zero.
     for (int c = t; c < kRows * 32; c += 128) {
       const int r = c / 32, part = c % 32;
@@ -177,7 +185,7 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
     return;
   }
 
-  wg::setmaxnreg_inc<232>();
+  wg::setmaxnreg_inc<224>();
   const int c = wg - 1;  // output half
   const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
   const int rows_[2] = {row0 + 16 * warp + g, row0 + 16 * warp + g + 8};
@@ -196,45 +204,47 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
   wg::mbar_wait(sm.ring.qbar, 0);
   bool fault = false;
 
-  // Software pipeline over pages (FA3's intra-warpgroup overlap): QK(j) is issued, then PV(j - 1);
-  // the softmax of page j runs while PV(j - 1) is on the tensor cores, and QK(j) while the
-  // output is rescaled and PV(j - 1) issued. P is converted to e4m3 only when no wgmma is in
-  // flight: ptxas serializes all wgmma when an A operand is written while one is.
-  float sc[8][4];
-  uint32_t pa[2][4];
-  float rescale[2];
-  auto issue_qk = [&](int j) {
+  const int r0 = 16 * warp + g;
+  for (int j = 0; j < nblk; ++j) {
     const int s = j % kStages;
-    sm.ring.wait(j);
-    wg::fence();
-    // The whole QK in this warpgroup (both compute it: cheaper than exchanging partial sums,
-    // measured): the bf16 rope product first (the first one overwriting the accumulator),
-    // then the FP8 latent product, one accumulator.
-    wg::mma_64x64x16_bf16_ss_zero(sc, wg::desc(sm.qr, 128, 1024), wg::desc(sm.kr(s), 128, 1024));
-#pragma unroll
-    for (int ks = 1; ks < 4; ++ks)
-      wg::mma_64x64x16_bf16_ss(sc, wg::desc(sm.qr + ks * 256, 128, 1024), wg::desc(sm.kr(s) + ks * 256, 128, 1024));
-#pragma unroll
-    for (int kk = 0; kk < 16; ++kk)
-      wg::mma_64x64x32_e4m3_ss(sc, wg::desc(sm.qn + kk * 256, 128, 4096), wg::desc(sm.kl(s) + kk * 256, 128, 4096));
-    wg::commit();
-  };
-  auto softmax = [&](int j) {
     const int blk = w.begin + j * kPageSize;
     fault |= !page_ok(p, page_of(p, w, blk));
-    softmax_block<true>(st, sc, factor, vis, blk, sm.scale(j % kStages), q, rescale);
-    sm.ring.release(j);  // stage fully read (QK done, scales used)
-  };
-  auto convert_p = [&] {
+    sm.ring.wait(j);
+    // This warpgroup's half of S: tokens [32 c, 32 c + 32) of the page, all 64 rows. The bf16
+    // rope product first (the first MMA overwriting the accumulator), then the FP8 latent
+    // product, one accumulator.
+    float acc[4][4];
+    wg::fence();
+    wg::mma_64x32x16_bf16_ss_zero(acc, wg::desc(sm.qr, 128, 1024), wg::desc(sm.kr(s) + 4096 * c, 128, 1024));
 #pragma unroll
-    for (int ch = 0; ch < 2; ++ch) {
-      pa[ch][0] = e4m3x4(sc[4 * ch][0], sc[4 * ch][1], sc[4 * ch + 1][0], sc[4 * ch + 1][1]);
-      pa[ch][1] = e4m3x4(sc[4 * ch][2], sc[4 * ch][3], sc[4 * ch + 1][2], sc[4 * ch + 1][3]);
-      pa[ch][2] = e4m3x4(sc[4 * ch + 2][0], sc[4 * ch + 2][1], sc[4 * ch + 3][0], sc[4 * ch + 3][1]);
-      pa[ch][3] = e4m3x4(sc[4 * ch + 2][2], sc[4 * ch + 2][3], sc[4 * ch + 3][2], sc[4 * ch + 3][3]);
-    }
-  };
-  auto issue_pv = [&](int j) {
+    for (int ks = 1; ks < 4; ++ks)
+      wg::mma_64x32x16_bf16_ss(acc, wg::desc(sm.qr + ks * 256, 128, 1024),
+                               wg::desc(sm.kr(s) + 4096 * c + ks * 256, 128, 1024));
+#pragma unroll
+    for (int kk = 0; kk < 16; ++kk)
+      wg::mma_64x32x32_e4m3_ss(acc, wg::desc(sm.qn + kk * 256, 128, 4096),
+                               wg::desc(sm.kl(s) + 16384 * c + kk * 256, 128, 4096));
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operands(acc);
+
+    // Softmax across both halves (two exchanges; after the first, both consumers' QK of this
+    // page is done, so the rope tile may take P).
+    float pv[4][4], rescale[2];
+    softmax_block_half(st, acc, pv, factor, vis, blk + 32 * c, sm.scale(s) + 32 * c, q, r0, c,
+                       sm.xmax, sm.xpmax, rescale);
+    // This half's P / sigma as e4m3 into slots [32 c, 32 c + 32): token 8 n + 2 q + e of the
+    // half sits at slot 16 (n / 2) + 4 q + 2 (n % 2) + e, so each row's 4 bytes are one word.
+    uint8_t* pt = sm.p_tile(s);
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const uint32_t word = e4m3x4(pv[2 * hh][2 * ri], pv[2 * hh][2 * ri + 1], pv[2 * hh + 1][2 * ri],
+                                     pv[2 * hh + 1][2 * ri + 1]);
+        ptx::sts32(pt + km_offset(r0 + 8 * ri, 32 * c + 16 * hh + 4 * q, kPageSize), word);
+      }
+    wg::fence_proxy_async();  // P written with st.shared, read by wgmma
 #pragma unroll
     for (int n = 0; n < 32; ++n) {
       o[n][0] *= rescale[0];
@@ -242,36 +252,27 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
       o[n][2] *= rescale[1];
       o[n][3] *= rescale[1];
     }
+    ptx::named_barrier(1, 256);  // both halves of P are in place
     const uint8_t* vt = sm.vt(j, c);
     wg::mbar_wait(&sm.vt_full[j % kVtStages], (j / kVtStages) & 1);
     wg::fence_operands(o);
-    wg::fence_operands(pa);
     wg::fence();
-    wg::mma_64x256x32_e4m3_rs(o, pa[0], wg::desc(vt, 128, 512));
-    wg::mma_64x256x32_e4m3_rs(o, pa[1], wg::desc(vt + 256, 128, 512));
+    wg::mma_64x256x32_e4m3_ss(o, wg::desc(pt, 128, 512), wg::desc(vt, 128, 512));
+    wg::mma_64x256x32_e4m3_ss(o, wg::desc(pt + 256, 128, 512), wg::desc(vt + 256, 128, 512));
     wg::commit();
-  };
-  if (nblk > 0) {
-    issue_qk(0);
-    wg::wait<0>();
-    wg::fence_operands(sc);
-    softmax(0);
-    convert_p();
-    for (int j = 1; j < nblk; ++j) {
-      issue_qk(j);
-      issue_pv(j - 1);
-      wg::wait<1>();  // QK(j) done
-      wg::fence_operands(sc);
-      softmax(j);
-      wg::wait<0>();  // PV(j - 1) done
-      wg::fence_operands(o);
-      wg::mbar_arrive(&sm.vt_empty[(j - 1) % kVtStages]);
-      convert_p();
-    }
-    issue_pv(nblk - 1);
     wg::wait<0>();
     wg::fence_operands(o);
+    wg::mbar_arrive(&sm.vt_empty[j % kVtStages]);
+    sm.ring.release(j);  // stage fully read (QK, scales, and P in the rope tile)
   }
+  // Each consumer summed P over its half of the tokens: add the other half's sums.
+  if (q == 0) {
+    sm.xmax[c * kRows + r0] = st.l[0];
+    sm.xmax[c * kRows + r0 + 8] = st.l[1];
+  }
+  ptx::named_barrier(1, 256);
+  st.l[0] += sm.xmax[(1 - c) * kRows + r0];
+  st.l[1] += sm.xmax[(1 - c) * kRows + r0 + 8];
   write_rows<true>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "../../common/numeric.cuh"
+#include "../../common/ptx.cuh"
 
 namespace snapmla::cuda {
 
@@ -28,14 +29,15 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// s: raw QK accumulators in, P (kFp8: P' / sigma, ready for e4m3) out. kscale: the block's
-// 64 token scales (nullptr for BF16: all 1). rescale: what to multiply the output
-// accumulator by before adding this block's PV.
+// acc: raw QK accumulators in (only read, so a wgmma accumulator is never written by other
+// instructions, which would make ptxas serialize wgmma); s: P out (kFp8: P' / sigma, ready for
+// e4m3); the two may be the same array. kscale: the block's 64 token scales (nullptr for BF16:
+// all 1). rescale: what to multiply the output accumulator by before adding this block's PV.
 template <bool kFp8>
-__device__ __forceinline__ void softmax_block(SoftmaxState& st, float (&s)[8][4],
-                                              const float (&factor)[2], const int (&vis)[2],
-                                              int blk, const float* kscale, int q,
-                                              float (&rescale)[2]) {
+__device__ __forceinline__ void softmax_block(SoftmaxState& st, const float (&acc)[8][4],
+                                              float (&s)[8][4], const float (&factor)[2],
+                                              const int (&vis)[2], int blk, const float* kscale,
+                                              int q, float (&rescale)[2]) {
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     float mx = -INFINITY;
@@ -46,7 +48,7 @@ __device__ __forceinline__ void softmax_block(SoftmaxState& st, float (&s)[8][4]
         const int tok = 8 * n + 2 * q + (e & 1);
         float sc = -INFINITY;
         if (blk + tok < vis[ri]) {
-          sc = __fmul_rn(s[n][e], factor[ri]);
+          sc = __fmul_rn(acc[n][e], factor[ri]);
           if (kFp8) sc = __fmul_rn(sc, kscale[tok]);
         }
         s[n][e] = sc;
@@ -91,6 +93,97 @@ __device__ __forceinline__ void softmax_block(SoftmaxState& st, float (&s)[8][4]
       rescale[ri] = alpha;
     }
     st.m[ri] = m_new;
+  }
+}
+
+}  // namespace snapmla::cuda
+
+namespace snapmla::cuda {
+
+// The FP8 softmax of one 64-token block when the two consumer warpgroups each hold the scores
+// of half of its tokens (warpgroup c: tokens 32 c .. 32 c + 31 of the block) for the same 64
+// rows. The row max and the max of P' are exchanged through shared memory (xmax, xpmax:
+// [2][64] floats, row-indexed) across a 256-thread named barrier each, so both warpgroups
+// apply the same m, sigma and rescale factors; each keeps its own part of the running sum l
+// (the parts are added once, at the end). acc: this warpgroup's raw scores (m64n32 fragment:
+// tokens 8 n + 2 q + {0, 1}); s: P' / sigma out. tok0 = first token of this half, kscale its
+// 32 token scales, r0 = the thread's first row in the tile (16 warp + g).
+__device__ __forceinline__ void softmax_block_half(SoftmaxState& st, const float (&acc)[4][4],
+                                                   float (&s)[4][4], const float (&factor)[2],
+                                                   const int (&vis)[2], int tok0,
+                                                   const float* kscale, int q, int r0, int c,
+                                                   float* xmax, float* xpmax, float (&rescale)[2]) {
+  constexpr int kExchangeBarrier = 1;
+  float ks[4][2];
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+    const float2 v = *reinterpret_cast<const float2*>(kscale + 8 * n + 2 * q);
+    ks[n][0] = v.x;
+    ks[n][1] = v.y;
+  }
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int ri = e / 2, tok = 8 * n + 2 * q + (e & 1);
+      float sc = -INFINITY;
+      if (tok0 + tok < vis[ri]) sc = __fmul_rn(__fmul_rn(acc[n][e], factor[ri]), ks[n][e & 1]);
+      s[n][e] = sc;
+      mx[ri] = fmaxf(mx[ri], sc);
+    }
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) mx[ri] = quad_max(mx[ri]);
+  if (q == 0) {
+    xmax[c * 64 + r0] = mx[0];
+    xmax[c * 64 + r0 + 8] = mx[1];
+  }
+  ptx::named_barrier(kExchangeBarrier, 256);
+  float m_new[2], sum[2] = {0.f, 0.f}, pmax[2] = {0.f, 0.f};
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    mx[ri] = fmaxf(mx[ri], xmax[(1 - c) * 64 + r0 + 8 * ri]);
+    m_new[ri] = fmaxf(st.m[ri], mx[ri]);  // -inf only if nothing was ever visible
+  }
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int ri = e / 2;
+      // exp(-inf) = 0 for masked tokens; a row with nothing visible yet gets 0 everywhere.
+      const float pe = mx[ri] == -INFINITY ? 0.f : fast_exp(s[n][e] - m_new[ri]);
+      sum[ri] += pe;
+      const float pv = __fmul_rn(pe, ks[n][e & 1]);
+      pmax[ri] = fmaxf(pmax[ri], pv);
+      s[n][e] = pv;
+    }
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    sum[ri] = quad_sum(sum[ri]);
+    pmax[ri] = quad_max(pmax[ri]);
+  }
+  if (q == 0) {
+    xpmax[c * 64 + r0] = pmax[0];
+    xpmax[c * 64 + r0 + 8] = pmax[1];
+  }
+  ptx::named_barrier(kExchangeBarrier, 256);
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    if (mx[ri] == -INFINITY) {  // nothing visible in this block for this row: state unchanged
+      rescale[ri] = 1.f;
+      continue;
+    }
+    pmax[ri] = fmaxf(pmax[ri], xpmax[(1 - c) * 64 + r0 + 8 * ri]);
+    const float alpha = fast_exp(st.m[ri] - m_new[ri]);
+    const DevScale sig = device_token_scale(pmax[ri]);
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e = 2 * ri; e < 2 * ri + 2; ++e) s[n][e] = __fmul_rn(s[n][e], sig.inv_scale);
+    st.l[ri] = st.l[ri] * alpha + sum[ri];
+    rescale[ri] = alpha * __fdiv_rn(st.sigma[ri], sig.scale);
+    st.sigma[ri] = sig.scale;
+    st.m[ri] = m_new[ri];
   }
 }
 
