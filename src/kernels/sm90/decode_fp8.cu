@@ -30,6 +30,12 @@ namespace {
 constexpr int kStages = 3;    // pages in flight (K-major latent, rope, scales)
 constexpr int kVtStages = 2;  // transposed latents (V^T) ready for PV
 constexpr int kRows = 64;
+// The producer warpgroup's two roles, two warps each, so that loads never wait on the
+// transposition: kLoaders threads stream pages into the ring as fast as it frees up;
+// kTransposers threads turn each landed page's latent into V^T (stage i % kVtStages, once PV
+// of the page that used it is done) and then count as readers of the page's stage.
+constexpr int kLoaders = 64, kTransposers = 64;
+
 // Byte sizes of the shared-memory tiles (K-major, 8 x 16 B core matrices, 128 B each).
 constexpr int kQnBytes = kRows * kLatentDim;       // 32 KB, SBO 4096
 constexpr int kQrBytes = kRows * kRopeDim * 2;     // 8 KB, SBO 1024
@@ -76,7 +82,7 @@ struct Smem {
   __device__ uint8_t* vt(int j, int c) const { return vt_base + ((j % kVtStages) * 2 + c) * kVtBytes; }
   __device__ void init_vt() const {
     for (int v = 0; v < kVtStages; ++v) {
-      wg::mbar_init(&vt_full[v], 128);
+      wg::mbar_init(&vt_full[v], kTransposers);
       wg::mbar_init(&vt_empty[v], 256);
     }
   }
@@ -86,19 +92,19 @@ struct Smem {
 // past the split end are zero-filled, and so is everything for an out-of-range page index
 // (the consumers see the same index and turn their rows into NaN).
 __device__ __forceinline__ void load_page(const DecodeParams& p, const Work& w, int blk,
-                                          const Smem& sm, int s, int t) {
+                                          const Smem& sm, int s, int t, int nthreads) {
   const int32_t page = page_of(p, w, blk);
   const bool ok = page_ok(p, page);
   const int ntok = ok ? min(kPageSize, w.end - blk) : 0;
   const int64_t slot0 = int64_t(ok ? page : 0) * kPageSize;
   uint8_t* kl = sm.kl(s);
   uint8_t* kr = sm.kr(s);
-  for (int c = t; c < kPageSize * 32; c += 128) {
+  for (int c = t; c < kPageSize * 32; c += nthreads) {
     const int tok = c / 32, part = c % 32;
     ptx::cp_async_16(kl + km_offset(tok, part * 16, kLatentDim), p.latent + (slot0 + tok) * kLatentDim + part * 16,
                      tok < ntok);
   }
-  for (int c = t; c < kPageSize * 8; c += 128) {
+  for (int c = t; c < kPageSize * 8; c += nthreads) {
     const int tok = c / 8, part = c % 8;
     ptx::cp_async_16(kr + km_offset(tok, part * 16, kRopeDim * 2),
                      reinterpret_cast<const uint8_t*>(p.k_rope + (slot0 + tok) * kRopeDim) + part * 16, tok < ntok);
@@ -109,11 +115,11 @@ __device__ __forceinline__ void load_page(const DecodeParams& p, const Work& w, 
 // The latent of one page (64 tokens x 512 dims, K-major) -> V^T for PV: two halves of 256 dims
 // x 64 token slots, K-major, slot 16 h + 4 q + j of 32-token chunk k holding token
 // 32 k + 16 h + {2q, 2q+1, 2q+8, 2q+9}[j]: the order of P's register fragment, so P feeds PV
-// from registers. Warp w of the producer moves tokens [16 w, 16 w + 16): per step 32 dims with
+// from registers. This moves tokens [16 w, 16 w + 16) for one warp: per step 32 dims with
 // one transposing ldmatrix (b16 units: two tokens x two dims per register), then byte
 // permutes split the dim pairs and four 4-byte stores write four dims' 4-token words.
-__device__ __forceinline__ void transpose_page_latent(const uint8_t* kl, uint8_t* vt, int t) {
-  const int w = t / 32, lane = t % 32, m = lane / 8;
+__device__ __forceinline__ void transpose_tokens16(const uint8_t* kl, uint8_t* vt, int w, int lane) {
+  const int m = lane / 8;
   const int token = 16 * w + (m % 2) * 8 + lane % 8;
   const uint8_t* src = kl + (token / 8) * (kLatentDim * 8) + (m / 2) * 128 + (token % 8) * 16;
   const int c = lane / 4, q = lane % 4;
@@ -130,17 +136,16 @@ __device__ __forceinline__ void transpose_page_latent(const uint8_t* kl, uint8_t
   }
 }
 
-// Producer: page i's latent, once its copies landed, transposed into V^T stage i % kVtStages
-// (both halves) when the consumers are done with the page that used it before.
 __device__ __forceinline__ void transpose_page(const Smem& sm, int i, int t) {
   sm.ring.wait(i);
   if (i >= kVtStages) wg::mbar_wait(&sm.vt_empty[i % kVtStages], ((i / kVtStages) - 1) & 1);
-  transpose_page_latent(sm.kl(i % kStages), sm.vt(i, 0), t);
+  const int w = t / 32, lane = t % 32;
+#pragma unroll
+  for (int k = 0; k < kPageSize / 16 / (kTransposers / 32); ++k)
+    transpose_tokens16(sm.kl(i % kStages), sm.vt(i, 0), w + k * (kTransposers / 32), lane);
   wg::fence_proxy_async();  // V^T written with st.shared, read by wgmma (async proxy)
   wg::mbar_arrive(&sm.vt_full[i % kVtStages]);
-  // The stage's latent may be overwritten by the next load into it only after every producer
-  // thread has read it.
-  ptx::named_barrier(2, 128);
+  sm.ring.release(i);       // done reading the stage's latent
 }
 
 __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
@@ -152,21 +157,25 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
   const int row0 = blockIdx.y * kRows;
   const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
   if (threadIdx.x == 0) {
-    sm.ring.init();
+    sm.ring.init(kLoaders, 256 + kTransposers);
     sm.init_vt();
   }
   __syncthreads();
 
   if (wg == 0) {
     wg::setmaxnreg_dec<56>();
+    if (t >= kLoaders) {
+      for (int i = 0; i < nblk; ++i) transpose_page(sm, i, t - kLoaders);
+      return;
+    }
     // The Q tile: nope and rope, K-major; rows past the query rows are zero.
-    for (int c = t; c < kRows * 32; c += 128) {
+    for (int c = t; c < kRows * 32; c += kLoaders) {
       const int r = c / 32, part = c % 32;
       const bool ok = row0 + r < p.rows;
       const int64_t row = int64_t(w.seq) * p.rows + (ok ? row0 + r : 0);
       ptx::cp_async_16(sm.qn + km_offset(r, part * 16, kLatentDim), p.q_nope + row * kLatentDim + part * 16, ok);
     }
-    for (int c = t; c < kRows * 8; c += 128) {
+    for (int c = t; c < kRows * 8; c += kLoaders) {
       const int r = c / 8, part = c % 8;
       const bool ok = row0 + r < p.rows;
       const int64_t row = int64_t(w.seq) * p.rows + (ok ? row0 + r : 0);
@@ -174,14 +183,11 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
                        reinterpret_cast<const uint8_t*>(p.q_rope + row * kRopeDim) + part * 16, ok);
     }
     wg::cp_async_arrive(sm.ring.qbar);
-    // Loads run one page ahead of the transposition.
     for (int j = 0; j < nblk; ++j) {
       sm.ring.acquire(j);
-      load_page(p, w, w.begin + j * kPageSize, sm, j % kStages, t);
+      load_page(p, w, w.begin + j * kPageSize, sm, j % kStages, t, kLoaders);
       sm.ring.produced(j);
-      if (j >= 1) transpose_page(sm, j - 1, t);
     }
-    if (nblk > 0) transpose_page(sm, nblk - 1, t);
     return;
   }
 

@@ -26,9 +26,9 @@ __device__ __forceinline__ bool page_ok(const DecodeParams& p, int32_t page) {
 // mbarriers of a kStages ring plus one for the Q tile, in shared memory.
 template <int kStages>
 struct PageRing {
-  uint64_t* full;   // [kStages]: 128 producer arrivals (cp.async completion)
-  uint64_t* empty;  // [kStages]: 256 consumer arrivals
-  uint64_t* qbar;   // 128 producer arrivals
+  uint64_t* full;   // [kStages]: one arrival per loading thread (cp.async completion)
+  uint64_t* empty;  // [kStages]: one arrival per thread that reads the stage
+  uint64_t* qbar;   // one arrival per loading thread
   static constexpr int kBytes = (2 * kStages + 1) * 8;
 
   __device__ explicit PageRing(void* at) {
@@ -36,12 +36,13 @@ struct PageRing {
     empty = full + kStages;
     qbar = empty + kStages;
   }
-  __device__ void init() const {  // one thread, before a __syncthreads
+  // One thread, before a __syncthreads. Default: 128 loading threads, 256 consumer readers.
+  __device__ void init(uint32_t loaders = 128, uint32_t readers = 256) const {
     for (int s = 0; s < kStages; ++s) {
-      wg::mbar_init(&full[s], 128);
-      wg::mbar_init(&empty[s], 256);
+      wg::mbar_init(&full[s], loaders);
+      wg::mbar_init(&empty[s], readers);
     }
-    wg::mbar_init(qbar, 128);
+    wg::mbar_init(qbar, loaders);
   }
   // Producer: wait until page j's stage is free.
   __device__ void acquire(int j) const {
@@ -51,7 +52,7 @@ struct PageRing {
   __device__ void produced(int j) const { wg::cp_async_arrive(&full[j % kStages]); }
   // Consumers: wait until page j is in its stage.
   __device__ void wait(int j) const { wg::mbar_wait(&full[j % kStages], (j / kStages) & 1); }
-  // Consumers: done reading page j's stage.
+  // Readers: done reading page j's stage.
   __device__ void release(int j) const { wg::mbar_arrive(&empty[j % kStages]); }
 };
 
