@@ -18,6 +18,14 @@ __device__ __forceinline__ uint64_t desc(const void* smem, uint32_t lbo, uint32_
          (uint64_t((sbo >> 4) & 0x3FFF) << 32);
 }
 
+// K-major operand in the 128-byte swizzle layout TMA writes (rows of 128 B, 16-byte chunks
+// XOR-ed with the row index mod 8, 1024 B per 8 rows): SBO = 1024, LBO unused; the tile must
+// be 1024-byte aligned, and a K offset inside the 128-byte row is added to the start address.
+__device__ __forceinline__ uint64_t desc_sw128(const void* smem) {
+  const uint64_t a = ptx::smem_addr(smem);
+  return ((a & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
@@ -49,6 +57,27 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
 __device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(ptx::smem_addr(bar)) : "memory");
 }
+// Arrive and add `bytes` to the transaction count the current phase waits for (TMA).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(ptx::smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+// TMA: a 2-D box of `tmap` at (x, y) into shared memory, completing on `bar`.
+__device__ __forceinline__ void tma_load_2d(void* dst, const void* tmap, int x, int y, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          ptx::smem_addr(dst)),
+      "l"(tmap), "r"(x), "r"(y), "r"(ptx::smem_addr(bar))
+      : "memory");
+}
+// Bulk copy of `bytes` contiguous bytes (a multiple of 16, both ends 16-byte aligned).
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   ptx::smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(ptx::smem_addr(bar))
+               : "memory");
+}
+
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   asm volatile(
       "{\n"

@@ -12,7 +12,11 @@
 //        cheaper, as measured, than splitting it and exchanging partial sums.
 // Shared-memory operands use the no-swizzle K-major layout (wgmma.cuh). History and
 // measurements: docs/kernels.md.
+#include <cuda.h>
 #include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
 
 #include "../common/check.cuh"
 #include "../common/ptx.cuh"
@@ -41,13 +45,15 @@ constexpr int kQnBytes = kRows * kLatentDim;       // 32 KB, SBO 4096
 constexpr int kQrBytes = kRows * kRopeDim * 2;     // 8 KB, SBO 1024
 constexpr int kKlBytes = kPageSize * kLatentDim;   // 32 KB
 constexpr int kKrBytes = kPageSize * kRopeDim * 2; // 8 KB
-constexpr int kStageBytes = kKlBytes + kKrBytes + kPageSize * 4;
+constexpr int kStageBytes = kKlBytes + kKrBytes;  // 1024-aligned tiles (128-byte swizzle)
+constexpr int kLatentBox = 128;                   // TMA box: 64 tokens x 128 bytes of latent
 constexpr int kVtBytes = 256 * kPageSize;          // one half: 256 dims x 64 tokens, SBO 512
 using Ring = PageRing<kStages>;
 constexpr int kVtBarBytes = 2 * kVtStages * 8;
 constexpr int kXchgBytes = 2 * 2 * kRows * 4;  // row maxima of S and of P', per warpgroup
+constexpr int kScaleBytes = kPageSize * 4;
 constexpr int kSmemBytes = kQnBytes + kQrBytes + kStages * kStageBytes + kVtStages * 2 * kVtBytes +
-                           Ring::kBytes + kVtBarBytes + kXchgBytes;
+                           kStages * kScaleBytes + Ring::kBytes + kVtBarBytes + kXchgBytes;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 
 struct Smem {
@@ -55,6 +61,7 @@ struct Smem {
   uint8_t* qr;
   uint8_t* stage;
   uint8_t* vt_base;
+  float* scales;  // [kStages][64]
   Ring ring;
   uint64_t* vt_full;   // [kVtStages]: 128 producer arrivals (V^T written)
   uint64_t* vt_empty;  // [kVtStages]: 256 consumer arrivals (PV done reading)
@@ -65,8 +72,9 @@ struct Smem {
         qr(base + kQnBytes),
         stage(base + kQnBytes + kQrBytes),
         vt_base(stage + kStages * kStageBytes),
-        ring(vt_base + kVtStages * 2 * kVtBytes),
-        vt_full(reinterpret_cast<uint64_t*>(vt_base + kVtStages * 2 * kVtBytes + Ring::kBytes)),
+        scales(reinterpret_cast<float*>(vt_base + kVtStages * 2 * kVtBytes)),
+        ring(scales + kStages * kPageSize),
+        vt_full(reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(scales + kStages * kPageSize) + Ring::kBytes)),
         vt_empty(vt_full + kVtStages),
         xmax(reinterpret_cast<float*>(vt_empty + kVtStages)),
         xpmax(xmax + 2 * kRows) {}
@@ -75,9 +83,7 @@ struct Smem {
   // The page's P / sigma as e4m3 [64 rows x 64 slots] (K-major, in V^T's slot order), written
   // over the stage's rope tile once both consumers' QK of the page is done with it.
   __device__ uint8_t* p_tile(int s) const { return kr(s); }
-  __device__ float* scale(int s) const {
-    return reinterpret_cast<float*>(stage + s * kStageBytes + kKlBytes + kKrBytes);
-  }
+  __device__ float* scale(int s) const { return scales + s * kPageSize; }
   // V^T of page j, output half c (the halves are contiguous).
   __device__ uint8_t* vt(int j, int c) const { return vt_base + ((j % kVtStages) * 2 + c) * kVtBytes; }
   __device__ void init_vt() const {
@@ -88,28 +94,28 @@ struct Smem {
   }
 };
 
-// Producer: the page holding tokens [blk, blk + 64) into stage s (K-major tiles). Tokens at or
-// past the split end are zero-filled, and so is everything for an out-of-range page index
-// (the consumers see the same index and turn their rows into NaN).
-__device__ __forceinline__ void load_page(const DecodeParams& p, const Work& w, int blk,
-                                          const Smem& sm, int s, int t, int nthreads) {
+// Loader (one thread): the page holding tokens [blk, blk + 64) into stage s: four TMA boxes of
+// latent (64 tokens x 128 bytes each, 128-byte swizzle), one of rope, and the 64 scales as a
+// bulk copy, all completing on the stage's `full` barrier with their byte count. An
+// out-of-range page index loads nothing (the stage keeps stale data): the consumers see the
+// same index and turn their rows into NaN. Tokens past the split end are loaded as they are in the cache; the
+// transposer zeroes them in V^T and the softmax masks them.
+__device__ __forceinline__ void load_page(const DecodeParams& p, const CUtensorMap* tm_latent,
+                                          const CUtensorMap* tm_rope, const Work& w, int blk,
+                                          const Smem& sm, int s) {
   const int32_t page = page_of(p, w, blk);
-  const bool ok = page_ok(p, page);
-  const int ntok = ok ? min(kPageSize, w.end - blk) : 0;
-  const int64_t slot0 = int64_t(ok ? page : 0) * kPageSize;
-  uint8_t* kl = sm.kl(s);
-  uint8_t* kr = sm.kr(s);
-  for (int c = t; c < kPageSize * 32; c += nthreads) {
-    const int tok = c / 32, part = c % 32;
-    ptx::cp_async_16(kl + km_offset(tok, part * 16, kLatentDim), p.latent + (slot0 + tok) * kLatentDim + part * 16,
-                     tok < ntok);
+  uint64_t* bar = &sm.ring.full[s];
+  if (!page_ok(p, page)) {  // nothing to copy: complete the phase with the arrival alone
+    wg::mbar_arrive_expect_tx(bar, 0);
+    return;
   }
-  for (int c = t; c < kPageSize * 8; c += nthreads) {
-    const int tok = c / 8, part = c % 8;
-    ptx::cp_async_16(kr + km_offset(tok, part * 16, kRopeDim * 2),
-                     reinterpret_cast<const uint8_t*>(p.k_rope + (slot0 + tok) * kRopeDim) + part * 16, tok < ntok);
-  }
-  if (t < kPageSize) ptx::cp_async_4(sm.scale(s) + t, p.k_scale + slot0 + t, t < ntok);
+  const int y = page * kPageSize;
+  wg::mbar_arrive_expect_tx(bar, kKlBytes + kKrBytes + kScaleBytes);
+#pragma unroll
+  for (int b = 0; b < kLatentDim / kLatentBox; ++b)
+    wg::tma_load_2d(sm.kl(s) + b * (kPageSize * kLatentBox), tm_latent, b * kLatentBox, y, bar);
+  wg::tma_load_2d(sm.kr(s), tm_rope, 0, y, bar);
+  wg::bulk_load(sm.scale(s), p.k_scale + int64_t(page) * kPageSize, kScaleBytes, bar);
 }
 
 // The latent of one page (64 tokens x 512 dims, K-major) -> V^T for PV: two halves of 256 dims
@@ -118,37 +124,47 @@ __device__ __forceinline__ void load_page(const DecodeParams& p, const Work& w, 
 // from registers. This moves tokens [16 w, 16 w + 16) for one warp: per step 32 dims with
 // one transposing ldmatrix (b16 units: two tokens x two dims per register), then byte
 // permutes split the dim pairs and four 4-byte stores write four dims' 4-token words.
-__device__ __forceinline__ void transpose_tokens16(const uint8_t* kl, uint8_t* vt, int w, int lane) {
+__device__ __forceinline__ void transpose_tokens16(const uint8_t* kl, uint8_t* vt, int w, int lane,
+                                                   int ntok) {
   const int m = lane / 8;
   const int token = 16 * w + (m % 2) * 8 + lane % 8;
-  const uint8_t* src = kl + (token / 8) * (kLatentDim * 8) + (m / 2) * 128 + (token % 8) * 16;
+  // The latent tile as TMA wrote it: box b = bytes [128 b, 128 b + 128) of each token's row,
+  // 128 bytes per token, 16-byte chunk k of row t at chunk k ^ (t % 8).
+  const uint8_t* row = kl + token * kLatentBox;
   const int c = lane / 4, q = lane % 4;
   uint8_t* dst = vt + (c / 4) * 512 + ((2 * c) % 8) * 16 + w * 128 + 4 * q;
+  // Bytes of tokens at or past the split end are zeroed (P is 0 there, but V may be NaN).
+  const int t0 = 16 * w + 2 * q;
+  const uint32_t keep = (t0 < ntok ? 0xFFu : 0u) | (t0 + 1 < ntok ? 0xFF00u : 0u) |
+                        (t0 + 8 < ntok ? 0xFF0000u : 0u) | (t0 + 9 < ntok ? 0xFF000000u : 0u);
 #pragma unroll 4
   for (int i = 0; i < kLatentDim / 32; ++i) {
+    const int chunk = (2 * i + m / 2) % 8;  // 16-byte chunk within the box row
     uint32_t r[4];
-    ptx::ldsm_x4_trans(src + i * 256, r);
+    ptx::ldsm_x4_trans(row + (i / 4) * (kPageSize * kLatentBox) + ((chunk ^ (token % 8)) * 16), r);
     uint8_t* d = dst + i * 2048;
-    ptx::sts32(d, ptx::prmt(r[0], r[1], 0x6420));
-    ptx::sts32(d + 16, ptx::prmt(r[0], r[1], 0x7531));
-    ptx::sts32(d + 1024, ptx::prmt(r[2], r[3], 0x6420));
-    ptx::sts32(d + 1040, ptx::prmt(r[2], r[3], 0x7531));
+    ptx::sts32(d, ptx::prmt(r[0], r[1], 0x6420) & keep);
+    ptx::sts32(d + 16, ptx::prmt(r[0], r[1], 0x7531) & keep);
+    ptx::sts32(d + 1024, ptx::prmt(r[2], r[3], 0x6420) & keep);
+    ptx::sts32(d + 1040, ptx::prmt(r[2], r[3], 0x7531) & keep);
   }
 }
 
-__device__ __forceinline__ void transpose_page(const Smem& sm, int i, int t) {
+__device__ __forceinline__ void transpose_page(const Smem& sm, int i, int t, int ntok) {
   sm.ring.wait(i);
   if (i >= kVtStages) wg::mbar_wait(&sm.vt_empty[i % kVtStages], ((i / kVtStages) - 1) & 1);
   const int w = t / 32, lane = t % 32;
 #pragma unroll
   for (int k = 0; k < kPageSize / 16 / (kTransposers / 32); ++k)
-    transpose_tokens16(sm.kl(i % kStages), sm.vt(i, 0), w + k * (kTransposers / 32), lane);
+    transpose_tokens16(sm.kl(i % kStages), sm.vt(i, 0), w + k * (kTransposers / 32), lane, ntok);
   wg::fence_proxy_async();  // V^T written with st.shared, read by wgmma (async proxy)
   wg::mbar_arrive(&sm.vt_full[i % kVtStages]);
   sm.ring.release(i);       // done reading the stage's latent
 }
 
-__global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
+__global__ void __launch_bounds__(384, 1)
+    decode_fp8_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
+                      const __grid_constant__ CUtensorMap tm_rope) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   Work w;
   if (!find_work(p, blockIdx.x, w)) return;
@@ -157,7 +173,8 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
   const int row0 = blockIdx.y * kRows;
   const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
   if (threadIdx.x == 0) {
-    sm.ring.init(kLoaders, 256 + kTransposers);
+    if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
+    sm.ring.init(1, 256 + kTransposers, kLoaders);
     sm.init_vt();
   }
   __syncthreads();
@@ -165,7 +182,10 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
   if (wg == 0) {
     wg::setmaxnreg_dec<56>();
     if (t >= kLoaders) {
-      for (int i = 0; i < nblk; ++i) transpose_page(sm, i, t - kLoaders);
+      for (int i = 0; i < nblk; ++i) {
+        const int blk = w.begin + i * kPageSize;
+        transpose_page(sm, i, t - kLoaders, page_ok(p, page_of(p, w, blk)) ? min(kPageSize, w.end - blk) : 0);
+      }
       return;
     }
     // The Q tile: nope and rope, K-major; rows past the query rows are zero.
@@ -183,10 +203,11 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
                        reinterpret_cast<const uint8_t*>(p.q_rope + row * kRopeDim) + part * 16, ok);
     }
     wg::cp_async_arrive(sm.ring.qbar);
-    for (int j = 0; j < nblk; ++j) {
-      sm.ring.acquire(j);
-      load_page(p, w, w.begin + j * kPageSize, sm, j % kStages, t, kLoaders);
-      sm.ring.produced(j);
+    if (t == 0) {
+      for (int j = 0; j < nblk; ++j) {
+        sm.ring.acquire(j);
+        load_page(p, &tm_latent, &tm_rope, w, w.begin + j * kPageSize, sm, j % kStages);
+      }
     }
     return;
   }
@@ -221,15 +242,17 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
     // product, one accumulator.
     float acc[4][4];
     wg::fence();
-    wg::mma_64x32x16_bf16_ss_zero(acc, wg::desc(sm.qr, 128, 1024), wg::desc(sm.kr(s) + 4096 * c, 128, 1024));
+    // K tiles as TMA wrote them (128-byte swizzle, 128 bytes per token row): this half's 32
+    // tokens start 32 rows in; a K step moves 32 bytes along the row, or to the next box.
+    wg::mma_64x32x16_bf16_ss_zero(acc, wg::desc(sm.qr, 128, 1024), wg::desc_sw128(sm.kr(s) + 4096 * c));
 #pragma unroll
     for (int ks = 1; ks < 4; ++ks)
       wg::mma_64x32x16_bf16_ss(acc, wg::desc(sm.qr + ks * 256, 128, 1024),
-                               wg::desc(sm.kr(s) + 4096 * c + ks * 256, 128, 1024));
+                               wg::desc_sw128(sm.kr(s) + 4096 * c + ks * 32));
 #pragma unroll
     for (int kk = 0; kk < 16; ++kk)
       wg::mma_64x32x32_e4m3_ss(acc, wg::desc(sm.qn + kk * 256, 128, 4096),
-                               wg::desc(sm.kl(s) + 16384 * c + kk * 256, 128, 4096));
+                               wg::desc_sw128(sm.kl(s) + (kk / 4) * (kPageSize * kLatentBox) + 4096 * c + (kk % 4) * 32));
     wg::commit();
     wg::wait<0>();
     wg::fence_operands(acc);
@@ -282,6 +305,41 @@ __global__ void __launch_bounds__(384, 1) decode_fp8_kernel(DecodeParams p) {
   write_rows<true>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
 }
 
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// The driver's tensor-map encoder, through the runtime (no link against libcuda).
+EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found),
+          "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)");
+    if (f == nullptr || found != cudaDriverEntryPointSuccess)
+      throw std::runtime_error("snapmla: the CUDA driver has no cuTensorMapEncodeTiled (needs CUDA 12+)");
+    return reinterpret_cast<EncodeTiled>(f);
+  }();
+  return fn;
+}
+
+// A 2-D map over one cache plane seen as [rows, row_bytes]: boxes of 64 rows x 128 bytes with the
+// 128-byte swizzle the wgmma descriptors expect. A plane with no pages gets an unused dummy.
+CUtensorMap plane_map(const void* base, int64_t rows, int row_bytes, CUtensorMapDataType type, int elem_bytes) {
+  CUtensorMap m{};
+  if (rows == 0) return m;  // no page index is valid: the loader never issues a copy
+  const cuuint64_t dims[2] = {cuuint64_t(row_bytes / elem_bytes), cuuint64_t(rows)};
+  const cuuint64_t strides[1] = {cuuint64_t(row_bytes)};
+  const cuuint32_t box[2] = {cuuint32_t(kLatentBox / elem_bytes), cuuint32_t(kPageSize)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  const CUresult r = encode_tiled()(&m, type, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
+                                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    throw std::runtime_error("snapmla: cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
+  return m;
+}
+
 }  // namespace
 
 void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
@@ -299,7 +357,10 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
   check(cudaFuncSetAttribute(decode_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
         "cudaFuncSetAttribute(decode_fp8_kernel)");
   const dim3 grid(options.plan ? options.plan->capacity : p.batch, (p.rows + kRows - 1) / kRows);
-  decode_fp8_kernel<<<grid, 384, kSmemBytes, stream>>>(p);
+  const int64_t rows = cache.num_pages * kPageSize;
+  const CUtensorMap tm_latent = plane_map(cache.latent, rows, kLatentDim, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1);
+  const CUtensorMap tm_rope = plane_map(cache.rope, rows, kRopeDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
+  decode_fp8_kernel<<<grid, 384, kSmemBytes, stream>>>(p, tm_latent, tm_rope);
   check_launch("decode_fp8_kernel");
   if (options.plan) combine(combine_params(p), stream);
 }

@@ -36,13 +36,14 @@ struct PageRing {
     empty = full + kStages;
     qbar = empty + kStages;
   }
-  // One thread, before a __syncthreads. Default: 128 loading threads, 256 consumer readers.
-  __device__ void init(uint32_t loaders = 128, uint32_t readers = 256) const {
+  // One thread, before a __syncthreads. Default: 128 loading threads (cp.async), 256 consumer
+  // readers; a TMA producer has one page arrival (with the bytes) and its own Q loaders.
+  __device__ void init(uint32_t loaders = 128, uint32_t readers = 256, uint32_t q_loaders = 0) const {
     for (int s = 0; s < kStages; ++s) {
       wg::mbar_init(&full[s], loaders);
       wg::mbar_init(&empty[s], readers);
     }
-    wg::mbar_init(qbar, loaders);
+    wg::mbar_init(qbar, q_loaders ? q_loaders : loaders);
   }
   // Producer: wait until page j's stage is free.
   __device__ void acquire(int j) const {

@@ -151,9 +151,10 @@ __device__ __forceinline__ void softmax_block_half(SoftmaxState& st, const float
     for (int e = 0; e < 4; ++e) {
       const int ri = e / 2;
       // exp(-inf) = 0 for masked tokens; a row with nothing visible yet gets 0 everywhere.
-      const float pe = mx[ri] == -INFINITY ? 0.f : fast_exp(s[n][e] - m_new[ri]);
+      const bool seen = s[n][e] != -INFINITY;  // masked tokens' scales may be anything
+      const float pe = seen ? fast_exp(s[n][e] - m_new[ri]) : 0.f;
       sum[ri] += pe;
-      const float pv = __fmul_rn(pe, ks[n][e & 1]);
+      const float pv = seen ? __fmul_rn(pe, ks[n][e & 1]) : 0.f;
       pmax[ri] = fmaxf(pmax[ri], pv);
       s[n][e] = pv;
     }
