@@ -1,17 +1,18 @@
-// decode_fp8 (version 3): warpgroup MMAs and a warp-specialized page pipeline.
+// decode_fp8 (version 6): TMA page pipeline, warp-specialized, token-split consumers.
 //
 // CTA = one split of one sequence x 64 query rows (one wgmma M tile), 3 warpgroups:
-//   WG0  producer: copies the Q tile once, then streams pages into a 3-stage ring (cp.async
-//        completing on mbarriers), and one page behind the loads transposes each page's latent
-//        into a 2-stage V^T ring (ldmatrix.trans + byte permutes) for PV.
-//   WG1, WG2  consumers, one per half of the 512 output dims. Each computes the whole QK
-//        (QGMMA m64n64k32 over the latent, HGMMA m64n64k16 over the rope, Q and K from shared
-//        memory, one accumulator), runs the online softmax (decode/softmax.cuh), quantizes
-//        P' / sigma to e4m3 in registers, and accumulates PV for its 256 dims (QGMMA
-//        m64n256k32, P from registers, V^T from shared memory). Both compute the same QK:
-//        cheaper, as measured, than splitting it and exchanging partial sums.
-// Shared-memory operands use the no-swizzle K-major layout (wgmma.cuh). History and
-// measurements: docs/kernels.md.
+//   WG0  producer. Warps 0-1 load: the Q tile once (cp.async), then one thread streams pages
+//        into a 3-stage ring with TMA (latent and rope as 64 x 128-byte boxes with 128-byte
+//        swizzle, the 64 scales as a bulk copy), completing on the stage's mbarrier. Warps 2-3
+//        transpose each landed page's latent into a 2-stage V^T ring (ldmatrix.trans + byte
+//        permutes), zeroing tokens past the split end.
+//   WG1, WG2  consumers. Consumer c computes S for tokens [32 c, 32 c + 32) of the page and all
+//        64 rows (HGMMA m64n32k16 over the rope, QGMMA m64n32k32 over the latent, one
+//        accumulator); the row max and the max of P' are exchanged through shared memory, so
+//        both apply the same m, sigma and rescale; each writes its half of P' / sigma as e4m3
+//        into shared memory (over the page's rope tile, free by then), and accumulates PV for
+//        its 256 output dims (QGMMA m64n256k32, P and V^T from shared memory).
+// History, measurements and what bounds it: docs/kernels.md.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
