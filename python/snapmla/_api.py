@@ -12,7 +12,7 @@ import functools
 from typing import Any, NamedTuple, Optional
 
 from . import _C
-from ._frameworks import current_stream, device_index, empty, is_cuda, raw
+from ._frameworks import bits_view, current_stream, device_index, empty, is_cuda, raw
 
 SnapMLAError = _C.SnapMLAError
 LATENT_DIM, ROPE_DIM, HEAD_DIM, PAGE_SIZE = _C.LATENT_DIM, _C.ROPE_DIM, _C.HEAD_DIM, _C.PAGE_SIZE
@@ -103,7 +103,7 @@ def alloc_bf16_cache(num_pages: int, like: Any):
 
 
 def _zero(x: Any) -> None:
-    r = raw(x)  # float8 has no fill in every framework; its bytes do
+    r = bits_view(x)  # float8 has no fill in every framework; its bytes do
     if hasattr(r, "zero_"):
         r.zero_()
     else:
@@ -117,9 +117,9 @@ def append(cache: Any, kv: Any, slots: Any, *, stream: Optional[int] = None) -> 
     skip). A PagedFp8Cache quantizes on write; a plain array is the BF16 cache [P, 64, 576]."""
     s = current_stream(kv, stream)
     if isinstance(cache, PagedFp8Cache):
-        _C.append_fp8(raw(kv), slots, raw(cache.latent), cache.scale, raw(cache.rope), s)
+        _C.append_fp8(raw(kv), raw(slots), raw(cache.latent), raw(cache.scale), raw(cache.rope), s)
     else:
-        _C.append_bf16(raw(kv), slots, raw(cache), s)
+        _C.append_bf16(raw(kv), raw(slots), raw(cache), s)
 
 
 def quantize_query(q: Any, *, out: Optional[QuantizedQuery] = None,
@@ -129,7 +129,7 @@ def quantize_query(q: Any, *, out: Optional[QuantizedQuery] = None,
         lead = tuple(q.shape[:-1])
         out = QuantizedQuery(empty(q, lead + (LATENT_DIM,), "e4m3"), empty(q, lead + (ROPE_DIM,), "bf16"),
                              empty(q, lead, "f32"))
-    _C.quantize_query(raw(q), raw(out.nope), raw(out.rope), out.scale, current_stream(q, stream))
+    _C.quantize_query(raw(q), raw(out.nope), raw(out.rope), raw(out.scale), current_stream(q, stream))
     return out
 
 
@@ -138,7 +138,7 @@ def gather_dequant(cache: PagedFp8Cache, slots: Any, *, out: Any = None,
     """Rows [n, 576] (bf16) = dequantized cache entries at `slots` (a slot of -1 gives zeros)."""
     if out is None:
         out = empty(cache.scale, (_numel(slots), HEAD_DIM), "bf16")
-    _C.gather_dequant(raw(cache.latent), cache.scale, raw(cache.rope), slots, raw(out),
+    _C.gather_dequant(raw(cache.latent), raw(cache.scale), raw(cache.rope), raw(slots), raw(out),
                       current_stream(slots, stream))
     return out
 
@@ -152,7 +152,7 @@ def plan_splits(cache_seqlens: Any, num_workers: int, *, out: Optional[SplitPlan
         cap = split_plan_capacity(b, num_workers)
         out = SplitPlan(empty(cache_seqlens, (b + 1,), "i32"), empty(cache_seqlens, (cap,), "i32"),
                         num_workers)
-    _C.plan_splits(cache_seqlens, int(num_workers), out.split_offsets, out.split_begin,
+    _C.plan_splits(raw(cache_seqlens), int(num_workers), raw(out.split_offsets), raw(out.split_begin),
                    current_stream(cache_seqlens, stream))
     return SplitPlan(out.split_offsets, out.split_begin, int(num_workers))
 
@@ -176,10 +176,10 @@ def decode_fp8(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Any, cache_
     """SnapMLA decoding: returns (out [b, s_q, h, 512] bf16, lse [b, h, s_q] f32)."""
     b, s_q, h = (int(d) for d in q.nope.shape[:3])
     out, lse, workspace = _decode_outputs(q.nope, b, s_q, h, plan, out, lse, workspace)
-    _C.decode_fp8(raw(q.nope), raw(q.rope), q.scale, raw(cache.latent), cache.scale,
-                  raw(cache.rope), block_table, cache_seqlens, raw(out), lse, float(softmax_scale),
-                  bool(causal), plan.split_offsets if plan else None,
-                  plan.split_begin if plan else None, raw(workspace),
+    _C.decode_fp8(raw(q.nope), raw(q.rope), raw(q.scale), raw(cache.latent), raw(cache.scale),
+                  raw(cache.rope), raw(block_table), raw(cache_seqlens), raw(out), raw(lse),
+                  float(softmax_scale), bool(causal), raw(plan.split_offsets) if plan else None,
+                  raw(plan.split_begin) if plan else None, raw(workspace),
                   current_stream(q.nope, stream))
     return out, lse
 
@@ -190,18 +190,19 @@ def decode_bf16(q: Any, cache: Any, block_table: Any, cache_seqlens: Any, *, sof
     """Decoding on the BF16 cache (the baseline): returns (out, lse) as decode_fp8."""
     b, s_q, h = (int(d) for d in q.shape[:3])
     out, lse, workspace = _decode_outputs(q, b, s_q, h, plan, out, lse, workspace)
-    _C.decode_bf16(raw(q), raw(cache), block_table, cache_seqlens, raw(out), lse,
-                   float(softmax_scale), bool(causal), plan.split_offsets if plan else None,
-                   plan.split_begin if plan else None, raw(workspace), current_stream(q, stream))
+    _C.decode_bf16(raw(q), raw(cache), raw(block_table), raw(cache_seqlens), raw(out), raw(lse),
+                   float(softmax_scale), bool(causal), raw(plan.split_offsets) if plan else None,
+                   raw(plan.split_begin) if plan else None, raw(workspace), current_stream(q, stream))
     return out, lse
 
 
 def check_page_table(block_table: Any, cache_seqlens: Any, num_pages: int, *,
                      stream: Optional[int] = None) -> None:
     """Debug check of table contents (synchronizes on the GPU; not for the hot path)."""
-    _C.check_page_table(block_table, cache_seqlens, int(num_pages), current_stream(block_table, stream))
+    _C.check_page_table(raw(block_table), raw(cache_seqlens), int(num_pages),
+                        current_stream(block_table, stream))
 
 
 def check_slot_mapping(slots: Any, num_pages: int, *, stream: Optional[int] = None) -> None:
     """Debug check of slot contents (synchronizes on the GPU; not for the hot path)."""
-    _C.check_slot_mapping(slots, int(num_pages), current_stream(slots, stream))
+    _C.check_slot_mapping(raw(slots), int(num_pages), current_stream(slots, stream))

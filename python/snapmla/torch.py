@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from . import _C
+from ._frameworks import raw as _dl
 from ._api import (HEAD_DIM, LATENT_DIM, ROPE_DIM, PagedFp8Cache, QuantizedQuery, SplitPlan,
                    decode_workspace_bytes, recommended_num_workers, split_plan_capacity)
 
@@ -42,14 +43,10 @@ def _on(t: Tensor):
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
 
-def _u8(t: Tensor) -> Tensor:
-    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
-
-
 @torch.library.custom_op("snapmla::append_fp8", mutates_args=("latent", "scale", "rope"))
 def _append_fp8(kv: Tensor, slots: Tensor, latent: Tensor, scale: Tensor, rope: Tensor) -> None:
     with _on(kv):
-        _C.append_fp8(kv, slots, _u8(latent), scale, rope, _stream(kv))
+        _C.append_fp8(_dl(kv), _dl(slots), _dl(latent), _dl(scale), _dl(rope), _stream(kv))
 
 
 @_append_fp8.register_fake
@@ -60,7 +57,7 @@ def _(kv, slots, latent, scale, rope) -> None:
 @torch.library.custom_op("snapmla::append_bf16", mutates_args=("cache",))
 def _append_bf16(kv: Tensor, slots: Tensor, cache: Tensor) -> None:
     with _on(kv):
-        _C.append_bf16(kv, slots, cache, _stream(kv))
+        _C.append_bf16(_dl(kv), _dl(slots), _dl(cache), _stream(kv))
 
 
 @_append_bf16.register_fake
@@ -72,7 +69,7 @@ def _(kv, slots, cache) -> None:
 def _quantize_query(q: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
     nope, rope, scale = _quantize_query_fake(q)
     with _on(q):
-        _C.quantize_query(q, _u8(nope), rope, scale, _stream(q))
+        _C.quantize_query(_dl(q), _dl(nope), _dl(rope), _dl(scale), _stream(q))
     return nope, rope, scale
 
 
@@ -88,7 +85,7 @@ def _quantize_query_fake(q):
 def _gather_dequant(latent: Tensor, scale: Tensor, rope: Tensor, slots: Tensor) -> Tensor:
     out = _gather_dequant_fake(latent, scale, rope, slots)
     with _on(slots):
-        _C.gather_dequant(_u8(latent), scale, rope, slots, out, _stream(slots))
+        _C.gather_dequant(_dl(latent), _dl(scale), _dl(rope), _dl(slots), _dl(out), _stream(slots))
     return out
 
 
@@ -101,7 +98,7 @@ def _gather_dequant_fake(latent, scale, rope, slots):
 def _plan_splits(cache_seqlens: Tensor, num_workers: int) -> Tuple[Tensor, Tensor]:
     offsets, begin = _plan_splits_fake(cache_seqlens, num_workers)
     with _on(cache_seqlens):
-        _C.plan_splits(cache_seqlens, num_workers, offsets, begin, _stream(cache_seqlens))
+        _C.plan_splits(_dl(cache_seqlens), num_workers, _dl(offsets), _dl(begin), _stream(cache_seqlens))
     return offsets, begin
 
 
@@ -129,9 +126,9 @@ def _decode_fp8(q_nope: Tensor, q_rope: Tensor, q_scale: Tensor, latent: Tensor,
                 split_begin: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     out, lse, ws = _decode_outputs(q_nope, split_begin)
     with _on(q_nope):
-        _C.decode_fp8(_u8(q_nope), q_rope, q_scale, _u8(latent), scale, rope, block_table,
-                      cache_seqlens, out, lse, softmax_scale, causal, split_offsets, split_begin,
-                      ws, _stream(q_nope))
+        _C.decode_fp8(_dl(q_nope), _dl(q_rope), _dl(q_scale), _dl(latent), _dl(scale), _dl(rope),
+                      _dl(block_table), _dl(cache_seqlens), _dl(out), _dl(lse), softmax_scale,
+                      causal, _dl(split_offsets), _dl(split_begin), _dl(ws), _stream(q_nope))
     return out, lse
 
 
@@ -148,8 +145,8 @@ def _decode_bf16(q: Tensor, cache: Tensor, block_table: Tensor, cache_seqlens: T
                  split_begin: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
     out, lse, ws = _decode_outputs(q, split_begin)
     with _on(q):
-        _C.decode_bf16(q, cache, block_table, cache_seqlens, out, lse, softmax_scale, causal,
-                       split_offsets, split_begin, ws, _stream(q))
+        _C.decode_bf16(_dl(q), _dl(cache), _dl(block_table), _dl(cache_seqlens), _dl(out), _dl(lse),
+                       softmax_scale, causal, _dl(split_offsets), _dl(split_begin), _dl(ws), _stream(q))
     return out, lse
 
 
