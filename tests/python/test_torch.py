@@ -61,6 +61,30 @@ def lse_error(got, ref):
     return (got[~empty] - ref[~empty]).abs(), ref[~empty].abs()
 
 
+def dequantized(nope, rope, scale):
+    """FP8-format rows back to float64: [..., 576] = (e4m3 nope, bf16 rope) * scale."""
+    x = torch.cat([nope.cpu().double(), rope.cpu().double()], dim=-1)
+    return x * scale.cpu().double().reshape(x.shape[:-1] + (1,))
+
+
+def score_magnitude(qq, case):
+    """softmax_scale * max over the visible tokens of sum_d |q_d k_d|, per [b, h, s_q] (all
+    tokens of the sequence: an upper bound on what a causal query sees)."""
+    q = dequantized(qq.nope, qq.rope, qq.scale).abs()  # [b, s_q, h, 576]
+    fp8 = snapmla.PagedFp8Cache(*(p.cpu() for p in case.fp8))
+    slots = case.slots.long().cpu()
+    k = dequantized(fp8.latent.reshape(-1, 512)[slots], fp8.rope.reshape(-1, 64)[slots],
+                    fp8.scale.reshape(-1)[slots]).abs()  # [tokens, 576]
+    b, s_q, h, _ = q.shape
+    mag = torch.zeros(b, h, s_q, dtype=torch.float64)
+    start = 0
+    for i, n in enumerate(case.seqlens_np.tolist()):
+        if n:
+            mag[i] = (q[i] @ k[start:start + n].T).amax(dim=-1).transpose(0, 1) * case.scale
+        start += n
+    return mag
+
+
 def poisoned_out(case):
     b, s_q, h = case.q.shape[:3]
     out = torch.full((b, s_q, h, 512), float("nan"), dtype=torch.bfloat16, device=case.q.device)
@@ -89,11 +113,17 @@ def test_native_api_on_torch_tensors(rng, device):
     if device == "cpu":
         assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
     else:
-        # FP8 wgmma sums with ~13-14 bits (docs/kernels.md): the C++ GPU tests bound this per
-        # row; here the global check those tests also make.
+        # FP8 wgmma sums with ~13-14 bits (docs/kernels.md), so a score is off by up to about
+        # 2^-10.5 of the magnitude of its terms, softmax_scale * sum_d |q_d k_d| (dequantized),
+        # and so is the lse: bound it per row by 2^-9 of the largest such magnitude among the
+        # row's tokens, as the C++ GPU tests do. (A bound relative to |lse| alone failed once on
+        # the H200: 0.107 against 0.102.) Outputs: the global rel-L2 of those tests.
         assert rel_l2(out[1:].float(), ref_out[1:].float()) < 1e-2
-        lerr, lmag = lse_error(lse, ref_lse)
-        assert lerr.max() < 2e-3 * lmag.max()
+        lerr = (lse.cpu() - ref_lse).abs()
+        mag = score_magnitude(qq, case)  # [b, h, s_q]
+        seen = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isneginf(lse.cpu()), ~seen)
+        assert bool((lerr[seen] <= 2.0 ** -9 * mag[seen]).all()), float((lerr[seen] / mag[seen]).max())
 
 
 @needs_gpu
