@@ -112,7 +112,7 @@ def _zero(x: Any) -> None:
 
 # --- operations ------------------------------------------------------------------------------
 
-def append(cache: Any, kv: Any, slots: Any, *, stream: Optional[int] = None) -> None:
+def append(cache: Any, kv: Any, slots: Any, *, stream: Any = None) -> None:
     """Write kv rows [n, 576] (bf16) to `slots` ([n] int32, slot = page * 64 + offset, -1 =
     skip). A PagedFp8Cache quantizes on write; a plain array is the BF16 cache [P, 64, 576]."""
     s = current_stream(kv, stream)
@@ -123,7 +123,7 @@ def append(cache: Any, kv: Any, slots: Any, *, stream: Optional[int] = None) -> 
 
 
 def quantize_query(q: Any, *, out: Optional[QuantizedQuery] = None,
-                   stream: Optional[int] = None) -> QuantizedQuery:
+                   stream: Any = None) -> QuantizedQuery:
     """Per-(token, head) quantization of q [b, s_q, h, 576] (bf16) for decode_fp8."""
     if out is None:
         lead = tuple(q.shape[:-1])
@@ -134,7 +134,7 @@ def quantize_query(q: Any, *, out: Optional[QuantizedQuery] = None,
 
 
 def gather_dequant(cache: PagedFp8Cache, slots: Any, *, out: Any = None,
-                   stream: Optional[int] = None):
+                   stream: Any = None):
     """Rows [n, 576] (bf16) = dequantized cache entries at `slots` (a slot of -1 gives zeros)."""
     if out is None:
         out = empty(cache.scale, (_numel(slots), HEAD_DIM), "bf16")
@@ -144,7 +144,7 @@ def gather_dequant(cache: PagedFp8Cache, slots: Any, *, out: Any = None,
 
 
 def plan_splits(cache_seqlens: Any, num_workers: int, *, out: Optional[SplitPlan] = None,
-                stream: Optional[int] = None) -> SplitPlan:
+                stream: Any = None) -> SplitPlan:
     """Split-KV plan for `num_workers` workers from cache_seqlens ([b] int32), computed where
     cache_seqlens lives (on the GPU without host synchronization: CUDA-graph safe)."""
     b = _numel(cache_seqlens)
@@ -172,7 +172,7 @@ def _decode_outputs(q: Any, b: int, s_q: int, h: int, plan: Optional[SplitPlan],
 def decode_fp8(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Any, cache_seqlens: Any, *,
                softmax_scale: float, causal: bool = True, plan: Optional[SplitPlan] = None,
                workspace: Any = None, out: Any = None, lse: Any = None,
-               stream: Optional[int] = None):
+               stream: Any = None):
     """SnapMLA decoding: returns (out [b, s_q, h, 512] bf16, lse [b, h, s_q] f32)."""
     b, s_q, h = (int(d) for d in q.nope.shape[:3])
     out, lse, workspace = _decode_outputs(q.nope, b, s_q, h, plan, out, lse, workspace)
@@ -186,7 +186,7 @@ def decode_fp8(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Any, cache_
 
 def decode_bf16(q: Any, cache: Any, block_table: Any, cache_seqlens: Any, *, softmax_scale: float,
                 causal: bool = True, plan: Optional[SplitPlan] = None, workspace: Any = None,
-                out: Any = None, lse: Any = None, stream: Optional[int] = None):
+                out: Any = None, lse: Any = None, stream: Any = None):
     """Decoding on the BF16 cache (the baseline): returns (out, lse) as decode_fp8."""
     b, s_q, h = (int(d) for d in q.shape[:3])
     out, lse, workspace = _decode_outputs(q, b, s_q, h, plan, out, lse, workspace)
@@ -197,12 +197,12 @@ def decode_bf16(q: Any, cache: Any, block_table: Any, cache_seqlens: Any, *, sof
 
 
 def check_page_table(block_table: Any, cache_seqlens: Any, num_pages: int, *,
-                     stream: Optional[int] = None) -> None:
+                     stream: Any = None) -> None:
     """Debug check of table contents (synchronizes on the GPU; not for the hot path)."""
     _C.check_page_table(raw(block_table), raw(cache_seqlens), int(num_pages),
                         current_stream(block_table, stream))
 
 
-def check_slot_mapping(slots: Any, num_pages: int, *, stream: Optional[int] = None) -> None:
+def check_slot_mapping(slots: Any, num_pages: int, *, stream: Any = None) -> None:
     """Debug check of slot contents (synchronizes on the GPU; not for the hot path)."""
     _C.check_slot_mapping(raw(slots), int(num_pages), current_stream(slots, stream))

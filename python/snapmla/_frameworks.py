@@ -123,10 +123,27 @@ def device_index(x: Any) -> int:
     return int(_dlpack_device(x)[1])
 
 
-def current_stream(x: Any, stream: Optional[int]) -> int:
-    """The caller's current CUDA stream for `x`'s device, as an integer handle (0: legacy)."""
+def current_stream(x: Any, stream: Any) -> int:
+    """The CUDA stream an operation on `x` runs on, as an integer cudaStream_t: `stream` if
+    given (an integer handle, a torch.cuda.Stream or a cupy Stream), else the caller's current
+    stream for `x`'s device (PyTorch's or CuPy's; 0, the legacy stream, otherwise). A stream
+    object on another device than `x` is an error; CPU arrays ignore the stream."""
     if stream is not None:
-        return int(stream)
+        handle = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream
+        if handle is None:
+            handle = getattr(stream, "ptr", None)  # cupy.cuda.Stream
+        dev = getattr(stream, "device", None)
+        if handle is None:
+            if isinstance(stream, bool) or not isinstance(stream, int) or stream < 0:
+                raise TypeError("snapmla: argument 'stream': expected a cudaStream_t as a "
+                                f"non-negative int, a torch.cuda.Stream or a cupy Stream, got {stream!r}")
+            return int(stream)
+        if dev is not None and is_cuda(x):
+            index = getattr(dev, "index", getattr(dev, "id", None))
+            if index is not None and int(index) != device_index(x):
+                raise ValueError(f"snapmla: argument 'stream': on CUDA device {index}, but the "
+                                 f"arrays are on CUDA device {device_index(x)}")
+        return int(handle)
     if not is_cuda(x):
         return 0
     fw = framework_of(x)

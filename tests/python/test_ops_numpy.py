@@ -236,6 +236,21 @@ def test_errors_name_the_argument(rng):
     assert "num_workers" in error_of(lambda: snapmla.plan_splits(seqlens, 0))
 
 
+def test_stream_argument_is_checked():
+    q = np.zeros((1, 1, 16, 576), np.uint16)
+    for bad in ("0", -1, 1.5, True):
+        with pytest.raises(TypeError, match="'stream'"):
+            snapmla.quantize_query(q, stream=bad)
+
+    class OtherDeviceStream:  # shaped like torch.cuda.Stream, on a device the arrays are not on
+        cuda_stream = 0
+        device = type("Dev", (), {"index": 1})()
+
+    out = snapmla.quantize_query(q, stream=OtherDeviceStream())  # CPU arrays ignore streams
+    assert out.nope.shape == (1, 1, 16, 512)
+    assert snapmla.quantize_query(q, stream=0).scale.shape == (1, 1, 16)
+
+
 def test_table_contents_are_checked_on_the_cpu(rng):
     seqlens = np.array([100], np.int32)
     q, table, _, cache8, _ = build_case(rng, seqlens, 1, 16)
