@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One round on the H200 (device tool): binaries built here are carried in .devbin/.
-#   scripts/h200_round.sh tests|sanitize|bench|quick [commit]
+#   scripts/h200_round.sh tests|sanitize|bench|quick|ncu [commit]
 # Writes logs under $OUT (the device tool brings them back) or /tmp/h200 when run elsewhere.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +27,13 @@ case "$mode" in
     for k in decode_fp8_kernel decode_bf16_kernel; do
       echo "$k: $(awk -v k="$k" '/Function :/ {f = index($0, k) > 0} f' "$out/sass.txt" | grep -oE 'QGMMA|HGMMA|HMMA|LDL|STL' | sort | uniq -c | tr '\n' ' ')"
     done
+    ;;
+  ncu)
+    # One decode_fp8 launch at b=128, h=128, s_k=8192: throughput, shared memory, warp stalls.
+    ncu --clock-control none --kernel-name regex:decode_fp8_kernel --launch-skip 5 --launch-count 1 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section SchedulerStats --section Occupancy \
+      "$bin/snapmla" bench --reps 3 --case 128,128,1,8192 2>&1 | tee "$out/ncu_decode_fp8_$commit.txt" | tail -80
     ;;
   quick)
     "$bin/snapmla" bench --quick --reps 10 --commit "$commit" 2>&1 | tee "$out/bench_quick.log"
