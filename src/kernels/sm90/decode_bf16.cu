@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(384, 1) decode_bf16_kernel(DecodeParams p) {
     wg::wait<0>();
 
     float rescale[2];
-    softmax_block<false>(st, sc, sc, factor, vis, blk, nullptr, q, rescale);
+    softmax_block_bf16(st, sc, factor, vis, blk, q, rescale);
 #pragma unroll
     for (int n = 0; n < 32; ++n) {
       o[n][0] *= rescale[0];

@@ -1,7 +1,7 @@
 // Online softmax over one 64-token block for the two rows a thread holds in an m16n8 C
 // fragment (rows g and g + 8; tokens 8 n + 2 q + {0, 1} of n-tile n). Follows the reference
 // step for step (docs/reference.md): scores = (raw * (softmax_scale * s_q)) * s_t; a row with
-// no visible token in the block leaves its state untouched; FP8 mode folds s_t into P and
+// no visible token in the block leaves its state untouched; FP8 folds s_t into P and
 // quantizes P' per row and block with sigma = max P' / 448.
 #pragma once
 
@@ -29,15 +29,13 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-// acc: raw QK accumulators in (only read, so a wgmma accumulator is never written by other
-// instructions, which would make ptxas serialize wgmma); s: P out (kFp8: P' / sigma, ready for
-// e4m3); the two may be the same array. kscale: the block's 64 token scales (nullptr for BF16:
-// all 1). rescale: what to multiply the output accumulator by before adding this block's PV.
-template <bool kFp8>
-__device__ __forceinline__ void softmax_block(SoftmaxState& st, const float (&acc)[8][4],
-                                              float (&s)[8][4], const float (&factor)[2],
-                                              const int (&vis)[2], int blk, const float* kscale,
-                                              int q, float (&rescale)[2]) {
+// The BF16 kernel's softmax over one 64-token block: s holds the raw QK accumulators (one
+// 64 x 64 S tile per consumer) and returns P, rounded to bf16 by the caller. rescale: what to
+// multiply the output accumulator by before adding this block's PV. (The FP8 kernel, whose
+// consumers each hold half of the block's tokens, uses softmax_block_half below.)
+__device__ __forceinline__ void softmax_block_bf16(SoftmaxState& st, float (&s)[8][4],
+                                                   const float (&factor)[2], const int (&vis)[2],
+                                                   int blk, int q, float (&rescale)[2]) {
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     float mx = -INFINITY;
@@ -46,11 +44,7 @@ __device__ __forceinline__ void softmax_block(SoftmaxState& st, const float (&ac
 #pragma unroll
       for (int e = 2 * ri; e < 2 * ri + 2; ++e) {
         const int tok = 8 * n + 2 * q + (e & 1);
-        float sc = -INFINITY;
-        if (blk + tok < vis[ri]) {
-          sc = __fmul_rn(acc[n][e], factor[ri]);
-          if (kFp8) sc = __fmul_rn(sc, kscale[tok]);
-        }
+        const float sc = blk + tok < vis[ri] ? __fmul_rn(s[n][e], factor[ri]) : -INFINITY;
         s[n][e] = sc;
         mx = fmaxf(mx, sc);
       }
@@ -63,42 +57,20 @@ __device__ __forceinline__ void softmax_block(SoftmaxState& st, const float (&ac
     }
     const float m_new = fmaxf(st.m[ri], mx);
     const float alpha = fast_exp(st.m[ri] - m_new);
-    float sum = 0.f, pmax = 0.f;
+    float sum = 0.f;
 #pragma unroll
     for (int n = 0; n < 8; ++n)
 #pragma unroll
       for (int e = 2 * ri; e < 2 * ri + 2; ++e) {
         const float p = fast_exp(s[n][e] - m_new);  // exp(-inf) = 0 for masked tokens
         sum += p;
-        if (kFp8) {
-          const float pv = __fmul_rn(p, kscale[8 * n + 2 * q + (e & 1)]);
-          pmax = fmaxf(pmax, pv);
-          s[n][e] = pv;
-        } else {
-          s[n][e] = p;
-        }
+        s[n][e] = p;
       }
-    sum = quad_sum(sum);
-    st.l[ri] = st.l[ri] * alpha + sum;
-    if (kFp8) {
-      pmax = quad_max(pmax);
-      const DevScale sig = device_token_scale(pmax);
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 2 * ri; e < 2 * ri + 2; ++e) s[n][e] = __fmul_rn(s[n][e], sig.inv_scale);
-      rescale[ri] = alpha * __fdiv_rn(st.sigma[ri], sig.scale);
-      st.sigma[ri] = sig.scale;
-    } else {
-      rescale[ri] = alpha;
-    }
+    st.l[ri] = st.l[ri] * alpha + quad_sum(sum);
+    rescale[ri] = alpha;
     st.m[ri] = m_new;
   }
 }
-
-}  // namespace snapmla::cuda
-
-namespace snapmla::cuda {
 
 // The FP8 softmax of one 64-token block when the two consumer warpgroups each hold the scores
 // of half of its tokens (warpgroup c: tokens 32 c .. 32 c + 31 of the block) for the same 64
