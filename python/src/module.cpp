@@ -61,6 +61,13 @@ SlotMapping slot_mapping(const char* op, const Array& slots) {
   return {a.as<int32_t>(), a.size(), a.device()};
 }
 
+// Rows [n, 576] bf16 matching a slot mapping of n tokens (append's input, gather's output).
+KvRows kv_rows(const char* op, const char* name, const Array& a, const SlotMapping& slots) {
+  const Arg k(op, name, a);
+  k.kind(Kind::kBf16).rows_of(slots.num_tokens, kHeadDim);
+  return {k.as<bf16>(), slots.num_tokens, k.device()};
+}
+
 PageTable page_table(const char* op, const OptArray& block_table, const Array& seqlens) {
   const Arg s(op, "cache_seqlens", seqlens);
   s.kind(Kind::kI32);
@@ -132,9 +139,7 @@ void bind_ops(nb::module_& m) {
         constexpr const char* op = "append";
         const PagedFp8Cache cache = fp8_cache(op, latent, scale, rope);
         const SlotMapping s = slot_mapping(op, slots);
-        const Arg k(op, "kv", kv);
-        k.kind(Kind::kBf16).rows_of(s.num_tokens, kHeadDim);
-        const KvRows rows{k.as<bf16>(), s.num_tokens, k.device()};
+        const KvRows rows = kv_rows(op, "kv", kv, s);
         gil_scoped_release release;
         append(cache, rows, s, to_stream(stream));
       },
@@ -147,9 +152,7 @@ void bind_ops(nb::module_& m) {
         constexpr const char* op = "append";
         const PagedBf16Cache c = bf16_cache(op, cache);
         const SlotMapping s = slot_mapping(op, slots);
-        const Arg k(op, "kv", kv);
-        k.kind(Kind::kBf16).rows_of(s.num_tokens, kHeadDim);
-        const KvRows rows{k.as<bf16>(), s.num_tokens, k.device()};
+        const KvRows rows = kv_rows(op, "kv", kv, s);
         gil_scoped_release release;
         append(c, rows, s, to_stream(stream));
       },
@@ -187,9 +190,7 @@ void bind_ops(nb::module_& m) {
         constexpr const char* op = "gather_dequant";
         const PagedFp8Cache cache = fp8_cache(op, latent, scale, rope);
         const SlotMapping s = slot_mapping(op, slots);
-        const Arg o(op, "out", out);
-        o.kind(Kind::kBf16).rows_of(s.num_tokens, kHeadDim);
-        const KvRows rows{o.as<bf16>(), s.num_tokens, o.device()};
+        const KvRows rows = kv_rows(op, "out", out, s);
         gil_scoped_release release;
         gather_dequant(cache, s, rows, to_stream(stream));
       },
