@@ -1,17 +1,17 @@
-// decode_fp8 (version 6): TMA page pipeline, warp-specialized, token-split consumers.
+// decode_fp8 (version 7): TMA page pipeline, warp-specialized, paired pages.
 //
 // CTA = one split of one sequence x 64 query rows (one wgmma M tile), 3 warpgroups:
-//   WG0  producer. Warps 0-1 load: the Q tile once (cp.async), then one thread streams pages
-//        into a 3-stage ring with TMA (latent and rope as 64 x 128-byte boxes with 128-byte
-//        swizzle, the 64 scales as a bulk copy), completing on the stage's mbarrier. Warps 2-3
-//        transpose each landed page's latent into a 2-stage V^T ring (ldmatrix.trans + byte
-//        permutes), zeroing tokens past the split end.
-//   WG1, WG2  consumers. Consumer c computes S for tokens [32 c, 32 c + 32) of the page and all
-//        64 rows (HGMMA m64n32k16 over the rope, QGMMA m64n32k32 over the latent, one
-//        accumulator); the row max and the max of P' are exchanged through shared memory, so
-//        both apply the same m, sigma and rescale; each writes its half of P' / sigma as e4m3
-//        into shared memory (over the page's rope tile, free by then), and accumulates PV for
-//        its 256 output dims (QGMMA m64n256k32, P and V^T from shared memory).
+//   WG0  producer. Warps 0-1 load: the Q latent tile once (cp.async), then one thread streams
+//        pages into a 3-stage ring with TMA (latent and rope as 64 x 128-byte boxes with 128-byte
+//        swizzle, the 64 scales as a bulk copy), completing on the stage's mbarrier; page indices
+//        are read one page ahead. Warps 2-3 transpose each landed page's latent into a 2-stage
+//        V^T ring (ldmatrix.trans + byte permutes), zeroing tokens past the split end.
+//   WG1, WG2  consumers, working on pairs of pages. Consumer c computes S for page 2 k + c of
+//        pair k (all 64 tokens and rows: the rope product from Q registers, HGMMA m64n64k16, then
+//        QGMMA m64n64k32 over the latent); the two exchange row maxima once per pair, each turns
+//        its page into P' / sigma (e4m3, its own sigma per row) in a shared P buffer and releases
+//        the page's stage; after a second exchange (the sigmas) both accumulate PV of both pages
+//        for their 256 output dims (QGMMA m64n256k32, P and V^T from shared memory).
 // History, measurements and what bounds it: docs/kernels.md.
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -41,49 +41,50 @@ constexpr int kRows = 64;
 // of the page that used it is done) and then count as readers of the page's stage.
 constexpr int kLoaders = 64, kTransposers = 64;
 
-// Byte sizes of the shared-memory tiles (K-major, 8 x 16 B core matrices, 128 B each).
+// Byte sizes of the shared-memory tiles (K-major, 8 x 16 B core matrices, 128 B each). The Q
+// rope part lives in the consumers' registers (wgmma A operand), which pays for the P buffers.
 constexpr int kQnBytes = kRows * kLatentDim;       // 32 KB, SBO 4096
-constexpr int kQrBytes = kRows * kRopeDim * 2;     // 8 KB, SBO 1024
 constexpr int kKlBytes = kPageSize * kLatentDim;   // 32 KB
 constexpr int kKrBytes = kPageSize * kRopeDim * 2; // 8 KB
 constexpr int kStageBytes = kKlBytes + kKrBytes;  // 1024-aligned tiles (128-byte swizzle)
 constexpr int kLatentBox = 128;                   // TMA box: 64 tokens x 128 bytes of latent
 constexpr int kVtBytes = 256 * kPageSize;          // one half: 256 dims x 64 tokens, SBO 512
+constexpr int kPBytes = kRows * kPageSize;         // one page's P' / sigma, e4m3, SBO 512
 using Ring = PageRing<kStages>;
 constexpr int kVtBarBytes = 2 * kVtStages * 8;
-constexpr int kXchgBytes = 2 * 2 * kRows * 4;  // row maxima of S and of P', per warpgroup
+constexpr int kXchgBytes = 2 * 2 * kRows * 4;  // per consumer: row maxima of S, sigmas of P'
 constexpr int kScaleBytes = kPageSize * 4;
-constexpr int kSmemBytes = kQnBytes + kQrBytes + kStages * kStageBytes + kVtStages * 2 * kVtBytes +
+constexpr int kSmemBytes = kQnBytes + kStages * kStageBytes + kVtStages * 2 * kVtBytes + 2 * kPBytes +
                            kStages * kScaleBytes + Ring::kBytes + kVtBarBytes + kXchgBytes;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 
 struct Smem {
   uint8_t* qn;
-  uint8_t* qr;
   uint8_t* stage;
   uint8_t* vt_base;
+  uint8_t* pbuf;  // [2][kPBytes]: P' / sigma of the pair's pages
   float* scales;  // [kStages][64]
   Ring ring;
-  uint64_t* vt_full;   // [kVtStages]: 128 producer arrivals (V^T written)
+  uint64_t* vt_full;   // [kVtStages]: 64 transposer arrivals (V^T written)
   uint64_t* vt_empty;  // [kVtStages]: 256 consumer arrivals (PV done reading)
-  float* xmax;         // [2][64]: each consumer's row maxima of its half of S
-  float* xpmax;        // [2][64]: the same for P (times the token scales)
+  float* xmax;         // [2][64]: each consumer's row maxima of its page's S
+  float* xsig;         // [2][64]: each consumer's sigma per row for its page (0: nothing visible)
   __device__ explicit Smem(uint8_t* base)
       : qn(base),
-        qr(base + kQnBytes),
-        stage(base + kQnBytes + kQrBytes),
+        stage(base + kQnBytes),
         vt_base(stage + kStages * kStageBytes),
-        scales(reinterpret_cast<float*>(vt_base + kVtStages * 2 * kVtBytes)),
+        pbuf(vt_base + kVtStages * 2 * kVtBytes),
+        scales(reinterpret_cast<float*>(pbuf + 2 * kPBytes)),
         ring(scales + kStages * kPageSize),
         vt_full(reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(scales + kStages * kPageSize) + Ring::kBytes)),
         vt_empty(vt_full + kVtStages),
         xmax(reinterpret_cast<float*>(vt_empty + kVtStages)),
-        xpmax(xmax + 2 * kRows) {}
+        xsig(xmax + 2 * kRows) {}
   __device__ uint8_t* kl(int s) const { return stage + s * kStageBytes; }
   __device__ uint8_t* kr(int s) const { return stage + s * kStageBytes + kKlBytes; }
-  // The page's P / sigma as e4m3 [64 rows x 64 slots] (K-major, in V^T's slot order), written
-  // over the stage's rope tile once both consumers' QK of the page is done with it.
-  __device__ uint8_t* p_tile(int s) const { return kr(s); }
+  // P' / sigma of page 2 k + h of a pair as e4m3 [64 rows x 64 slots] (K-major, in V^T's slot
+  // order).
+  __device__ uint8_t* p_tile(int h) const { return pbuf + h * kPBytes; }
   __device__ float* scale(int s) const { return scales + s * kPageSize; }
   // V^T of page j, output half c (the halves are contiguous).
   __device__ uint8_t* vt(int j, int c) const { return vt_base + ((j % kVtStages) * 2 + c) * kVtBytes; }
@@ -95,16 +96,15 @@ struct Smem {
   }
 };
 
-// Loader (one thread): the page holding tokens [blk, blk + 64) into stage s: four TMA boxes of
+// Loader (one thread): cache page `page` into stage s: four TMA boxes of
 // latent (64 tokens x 128 bytes each, 128-byte swizzle), one of rope, and the 64 scales as a
 // bulk copy, all completing on the stage's `full` barrier with their byte count. An
 // out-of-range page index loads nothing (the stage keeps stale data): the consumers see the
 // same index and turn their rows into NaN. Tokens past the split end are loaded as they are in the cache; the
 // transposer zeroes them in V^T and the softmax masks them.
 __device__ __forceinline__ void load_page(const DecodeParams& p, const CUtensorMap* tm_latent,
-                                          const CUtensorMap* tm_rope, const Work& w, int blk,
-                                          const Smem& sm, int s) {
-  const int32_t page = page_of(p, w, blk);
+                                          const CUtensorMap* tm_rope, int32_t page, const Smem& sm,
+                                          int s) {
   uint64_t* bar = &sm.ring.full[s];
   if (!page_ok(p, page)) {  // nothing to copy: complete the phase with the arrival alone
     wg::mbar_arrive_expect_tx(bar, 0);
@@ -167,135 +167,195 @@ __global__ void __launch_bounds__(384, 1)
     decode_fp8_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                       const __grid_constant__ CUtensorMap tm_rope) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  Work w;
-  if (!find_work(p, blockIdx.x, w)) return;
+  // Both row tiles of a split are neighbours in launch order, so they stream the same pages at
+  // about the same time and the second read is served by L2.
+  if (!has_work(p, blockIdx.y)) return;
   const Smem sm(smem_raw);
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
-  const int row0 = blockIdx.y * kRows;
-  const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
+  const int row0 = blockIdx.x * kRows;
   if (threadIdx.x == 0) {
     if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
-    sm.ring.init(1, 256 + kTransposers, kLoaders);
+    // A stage is read by its page's owner (QK, scales) and the transposers.
+    sm.ring.init(1, 128 + kTransposers, kLoaders);
     sm.init_vt();
   }
   __syncthreads();
 
+  // Each role looks its work up after its register reallocation (values live across setmaxnreg
+  // have to fit the producer's budget).
   if (wg == 0) {
     wg::setmaxnreg_dec<56>();
+    const Work w = work_of(p, blockIdx.y);
+    const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
     if (t >= kLoaders) {
-      for (int i = 0; i < nblk; ++i) {
-        const int blk = w.begin + i * kPageSize;
-        transpose_page(sm, i, t - kLoaders, page_ok(p, page_of(p, w, blk)) ? min(kPageSize, w.end - blk) : 0);
-      }
+      for (int i = 0; i < nblk; ++i)
+        transpose_page(sm, i, t - kLoaders, min(kPageSize, w.end - (w.begin + i * kPageSize)));
       return;
     }
-    // The Q tile: nope and rope, K-major; rows past the query rows are zero.
+    // The Q latent tile, K-major; rows past the query rows are zero.
     for (int c = t; c < kRows * 32; c += kLoaders) {
       const int r = c / 32, part = c % 32;
       const bool ok = row0 + r < p.rows;
       const int64_t row = int64_t(w.seq) * p.rows + (ok ? row0 + r : 0);
       ptx::cp_async_16(sm.qn + km_offset(r, part * 16, kLatentDim), p.q_nope + row * kLatentDim + part * 16, ok);
     }
-    for (int c = t; c < kRows * 8; c += kLoaders) {
-      const int r = c / 8, part = c % 8;
-      const bool ok = row0 + r < p.rows;
-      const int64_t row = int64_t(w.seq) * p.rows + (ok ? row0 + r : 0);
-      ptx::cp_async_16(sm.qr + km_offset(r, part * 16, kRopeDim * 2),
-                       reinterpret_cast<const uint8_t*>(p.q_rope + row * kRopeDim) + part * 16, ok);
-    }
     wg::cp_async_arrive(sm.ring.qbar);
-    if (t == 0) {
+    if (t == 0 && nblk > 0) {
+      int32_t page = page_of(p, w, w.begin);
       for (int j = 0; j < nblk; ++j) {
+        // The next page's index is read before waiting for a free stage, off the critical path.
+        const int32_t next = j + 1 < nblk ? page_of(p, w, w.begin + (j + 1) * kPageSize) : 0;
         sm.ring.acquire(j);
-        load_page(p, &tm_latent, &tm_rope, w, w.begin + j * kPageSize, sm, j % kStages);
+        load_page(p, &tm_latent, &tm_rope, page, sm, j % kStages);
+        page = next;
       }
     }
     return;
   }
 
   wg::setmaxnreg_inc<224>();
-  const int c = wg - 1;  // output half
+  const Work w = work_of(p, blockIdx.y);
+  const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
+  const int c = wg - 1;  // owns page 2 k + c of each pair; output half c
   const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
-  const int rows_[2] = {row0 + 16 * warp + g, row0 + 16 * warp + g + 8};
+  const int r0 = 16 * warp + g;  // the thread's first row in the tile (and r0 + 8)
   float factor[2];
   int vis[2];
+  // Q rope as the rope product's A operand (m16n8k16 layout per warp, one per 16-wide K step).
+  uint32_t qa[4][4];
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
-    const bool ok = rows_[ri] < p.rows;
-    factor[ri] = p.softmax_scale * p.q_scale[int64_t(w.seq) * p.rows + (ok ? rows_[ri] : 0)];
-    vis[ri] = ok ? visible_end(p, w, rows_[ri]) : 0;
+    const int r = row0 + r0 + 8 * ri;
+    const bool ok = r < p.rows;
+    const int64_t row = int64_t(w.seq) * p.rows + (ok ? r : 0);
+    factor[ri] = p.softmax_scale * p.q_scale[row];
+    vis[ri] = ok ? visible_end(p, w, r) : 0;
+    const uint32_t* qr = reinterpret_cast<const uint32_t*>(p.q_rope + row * kRopeDim);
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      qa[ks][ri] = ok ? qr[8 * ks + q] : 0u;
+      qa[ks][2 + ri] = ok ? qr[8 * ks + 4 + q] : 0u;
+    }
   }
   SoftmaxState st;
   float o[32][4];
 #pragma unroll
   for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   wg::mbar_wait(sm.ring.qbar, 0);
-  bool fault = false;
 
-  const int r0 = 16 * warp + g;
-  for (int j = 0; j < nblk; ++j) {
+  for (int k = 0; 2 * k < nblk; ++k) {
+    const int j = 2 * k + c;  // this warpgroup's page
+    const bool mine = j < nblk;
     const int s = j % kStages;
     const int blk = w.begin + j * kPageSize;
-    fault |= !page_ok(p, page_of(p, w, blk));
-    sm.ring.wait(j);
-    // This warpgroup's half of S: tokens [32 c, 32 c + 32) of the page, all 64 rows. The bf16
-    // rope product first (the first MMA overwriting the accumulator), then the FP8 latent
-    // product, one accumulator.
-    float acc[4][4];
-    wg::fence();
-    // K tiles as TMA wrote them (128-byte swizzle, 128 bytes per token row): this half's 32
-    // tokens start 32 rows in; a K step moves 32 bytes along the row, or to the next box.
-    wg::mma_64x32x16_bf16_ss_zero(acc, wg::desc(sm.qr, 128, 1024), wg::desc_sw128(sm.kr(s) + 4096 * c));
+    // The common case, every token of the page visible to every row of the warp, skips the masks.
+    const bool full = __all_sync(0xffffffffu, blk + kPageSize <= min(vis[0], vis[1]));
+    float acc[8][4], mx[2] = {-INFINITY, -INFINITY};
+    if (mine) {
+      sm.ring.wait(j);
+      wg::fence();
+      // K tiles as TMA wrote them (128-byte swizzle, 128 bytes per token row): a K step moves
+      // 32 bytes along the row, or to the next box. The bf16 rope product first (overwriting
+      // the accumulator), then the FP8 latent product.
+      wg::mma_64x64x16_bf16_rs_zero(acc, qa[0], wg::desc_sw128(sm.kr(s)));
 #pragma unroll
-    for (int ks = 1; ks < 4; ++ks)
-      wg::mma_64x32x16_bf16_ss(acc, wg::desc(sm.qr + ks * 256, 128, 1024),
-                               wg::desc_sw128(sm.kr(s) + 4096 * c + ks * 32));
+      for (int ks = 1; ks < 4; ++ks) wg::mma_64x64x16_bf16_rs(acc, qa[ks], wg::desc_sw128(sm.kr(s) + ks * 32));
 #pragma unroll
-    for (int kk = 0; kk < 16; ++kk)
-      wg::mma_64x32x32_e4m3_ss(acc, wg::desc(sm.qn + kk * 256, 128, 4096),
-                               wg::desc_sw128(sm.kl(s) + (kk / 4) * (kPageSize * kLatentBox) + 4096 * c + (kk % 4) * 32));
-    wg::commit();
-    wg::wait<0>();
-    wg::fence_operands(acc);
-
-    // Softmax across both halves (two exchanges; after the first, both consumers' QK of this
-    // page is done, so the rope tile may take P).
-    float pv[4][4], rescale[2];
-    softmax_block_half(st, acc, pv, factor, vis, blk + 32 * c, sm.scale(s) + 32 * c, q, r0, c,
-                       sm.xmax, sm.xpmax, rescale);
-    // This half's P / sigma as e4m3 into slots [32 c, 32 c + 32): token 8 n + 2 q + e of the
-    // half sits at slot 16 (n / 2) + 4 q + 2 (n % 2) + e, so each row's 4 bytes are one word.
-    uint8_t* pt = sm.p_tile(s);
+      for (int kk = 0; kk < 16; ++kk)
+        wg::mma_64x64x32_e4m3_ss(acc, wg::desc(sm.qn + kk * 256, 128, 4096),
+                                 wg::desc_sw128(sm.kl(s) + (kk / 4) * (kPageSize * kLatentBox) + (kk % 4) * 32));
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operands(acc);
+      if (full) page_scores<false>(acc, factor, vis, blk, sm.scale(s), q, mx);
+      else page_scores<true>(acc, factor, vis, blk, sm.scale(s), q, mx);
+    }
+    // Exchange 1: the pair's row max.
+    if (q == 0) {
+      sm.xmax[c * kRows + r0] = mx[0];
+      sm.xmax[c * kRows + r0 + 8] = mx[1];
+    }
+    ptx::named_barrier(1, 256);
+    float m_new[2], sum[2] = {0.f, 0.f}, sig[2] = {0.f, 0.f};
 #pragma unroll
     for (int ri = 0; ri < 2; ++ri)
+      m_new[ri] = fmaxf(st.m[ri], fmaxf(mx[ri], sm.xmax[(1 - c) * kRows + r0 + 8 * ri]));
+    if (mine) {
+      float pmax[2];
+      if (full) page_probs<false>(acc, m_new, sm.scale(s), q, sum, pmax);
+      else page_probs<true>(acc, m_new, sm.scale(s), q, sum, pmax);
+      sm.ring.release(j);  // QK operands and scales are read: the loader may refill the stage
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const uint32_t word = e4m3x4(pv[2 * hh][2 * ri], pv[2 * hh][2 * ri + 1], pv[2 * hh + 1][2 * ri],
-                                     pv[2 * hh + 1][2 * ri + 1]);
-        ptx::sts32(pt + km_offset(r0 + 8 * ri, 32 * c + 16 * hh + 4 * q, kPageSize), word);
+      for (int ri = 0; ri < 2; ++ri) {
+        float inv = 0.f;  // a row that saw nothing in this page has P' = 0 there
+        if (mx[ri] != -INFINITY) {
+          const DevScale sc = device_token_scale(pmax[ri]);
+          sig[ri] = sc.scale;
+          inv = sc.inv_scale;
+        }
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          acc[n][2 * ri] = __fmul_rn(acc[n][2 * ri], inv);
+          acc[n][2 * ri + 1] = __fmul_rn(acc[n][2 * ri + 1], inv);
+        }
       }
-    wg::fence_proxy_async();  // P written with st.shared, read by wgmma
+      // P' / sigma as e4m3: token 8 n + 2 q + e of 32-token chunk h sits at slot
+      // 32 h + 16 (n / 2 % 2) + 4 q + 2 (n % 2) + e, so each row's 4 bytes are one word.
+      uint8_t* pt = sm.p_tile(c);
 #pragma unroll
-    for (int n = 0; n < 32; ++n) {
-      o[n][0] *= rescale[0];
-      o[n][1] *= rescale[0];
-      o[n][2] *= rescale[1];
-      o[n][3] *= rescale[1];
+      for (int ri = 0; ri < 2; ++ri)
+#pragma unroll
+        for (int hh = 0; hh < 4; ++hh) {
+          const uint32_t word = e4m3x4(acc[2 * hh][2 * ri], acc[2 * hh][2 * ri + 1], acc[2 * hh + 1][2 * ri],
+                                       acc[2 * hh + 1][2 * ri + 1]);
+          ptx::sts32(pt + km_offset(r0 + 8 * ri, 16 * hh + 4 * q, kPageSize), word);
+        }
+      wg::fence_proxy_async();  // P written with st.shared, read by wgmma
     }
-    ptx::named_barrier(1, 256);  // both halves of P are in place
-    const uint8_t* vt = sm.vt(j, c);
-    wg::mbar_wait(&sm.vt_full[j % kVtStages], (j / kVtStages) & 1);
-    wg::fence_operands(o);
-    wg::fence();
-    wg::mma_64x256x32_e4m3_ss(o, wg::desc(pt, 128, 512), wg::desc(vt, 128, 512));
-    wg::mma_64x256x32_e4m3_ss(o, wg::desc(pt + 256, 128, 512), wg::desc(vt + 256, 128, 512));
-    wg::commit();
-    wg::wait<0>();
-    wg::fence_operands(o);
-    wg::mbar_arrive(&sm.vt_empty[j % kVtStages]);
-    sm.ring.release(j);  // stage fully read (QK, scales, and P in the rope tile)
+    // Exchange 2: the sigmas (and both P' tiles are in place).
+    if (q == 0) {
+      sm.xsig[c * kRows + r0] = sig[0];
+      sm.xsig[c * kRows + r0 + 8] = sig[1];
+    }
+    ptx::named_barrier(1, 256);
+    float ra[2], rb[2];
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const float other = sm.xsig[(1 - c) * kRows + r0 + 8 * ri];
+      pair_rescale(st, ri, m_new[ri], c == 0 ? sig[ri] : other, c == 0 ? other : sig[ri], sum[ri], ra[ri], rb[ri]);
+    }
+    // PV of both pages for this output half, in page order.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int jj = 2 * k + h;
+      if (jj >= nblk) break;
+      const float r_lo = h == 0 ? ra[0] : rb[0], r_hi = h == 0 ? ra[1] : rb[1];
+#pragma unroll
+      for (int n = 0; n < 32; ++n) {
+        o[n][0] *= r_lo;
+        o[n][1] *= r_lo;
+        o[n][2] *= r_hi;
+        o[n][3] *= r_hi;
+      }
+      const uint8_t* pt = sm.p_tile(h);
+      const uint8_t* vt = sm.vt(jj, c);
+      wg::mbar_wait(&sm.vt_full[jj % kVtStages], (jj / kVtStages) & 1);
+      wg::fence_operands(o);
+      wg::fence();
+      wg::mma_64x256x32_e4m3_ss(o, wg::desc(pt, 128, 512), wg::desc(vt, 128, 512));
+      wg::mma_64x256x32_e4m3_ss(o, wg::desc(pt + 256, 128, 512), wg::desc(vt + 256, 128, 512));
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operands(o);
+      wg::mbar_arrive(&sm.vt_empty[jj % kVtStages]);
+    }
   }
-  // Each consumer summed P over its half of the tokens: add the other half's sums.
+  // An out-of-range page index anywhere in the split turns the rows into NaN (its stage was
+  // never filled). Checked once here, a warp's lanes splitting the pages.
+  bool fault = false;
+  for (int i = lane; i < nblk; i += 32) fault |= !page_ok(p, page_of(p, w, w.begin + i * kPageSize));
+  fault = __any_sync(0xffffffffu, fault);
+  // Each consumer summed P over its own pages: add the other's sums.
   if (q == 0) {
     sm.xmax[c * kRows + r0] = st.l[0];
     sm.xmax[c * kRows + r0 + 8] = st.l[1];
@@ -357,7 +417,11 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
   const cudaStream_t stream = as_stream(options.stream);
   check(cudaFuncSetAttribute(decode_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
         "cudaFuncSetAttribute(decode_fp8_kernel)");
-  const dim3 grid(options.plan ? options.plan->capacity : p.batch, (p.rows + kRows - 1) / kRows);
+  const int items = options.plan ? options.plan->capacity : p.batch;
+  if (items > 65535)
+    detail::fail("decode_fp8", options.plan ? "options.plan" : "q",
+                 "expected at most 65535 work items (batch or plan capacity), got " + std::to_string(items));
+  const dim3 grid((p.rows + kRows - 1) / kRows, items);
   const int64_t rows = cache.num_pages * kPageSize;
   const CUtensorMap tm_latent = plane_map(cache.latent, rows, kLatentDim, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1);
   const CUtensorMap tm_rope = plane_map(cache.rope, rows, kRopeDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);

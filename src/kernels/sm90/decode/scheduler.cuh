@@ -16,12 +16,18 @@ struct Work {
   int len = 0;             // tokens in the sequence
 };
 
-__device__ __forceinline__ bool find_work(const DecodeParams& p, int item, Work& w) {
+// Whether grid item `item` has work (CTAs past the plan's last split exit).
+__device__ __forceinline__ bool has_work(const DecodeParams& p, int item) {
+  return item < (p.split_offsets == nullptr ? p.batch : p.split_offsets[p.batch]);
+}
+
+// The work of a grid item for which has_work holds (returned by value, so that it stays in
+// registers).
+__device__ __forceinline__ Work work_of(const DecodeParams& p, int item) {
+  Work w;
   if (p.split_offsets == nullptr) {
-    if (item >= p.batch) return false;
     w.seq = item;
   } else {
-    if (item >= p.split_offsets[p.batch]) return false;
     int lo = 0, hi = p.batch - 1;  // last seq with split_offsets[seq] <= item
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
@@ -43,6 +49,12 @@ __device__ __forceinline__ bool find_work(const DecodeParams& p, int item, Work&
     w.begin = min(max(p.split_begin[item], 0), w.len);
     w.end = item + 1 < last ? min(max(p.split_begin[item + 1], w.begin), w.len) : w.len;
   }
+  return w;
+}
+
+__device__ __forceinline__ bool find_work(const DecodeParams& p, int item, Work& w) {
+  if (!has_work(p, item)) return false;
+  w = work_of(p, item);
   return true;
 }
 

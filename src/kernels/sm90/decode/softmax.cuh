@@ -31,8 +31,8 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 // The BF16 kernel's softmax over one 64-token block: s holds the raw QK accumulators (one
 // 64 x 64 S tile per consumer) and returns P, rounded to bf16 by the caller. rescale: what to
-// multiply the output accumulator by before adding this block's PV. (The FP8 kernel, whose
-// consumers each hold half of the block's tokens, uses softmax_block_half below.)
+// multiply the output accumulator by before adding this block's PV. (The FP8 kernel uses the
+// paired-page steps below.)
 __device__ __forceinline__ void softmax_block_bf16(SoftmaxState& st, float (&s)[8][4],
                                                    const float (&factor)[2], const int (&vis)[2],
                                                    int blk, int q, float (&rescale)[2]) {
@@ -72,92 +72,86 @@ __device__ __forceinline__ void softmax_block_bf16(SoftmaxState& st, float (&s)[
   }
 }
 
-// The FP8 softmax of one 64-token block when the two consumer warpgroups each hold the scores
-// of half of its tokens (warpgroup c: tokens 32 c .. 32 c + 31 of the block) for the same 64
-// rows. The row max and the max of P' are exchanged through shared memory (xmax, xpmax:
-// [2][64] floats, row-indexed) across a 256-thread named barrier each, so both warpgroups
-// apply the same m, sigma and rescale factors; each keeps its own part of the running sum l
-// (the parts are added once, at the end). acc: this warpgroup's raw scores (m64n32 fragment:
-// tokens 8 n + 2 q + {0, 1}); s: P' / sigma out. tok0 = first token of this half, kscale its
-// 32 token scales, r0 = the thread's first row in the tile (16 warp + g).
-__device__ __forceinline__ void softmax_block_half(SoftmaxState& st, const float (&acc)[4][4],
-                                                   float (&s)[4][4], const float (&factor)[2],
-                                                   const int (&vis)[2], int tok0,
-                                                   const float* kscale, int q, int r0, int c,
-                                                   float* xmax, float* xpmax, float (&rescale)[2]) {
-  constexpr int kExchangeBarrier = 1;
-  float ks[4][2];
+// The FP8 softmax with paired pages (decode_fp8): each consumer warpgroup holds the raw QK
+// scores of a whole 64-token page (m64n64 fragment: tokens 8 n + 2 q + {0, 1}), warpgroup c
+// page 2 k + c of pair k. The two exchange their row maxima once per pair, so both pages use
+// m = max(m_prev, max S_a, max S_b): the reference's per-page m_a is replaced by the pair's
+// m_b, which scales page a's P by exp(m_a - m_b) and its sigma by the same factor, so P' / sigma
+// and the output are the same up to fp32 rounding (docs/kernels.md, v7). P' is still quantized
+// per row and 64-token page with that page's own sigma.
+
+// Step 1: scaled, masked scores in place (scores = (raw * (softmax_scale * s_q)) * s_t, -inf
+// where not visible) and their row max over the page (quad-reduced). kMasked = false: the caller
+// knows every token of the page is visible to both rows (no compares, no -inf).
+template <bool kMasked>
+__device__ __forceinline__ void page_scores(float (&s)[8][4], const float (&factor)[2],
+                                            const int (&vis)[2], int blk, const float* kscale,
+                                            int q, float (&mx)[2]) {
+  mx[0] = mx[1] = -INFINITY;
 #pragma unroll
-  for (int n = 0; n < 4; ++n) {
-    const float2 v = *reinterpret_cast<const float2*>(kscale + 8 * n + 2 * q);
-    ks[n][0] = v.x;
-    ks[n][1] = v.y;
-  }
-  float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-  for (int n = 0; n < 4; ++n)
+  for (int n = 0; n < 8; ++n) {
+    const float2 ks = *reinterpret_cast<const float2*>(kscale + 8 * n + 2 * q);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int ri = e / 2, tok = 8 * n + 2 * q + (e & 1);
-      float sc = -INFINITY;
-      if (tok0 + tok < vis[ri]) sc = __fmul_rn(__fmul_rn(acc[n][e], factor[ri]), ks[n][e & 1]);
+      const float sc = !kMasked || blk + tok < vis[ri]
+                           ? __fmul_rn(__fmul_rn(s[n][e], factor[ri]), e & 1 ? ks.y : ks.x)
+                           : -INFINITY;
       s[n][e] = sc;
       mx[ri] = fmaxf(mx[ri], sc);
     }
+  }
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) mx[ri] = quad_max(mx[ri]);
-  if (q == 0) {
-    xmax[c * 64 + r0] = mx[0];
-    xmax[c * 64 + r0 + 8] = mx[1];
-  }
-  ptx::named_barrier(kExchangeBarrier, 256);
-  float m_new[2], sum[2] = {0.f, 0.f}, pmax[2] = {0.f, 0.f};
+}
+
+// Step 2, given the pair's m: s <- P' = exp(s - m) * s_t (0 where not visible); sum: the row
+// sums of P = exp(s - m), pmax: the row max of P' (both quad-reduced).
+template <bool kMasked>
+__device__ __forceinline__ void page_probs(float (&s)[8][4], const float (&m)[2], const float* kscale,
+                                           int q, float (&sum)[2], float (&pmax)[2]) {
+  sum[0] = sum[1] = 0.f;
+  pmax[0] = pmax[1] = 0.f;
 #pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    mx[ri] = fmaxf(mx[ri], xmax[(1 - c) * 64 + r0 + 8 * ri]);
-    m_new[ri] = fmaxf(st.m[ri], mx[ri]);  // -inf only if nothing was ever visible
-  }
-#pragma unroll
-  for (int n = 0; n < 4; ++n)
+  for (int n = 0; n < 8; ++n) {
+    const float2 ks = *reinterpret_cast<const float2*>(kscale + 8 * n + 2 * q);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int ri = e / 2;
-      // exp(-inf) = 0 for masked tokens; a row with nothing visible yet gets 0 everywhere.
-      const bool seen = s[n][e] != -INFINITY;  // masked tokens' scales may be anything
-      const float pe = seen ? fast_exp(s[n][e] - m_new[ri]) : 0.f;
+      const bool seen = !kMasked || s[n][e] != -INFINITY;  // masked tokens' scales may be anything
+      const float pe = seen ? fast_exp(s[n][e] - m[ri]) : 0.f;
       sum[ri] += pe;
-      const float pv = seen ? __fmul_rn(pe, ks[n][e & 1]) : 0.f;
+      const float pv = seen ? __fmul_rn(pe, e & 1 ? ks.y : ks.x) : 0.f;
       pmax[ri] = fmaxf(pmax[ri], pv);
       s[n][e] = pv;
     }
+  }
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     sum[ri] = quad_sum(sum[ri]);
     pmax[ri] = quad_max(pmax[ri]);
   }
-  if (q == 0) {
-    xpmax[c * 64 + r0] = pmax[0];
-    xpmax[c * 64 + r0 + 8] = pmax[1];
+}
+
+// Step 3, once both pages' sigmas are known (0: the page showed the row nothing, so its sigma
+// is the previous one, as the reference leaves the state untouched for such a block): the
+// factors for the output before page a's PV (ra) and between a's and b's (rb), and the state
+// after the pair. `own_sum`: this warpgroup's page's row sum; each warpgroup keeps its own part
+// of l (the same alpha applies to both), added at the end.
+__device__ __forceinline__ void pair_rescale(SoftmaxState& st, int ri, float m_new, float sig_a, float sig_b,
+                                             float own_sum, float& ra, float& rb) {
+  if (m_new == -INFINITY) {  // nothing visible to this row so far
+    ra = rb = 1.f;
+    return;
   }
-  ptx::named_barrier(kExchangeBarrier, 256);
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    if (mx[ri] == -INFINITY) {  // nothing visible in this block for this row: state unchanged
-      rescale[ri] = 1.f;
-      continue;
-    }
-    pmax[ri] = fmaxf(pmax[ri], xpmax[(1 - c) * 64 + r0 + 8 * ri]);
-    const float alpha = fast_exp(st.m[ri] - m_new[ri]);
-    const DevScale sig = device_token_scale(pmax[ri]);
-#pragma unroll
-    for (int n = 0; n < 4; ++n)
-#pragma unroll
-      for (int e = 2 * ri; e < 2 * ri + 2; ++e) s[n][e] = __fmul_rn(s[n][e], sig.inv_scale);
-    st.l[ri] = st.l[ri] * alpha + sum[ri];
-    rescale[ri] = alpha * __fdiv_rn(st.sigma[ri], sig.scale);
-    st.sigma[ri] = sig.scale;
-    st.m[ri] = m_new[ri];
-  }
+  const float alpha = fast_exp(st.m[ri] - m_new);
+  const float s1 = sig_a > 0.f ? sig_a : st.sigma[ri];
+  const float s2 = sig_b > 0.f ? sig_b : s1;
+  ra = alpha * __fdiv_rn(st.sigma[ri], s1);
+  rb = __fdiv_rn(s1, s2);
+  st.l[ri] = st.l[ri] * alpha + own_sum;
+  st.m[ri] = m_new;
+  st.sigma[ri] = s2;
 }
 
 }  // namespace snapmla::cuda
