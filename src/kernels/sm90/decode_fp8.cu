@@ -1,10 +1,10 @@
 // decode_fp8 (version 7): TMA page pipeline, warp-specialized, paired pages.
 //
 // CTA = one split of one sequence x 64 query rows (one wgmma M tile), 3 warpgroups:
-//   WG0  producer. Warps 0-1 load: the Q latent tile once (cp.async), then one thread streams
+//   WG0  producer. Warp 0 loads: the Q latent tile once (cp.async), then one thread streams
 //        pages into a 3-stage ring with TMA (latent and rope as 64 x 128-byte boxes with 128-byte
 //        swizzle, the 64 scales as a bulk copy), completing on the stage's mbarrier; page indices
-//        are read one page ahead. Warps 2-3 transpose each landed page's latent into a 2-stage
+//        are read one page ahead. Warps 1-3 transpose each landed page's latent into a 2-stage
 //        V^T ring (ldmatrix.trans + byte permutes), zeroing tokens past the split end.
 //   WG1, WG2  consumers, working on pairs of pages. Consumer c computes S for page 2 k + c of
 //        pair k (all 64 tokens and rows: the rope product from Q registers, HGMMA m64n64k16, then
@@ -35,11 +35,11 @@ namespace {
 constexpr int kStages = 3;    // pages in flight (K-major latent, rope, scales)
 constexpr int kVtStages = 2;  // transposed latents (V^T) ready for PV
 constexpr int kRows = 64;
-// The producer warpgroup's two roles, two warps each, so that loads never wait on the
-// transposition: kLoaders threads stream pages into the ring as fast as it frees up;
-// kTransposers threads turn each landed page's latent into V^T (stage i % kVtStages, once PV
-// of the page that used it is done) and then count as readers of the page's stage.
-constexpr int kLoaders = 64, kTransposers = 64;
+// The producer warpgroup's two roles, so that loads never wait on the transposition: warp 0
+// loads (the Q tile, then one thread streams pages into the ring as fast as it frees up);
+// warps 1-3 turn each landed page's latent into V^T (stage i % kVtStages, once PV of the page
+// that used it is done) and then count as readers of the page's stage.
+constexpr int kLoaders = 32, kTransposerWarps = 3, kTransposers = 32 * kTransposerWarps;
 
 // Byte sizes of the shared-memory tiles (K-major, 8 x 16 B core matrices, 128 B each). The Q
 // rope part lives in the consumers' registers (wgmma A operand), which pays for the P buffers.
@@ -65,7 +65,7 @@ struct Smem {
   uint8_t* pbuf;  // [2][kPBytes]: P' / sigma of the pair's pages
   float* scales;  // [kStages][64]
   Ring ring;
-  uint64_t* vt_full;   // [kVtStages]: 64 transposer arrivals (V^T written)
+  uint64_t* vt_full;   // [kVtStages]: kTransposers arrivals (V^T written)
   uint64_t* vt_empty;  // [kVtStages]: 256 consumer arrivals (PV done reading)
   float* xmax;         // [2][64]: each consumer's row maxima of its page's S
   float* xsig;         // [2][64]: each consumer's sigma per row for its page (0: nothing visible)
@@ -121,43 +121,47 @@ __device__ __forceinline__ void load_page(const DecodeParams& p, const CUtensorM
 
 // The latent of one page (64 tokens x 512 dims, K-major) -> V^T for PV: two halves of 256 dims
 // x 64 token slots, K-major, slot 16 h + 4 q + j of 32-token chunk k holding token
-// 32 k + 16 h + {2q, 2q+1, 2q+8, 2q+9}[j]: the order of P's register fragment, so P feeds PV
-// from registers. This moves tokens [16 w, 16 w + 16) for one warp: per step 32 dims with
-// one transposing ldmatrix (b16 units: two tokens x two dims per register), then byte
-// permutes split the dim pairs and four 4-byte stores write four dims' 4-token words.
-__device__ __forceinline__ void transpose_tokens16(const uint8_t* kl, uint8_t* vt, int w, int lane,
-                                                   int ntok) {
+// 32 k + 16 h + {2q, 2q+1, 2q+8, 2q+9}[j]: the order of a thread's S fragment, so each row's
+// P' bytes of four slots are one 4-byte word. One unit of work is 16 tokens (group gi) x 128
+// dims (TMA box b) for one warp: per 32 dims one transposing ldmatrix (b16 units: two tokens x
+// two dims per register), then byte permutes split the dim pairs and four 4-byte stores write
+// four dims' 4-token words. The four ldmatrix of a unit are issued before any store (they
+// would otherwise wait on each other through the stores' memory order).
+__device__ __forceinline__ void transpose_unit(const uint8_t* kl, uint8_t* vt, int gi, int b, int lane,
+                                               int ntok) {
   const int m = lane / 8;
-  const int token = 16 * w + (m % 2) * 8 + lane % 8;
+  const int token = 16 * gi + (m % 2) * 8 + lane % 8;
   // The latent tile as TMA wrote it: box b = bytes [128 b, 128 b + 128) of each token's row,
   // 128 bytes per token, 16-byte chunk k of row t at chunk k ^ (t % 8).
-  const uint8_t* row = kl + token * kLatentBox;
+  const uint8_t* row = kl + b * (kPageSize * kLatentBox) + token * kLatentBox;
   const int c = lane / 4, q = lane % 4;
-  uint8_t* dst = vt + (c / 4) * 512 + ((2 * c) % 8) * 16 + w * 128 + 4 * q;
+  uint8_t* dst = vt + (c / 4) * 512 + ((2 * c) % 8) * 16 + gi * 128 + 4 * q + b * 4 * 2048;
   // Bytes of tokens at or past the split end are zeroed (P is 0 there, but V may be NaN).
-  const int t0 = 16 * w + 2 * q;
+  const int t0 = 16 * gi + 2 * q;
   const uint32_t keep = (t0 < ntok ? 0xFFu : 0u) | (t0 + 1 < ntok ? 0xFF00u : 0u) |
                         (t0 + 8 < ntok ? 0xFF0000u : 0u) | (t0 + 9 < ntok ? 0xFF000000u : 0u);
-#pragma unroll 4
-  for (int i = 0; i < kLatentDim / 32; ++i) {
-    const int chunk = (2 * i + m / 2) % 8;  // 16-byte chunk within the box row
-    uint32_t r[4];
-    ptx::ldsm_x4_trans(row + (i / 4) * (kPageSize * kLatentBox) + ((chunk ^ (token % 8)) * 16), r);
-    uint8_t* d = dst + i * 2048;
-    ptx::sts32(d, ptx::prmt(r[0], r[1], 0x6420) & keep);
-    ptx::sts32(d + 16, ptx::prmt(r[0], r[1], 0x7531) & keep);
-    ptx::sts32(d + 1024, ptx::prmt(r[2], r[3], 0x6420) & keep);
-    ptx::sts32(d + 1040, ptx::prmt(r[2], r[3], 0x7531) & keep);
+  uint32_t r[4][4];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int chunk = (2 * u + m / 2) % 8;  // 16-byte chunk within the box row
+    ptx::ldsm_x4_trans(row + ((chunk ^ (token % 8)) * 16), r[u]);
+  }
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    uint8_t* d = dst + u * 2048;
+    ptx::sts32(d, ptx::prmt(r[u][0], r[u][1], 0x6420) & keep);
+    ptx::sts32(d + 16, ptx::prmt(r[u][0], r[u][1], 0x7531) & keep);
+    ptx::sts32(d + 1024, ptx::prmt(r[u][2], r[u][3], 0x6420) & keep);
+    ptx::sts32(d + 1040, ptx::prmt(r[u][2], r[u][3], 0x7531) & keep);
   }
 }
 
-__device__ __forceinline__ void transpose_page(const Smem& sm, int i, int t, int ntok) {
+// Transposer warp tw of kTransposerWarps: page i's units tw, tw + kTransposerWarps, ...
+__device__ __forceinline__ void transpose_page(const Smem& sm, int i, int tw, int lane, int ntok) {
   sm.ring.wait(i);
   if (i >= kVtStages) wg::mbar_wait(&sm.vt_empty[i % kVtStages], ((i / kVtStages) - 1) & 1);
-  const int w = t / 32, lane = t % 32;
-#pragma unroll
-  for (int k = 0; k < kPageSize / 16 / (kTransposers / 32); ++k)
-    transpose_tokens16(sm.kl(i % kStages), sm.vt(i, 0), w + k * (kTransposers / 32), lane, ntok);
+  for (int unit = tw; unit < 16; unit += kTransposerWarps)
+    transpose_unit(sm.kl(i % kStages), sm.vt(i, 0), unit / 4, unit % 4, lane, ntok);
   wg::fence_proxy_async();  // V^T written with st.shared, read by wgmma (async proxy)
   wg::mbar_arrive(&sm.vt_full[i % kVtStages]);
   sm.ring.release(i);       // done reading the stage's latent
@@ -189,7 +193,7 @@ __global__ void __launch_bounds__(384, 1)
     const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
     if (t >= kLoaders) {
       for (int i = 0; i < nblk; ++i)
-        transpose_page(sm, i, t - kLoaders, min(kPageSize, w.end - (w.begin + i * kPageSize)));
+        transpose_page(sm, i, (t - kLoaders) / 32, t % 32, min(kPageSize, w.end - (w.begin + i * kPageSize)));
       return;
     }
     // The Q latent tile, K-major; rows past the query rows are zero.
