@@ -125,46 +125,89 @@ __device__ __forceinline__ void load_page(const DecodeParams& p, const CUtensorM
 // P' bytes of four slots are one 4-byte word. One unit of work is 16 tokens (group gi) x 128
 // dims (TMA box b) for one warp: per 32 dims one transposing ldmatrix (b16 units: two tokens x
 // two dims per register), then byte permutes split the dim pairs and four 4-byte stores write
-// four dims' 4-token words. The four ldmatrix of a unit are issued before any store (they
-// would otherwise wait on each other through the stores' memory order).
-__device__ __forceinline__ void transpose_unit(const uint8_t* kl, uint8_t* vt, int gi, int b, int lane,
-                                               int ntok) {
-  const int m = lane / 8;
-  const int token = 16 * gi + (m % 2) * 8 + lane % 8;
-  // The latent tile as TMA wrote it: box b = bytes [128 b, 128 b + 128) of each token's row,
-  // 128 bytes per token, 16-byte chunk k of row t at chunk k ^ (t % 8).
-  const uint8_t* row = kl + b * (kPageSize * kLatentBox) + token * kLatentBox;
-  const int c = lane / 4, q = lane % 4;
-  uint8_t* dst = vt + (c / 4) * 512 + ((2 * c) % 8) * 16 + gi * 128 + 4 * q + b * 4 * 2048;
-  // Bytes of tokens at or past the split end are zeroed (P is 0 there, but V may be NaN).
-  const int t0 = 16 * gi + 2 * q;
-  const uint32_t keep = (t0 < ntok ? 0xFFu : 0u) | (t0 + 1 < ntok ? 0xFF00u : 0u) |
-                        (t0 + 8 < ntok ? 0xFF0000u : 0u) | (t0 + 9 < ntok ? 0xFF000000u : 0u);
+// four dims' 4-token words. Transposer warp tw takes units tw, tw + 3, ...; its lanes' offsets
+// are the same for every page, so they are computed once.
+constexpr int kUnitsPerWarp = (16 + kTransposerWarps - 1) / kTransposerWarps;
+struct TransposeLanes {
+  uint32_t src[kUnitsPerWarp];  // the lane's ldmatrix row in the latent tile, per unit
+  uint32_t dst[kUnitsPerWarp];  // the lane's first store in the page's V^T, per unit
+  uint32_t chunk[4];            // the lane's 16-byte chunk (swizzled) for each 32-dim step
+  int t0[kUnitsPerWarp];        // the first of the lane's four tokens, per unit
+  __device__ TransposeLanes(int tw, int lane) {
+    const int m = lane / 8, c = lane / 4, q = lane % 4;
+#pragma unroll
+    for (int k = 0; k < kUnitsPerWarp; ++k) {
+      const int u = tw + kTransposerWarps * k, gi = (u / 4) % 4, b = u % 4;
+      // The latent tile as TMA wrote it: box b = bytes [128 b, 128 b + 128) of each token's
+      // row, 128 bytes per token, 16-byte chunk x of row t at chunk x ^ (t % 8).
+      src[k] = b * (kPageSize * kLatentBox) + (16 * gi + (m % 2) * 8 + lane % 8) * kLatentBox;
+      dst[k] = (c / 4) * 512 + ((2 * c) % 8) * 16 + gi * 128 + 4 * q + b * 4 * 2048;
+      t0[k] = 16 * gi + 2 * q;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) chunk[i] = (((2 * i + m / 2) % 8) ^ (lane % 8)) * 16;
+  }
+};
+
+// One unit; keep masks the bytes of tokens at or past the split end (P is 0 there, but V may
+// be NaN). The four ldmatrix are issued before any store (they would otherwise wait on each
+// other through the stores' memory order).
+__device__ __forceinline__ void transpose_unit(const uint8_t* src, uint8_t* dst, const uint32_t (&chunk)[4],
+                                               uint32_t keep) {
   uint32_t r[4][4];
 #pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    const int chunk = (2 * u + m / 2) % 8;  // 16-byte chunk within the box row
-    ptx::ldsm_x4_trans(row + ((chunk ^ (token % 8)) * 16), r[u]);
-  }
+  for (int i = 0; i < 4; ++i) ptx::ldsm_x4_trans(src + chunk[i], r[i]);
 #pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    uint8_t* d = dst + u * 2048;
-    ptx::sts32(d, ptx::prmt(r[u][0], r[u][1], 0x6420) & keep);
-    ptx::sts32(d + 16, ptx::prmt(r[u][0], r[u][1], 0x7531) & keep);
-    ptx::sts32(d + 1024, ptx::prmt(r[u][2], r[u][3], 0x6420) & keep);
-    ptx::sts32(d + 1040, ptx::prmt(r[u][2], r[u][3], 0x7531) & keep);
+  for (int i = 0; i < 4; ++i) {
+    uint8_t* d = dst + i * 2048;
+    ptx::sts32(d, ptx::prmt(r[i][0], r[i][1], 0x6420) & keep);
+    ptx::sts32(d + 16, ptx::prmt(r[i][0], r[i][1], 0x7531) & keep);
+    ptx::sts32(d + 1024, ptx::prmt(r[i][2], r[i][3], 0x6420) & keep);
+    ptx::sts32(d + 1040, ptx::prmt(r[i][2], r[i][3], 0x7531) & keep);
   }
 }
 
-// Transposer warp tw of kTransposerWarps: page i's units tw, tw + kTransposerWarps, ...
-__device__ __forceinline__ void transpose_page(const Smem& sm, int i, int tw, int lane, int ntok) {
+__device__ __forceinline__ void transpose_page(const Smem& sm, int i, int tw, const TransposeLanes& tl, int ntok) {
   sm.ring.wait(i);
   if (i >= kVtStages) wg::mbar_wait(&sm.vt_empty[i % kVtStages], ((i / kVtStages) - 1) & 1);
-  for (int unit = tw; unit < 16; unit += kTransposerWarps)
-    transpose_unit(sm.kl(i % kStages), sm.vt(i, 0), unit / 4, unit % 4, lane, ntok);
+  const uint8_t* kl = sm.kl(i % kStages);
+  uint8_t* vt = sm.vt(i, 0);
+  if (ntok == kPageSize) {  // a whole page: no masks
+#pragma unroll
+    for (int k = 0; k < kUnitsPerWarp; ++k)
+      if (tw + kTransposerWarps * k < 16) transpose_unit(kl + tl.src[k], vt + tl.dst[k], tl.chunk, 0xFFFFFFFFu);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kUnitsPerWarp; ++k) {
+      const int t0 = tl.t0[k];
+      const uint32_t keep = (t0 < ntok ? 0xFFu : 0u) | (t0 + 1 < ntok ? 0xFF00u : 0u) |
+                            (t0 + 8 < ntok ? 0xFF0000u : 0u) | (t0 + 9 < ntok ? 0xFF000000u : 0u);
+      if (tw + kTransposerWarps * k < 16) transpose_unit(kl + tl.src[k], vt + tl.dst[k], tl.chunk, keep);
+    }
+  }
   wg::fence_proxy_async();  // V^T written with st.shared, read by wgmma (async proxy)
   wg::mbar_arrive(&sm.vt_full[i % kVtStages]);
   sm.ring.release(i);       // done reading the stage's latent
+}
+
+// o = o * r (per row) + P' V^T of page jj for output half c (issued and committed, not waited
+// for). P' of the pair's page jj % 2 is in its P buffer.
+__device__ __forceinline__ void pv_page(float (&o)[32][4], const float (&r)[2], const Smem& sm, int jj, int c) {
+#pragma unroll
+  for (int n = 0; n < 32; ++n) {
+    o[n][0] *= r[0];
+    o[n][1] *= r[0];
+    o[n][2] *= r[1];
+    o[n][3] *= r[1];
+  }
+  const uint8_t* pt = sm.p_tile(jj % 2);
+  const uint8_t* vt = sm.vt(jj, c);
+  wg::mbar_wait(&sm.vt_full[jj % kVtStages], (jj / kVtStages) & 1);
+  wg::fence_operands(o);
+  wg::fence();
+  wg::mma_64x256x32_e4m3_ss(o, wg::desc(pt, 128, 512), wg::desc(vt, 128, 512));
+  wg::mma_64x256x32_e4m3_ss(o, wg::desc(pt + 256, 128, 512), wg::desc(vt + 256, 128, 512));
+  wg::commit();
 }
 
 __global__ void __launch_bounds__(384, 1)
@@ -192,8 +235,10 @@ __global__ void __launch_bounds__(384, 1)
     const Work w = work_of(p, blockIdx.y);
     const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
     if (t >= kLoaders) {
+      const int tw = (t - kLoaders) / 32;
+      const TransposeLanes tl(tw, t % 32);
       for (int i = 0; i < nblk; ++i)
-        transpose_page(sm, i, (t - kLoaders) / 32, t % 32, min(kPageSize, w.end - (w.begin + i * kPageSize)));
+        transpose_page(sm, i, tw, tl, min(kPageSize, w.end - (w.begin + i * kPageSize)));
       return;
     }
     // The Q latent tile, K-major; rows past the query rows are zero.
@@ -247,30 +292,44 @@ __global__ void __launch_bounds__(384, 1)
   for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   wg::mbar_wait(sm.ring.qbar, 0);
 
+  // S of page j (this warpgroup's) into acc: issued here, waited for at the top of its pair, so
+  // that the QK of the next pair runs on the tensor cores right behind the current PV.
+  float acc[8][4];
+  const uint64_t qn = wg::desc(sm.qn, 128, 4096);
+  auto issue_qk = [&](int j) {
+    const int s = j % kStages;
+    sm.ring.wait(j);
+    wg::fence_operands(acc);
+    wg::fence();
+    // K tiles as TMA wrote them (128-byte swizzle, 128 bytes per token row): a K step moves
+    // 32 bytes along the row, or to the next box. The bf16 rope product first (overwriting
+    // the accumulator), then the FP8 latent product. Descriptors are a base plus the offset
+    // / 16 (the start address field; no carry out of it inside shared memory).
+    const uint64_t kr = wg::desc_sw128(sm.kr(s)), kl = wg::desc_sw128(sm.kl(s));
+    wg::mma_64x64x16_bf16_rs_zero(acc, qa[0], kr);
+#pragma unroll
+    for (int ks = 1; ks < 4; ++ks) wg::mma_64x64x16_bf16_rs(acc, qa[ks], kr + ks * 32 / 16);
+#pragma unroll
+    for (int kk = 0; kk < 16; ++kk)
+      wg::mma_64x64x32_e4m3_ss(acc, qn + kk * 256 / 16, kl + ((kk / 4) * (kPageSize * kLatentBox) + (kk % 4) * 32) / 16);
+    wg::commit();
+  };
+  // Every pair issues exactly one QK per warpgroup and waits for it, with no wgmma under a
+  // condition that ptxas cannot see is warpgroup-uniform (it would serialize them all): a
+  // warpgroup without a page in the pair (odd page count) recomputes the last page and
+  // discards it, and after the last pair the QK repeats the last page (its stage holds it still).
+  if (nblk > 0) issue_qk(min(c, nblk - 1));
   for (int k = 0; 2 * k < nblk; ++k) {
     const int j = 2 * k + c;  // this warpgroup's page
     const bool mine = j < nblk;
-    const int s = j % kStages;
+    const int s = min(j, nblk - 1) % kStages;
     const int blk = w.begin + j * kPageSize;
     // The common case, every token of the page visible to every row of the warp, skips the masks.
     const bool full = __all_sync(0xffffffffu, blk + kPageSize <= min(vis[0], vis[1]));
-    float acc[8][4], mx[2] = {-INFINITY, -INFINITY};
+    float mx[2] = {-INFINITY, -INFINITY};
+    wg::wait<0>();
+    wg::fence_operands(acc);
     if (mine) {
-      sm.ring.wait(j);
-      wg::fence();
-      // K tiles as TMA wrote them (128-byte swizzle, 128 bytes per token row): a K step moves
-      // 32 bytes along the row, or to the next box. The bf16 rope product first (overwriting
-      // the accumulator), then the FP8 latent product.
-      wg::mma_64x64x16_bf16_rs_zero(acc, qa[0], wg::desc_sw128(sm.kr(s)));
-#pragma unroll
-      for (int ks = 1; ks < 4; ++ks) wg::mma_64x64x16_bf16_rs(acc, qa[ks], wg::desc_sw128(sm.kr(s) + ks * 32));
-#pragma unroll
-      for (int kk = 0; kk < 16; ++kk)
-        wg::mma_64x64x32_e4m3_ss(acc, wg::desc(sm.qn + kk * 256, 128, 4096),
-                                 wg::desc_sw128(sm.kl(s) + (kk / 4) * (kPageSize * kLatentBox) + (kk % 4) * 32));
-      wg::commit();
-      wg::wait<0>();
-      wg::fence_operands(acc);
       if (full) page_scores<false>(acc, factor, vis, blk, sm.scale(s), q, mx);
       else page_scores<true>(acc, factor, vis, blk, sm.scale(s), q, mx);
     }
@@ -328,32 +387,21 @@ __global__ void __launch_bounds__(384, 1)
       const float other = sm.xsig[(1 - c) * kRows + r0 + 8 * ri];
       pair_rescale(st, ri, m_new[ri], c == 0 ? sig[ri] : other, c == 0 ? other : sig[ri], sum[ri], ra[ri], rb[ri]);
     }
-    // PV of both pages for this output half, in page order.
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int jj = 2 * k + h;
-      if (jj >= nblk) break;
-      const float r_lo = h == 0 ? ra[0] : rb[0], r_hi = h == 0 ? ra[1] : rb[1];
-#pragma unroll
-      for (int n = 0; n < 32; ++n) {
-        o[n][0] *= r_lo;
-        o[n][1] *= r_lo;
-        o[n][2] *= r_hi;
-        o[n][3] *= r_hi;
-      }
-      const uint8_t* pt = sm.p_tile(h);
-      const uint8_t* vt = sm.vt(jj, c);
-      wg::mbar_wait(&sm.vt_full[jj % kVtStages], (jj / kVtStages) & 1);
-      wg::fence_operands(o);
-      wg::fence();
-      wg::mma_64x256x32_e4m3_ss(o, wg::desc(pt, 128, 512), wg::desc(vt, 128, 512));
-      wg::mma_64x256x32_e4m3_ss(o, wg::desc(pt + 256, 128, 512), wg::desc(vt + 256, 128, 512));
-      wg::commit();
-      wg::wait<0>();
-      wg::fence_operands(o);
-      wg::mbar_arrive(&sm.vt_empty[jj % kVtStages]);
-    }
+    // PV of both pages for this output half, in page order; the next pair's QK goes in right
+    // behind the second, and only the PVs are waited for.
+    const bool has_b = 2 * k + 1 < nblk;
+    pv_page(o, ra, sm, 2 * k, c);
+    wg::wait<0>();
+    wg::fence_operands(o);
+    wg::mbar_arrive(&sm.vt_empty[(2 * k) % kVtStages]);
+    if (has_b) pv_page(o, rb, sm, 2 * k + 1, c);
+    issue_qk(min(j + 2, nblk - 1));
+    wg::wait<1>();
+    wg::fence_operands(o);
+    if (has_b) wg::mbar_arrive(&sm.vt_empty[(2 * k + 1) % kVtStages]);
   }
+  wg::wait<0>();
+  wg::fence_operands(acc);
   // An out-of-range page index anywhere in the split turns the rows into NaN (its stage was
   // never filled). Checked once here, a warp's lanes splitting the pages.
   bool fault = false;
