@@ -324,14 +324,17 @@ __global__ void __launch_bounds__(384, 1)
     const bool mine = j < nblk;
     const int s = min(j, nblk - 1) % kStages;
     const int blk = w.begin + j * kPageSize;
-    // The common case, every token of the page visible to every row of the warp, skips the masks.
+    // The common case, every token of the page visible to every row of the warp, skips the
+    // masks; a warp whose rows see nothing of the page (padding rows past h * s_q, causal
+    // rows) skips the softmax.
     const bool full = __all_sync(0xffffffffu, blk + kPageSize <= min(vis[0], vis[1]));
+    const bool none = __all_sync(0xffffffffu, blk >= max(vis[0], vis[1]));
     float mx[2] = {-INFINITY, -INFINITY};
     wg::wait<0>();
     wg::fence_operands(acc);
     if (mine) {
       if (full) page_scores<false>(acc, factor, vis, blk, sm.scale(s), q, mx);
-      else page_scores<true>(acc, factor, vis, blk, sm.scale(s), q, mx);
+      else if (!none) page_scores<true>(acc, factor, vis, blk, sm.scale(s), q, mx);
     }
     // Exchange 1: the pair's row max.
     if (q == 0) {
@@ -344,35 +347,36 @@ __global__ void __launch_bounds__(384, 1)
     for (int ri = 0; ri < 2; ++ri)
       m_new[ri] = fmaxf(st.m[ri], fmaxf(mx[ri], sm.xmax[(1 - c) * kRows + r0 + 8 * ri]));
     if (mine) {
-      float pmax[2];
-      if (full) page_probs<false>(acc, m_new, sm.scale(s), q, sum, pmax);
-      else page_probs<true>(acc, m_new, sm.scale(s), q, sum, pmax);
-      sm.ring.release(j);  // QK operands and scales are read: the loader may refill the stage
-#pragma unroll
-      for (int ri = 0; ri < 2; ++ri) {
-        float inv = 0.f;  // a row that saw nothing in this page has P' = 0 there
-        if (mx[ri] != -INFINITY) {
-          const DevScale sc = device_token_scale(pmax[ri]);
-          sig[ri] = sc.scale;
-          inv = sc.inv_scale;
-        }
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-          acc[n][2 * ri] = __fmul_rn(acc[n][2 * ri], inv);
-          acc[n][2 * ri + 1] = __fmul_rn(acc[n][2 * ri + 1], inv);
-        }
-      }
       // P' / sigma as e4m3: token 8 n + 2 q + e of 32-token chunk h sits at slot
       // 32 h + 16 (n / 2 % 2) + 4 q + 2 (n % 2) + e, so each row's 4 bytes are one word.
       uint8_t* pt = sm.p_tile(c);
+      auto p_word = [&](int ri, int hh) { return pt + km_offset(r0 + 8 * ri, 16 * hh + 4 * q, kPageSize); };
+      if (none) {
+        sm.ring.release(j);
 #pragma unroll
-      for (int ri = 0; ri < 2; ++ri)
+        for (int ri = 0; ri < 2; ++ri)
 #pragma unroll
-        for (int hh = 0; hh < 4; ++hh) {
-          const uint32_t word = e4m3x4(acc[2 * hh][2 * ri], acc[2 * hh][2 * ri + 1], acc[2 * hh + 1][2 * ri],
-                                       acc[2 * hh + 1][2 * ri + 1]);
-          ptx::sts32(pt + km_offset(r0 + 8 * ri, 16 * hh + 4 * q, kPageSize), word);
+          for (int hh = 0; hh < 4; ++hh) ptx::sts32(p_word(ri, hh), 0u);
+      } else {
+        float pmax[2] = {0.f, 0.f};
+        if (full) page_probs<false>(acc, m_new, sm.scale(s), q, sum, pmax);
+        else page_probs<true>(acc, m_new, sm.scale(s), q, sum, pmax);
+        sm.ring.release(j);  // QK operands and scales are read: the loader may refill the stage
+#pragma unroll
+        for (int ri = 0; ri < 2; ++ri) {
+          float inv = 0.f;  // a row that saw nothing in this page has P' = 0 there
+          if (mx[ri] != -INFINITY) {
+            const DevScale sc = device_token_scale(pmax[ri]);
+            sig[ri] = sc.scale;
+            inv = sc.inv_scale;
+          }
+#pragma unroll
+          for (int hh = 0; hh < 4; ++hh)
+            ptx::sts32(p_word(ri, hh), e4m3x4(__fmul_rn(acc[2 * hh][2 * ri], inv), __fmul_rn(acc[2 * hh][2 * ri + 1], inv),
+                                              __fmul_rn(acc[2 * hh + 1][2 * ri], inv),
+                                              __fmul_rn(acc[2 * hh + 1][2 * ri + 1], inv)));
         }
+      }
       wg::fence_proxy_async();  // P written with st.shared, read by wgmma
     }
     // Exchange 2: the sigmas (and both P' tiles are in place).

@@ -16,9 +16,19 @@ struct SoftmaxState {
   float sigma[2] = {1.f, 1.f};
 };
 
-// exp(x) as one MUFU.EX2 plus a multiply; differs from the reference's std::exp by a few fp32
+constexpr float kLog2e = 1.4426950408889634f;
+
+// 2^x as one MUFU.EX2 (results below 2^-126 flush to 0: such weights are far below what e4m3
+// or bf16 P can hold). exp2f would add a range fix-up of four instructions around it.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// exp(x) as a multiply and one MUFU.EX2; differs from the reference's std::exp by a few fp32
 // ulps, within the fp32-rounding allowance of docs/reference.md.
-__device__ __forceinline__ float fast_exp(float x) { return exp2f(x * 1.4426950408889634f); }
+__device__ __forceinline__ float fast_exp(float x) { return ex2(x * kLog2e); }
 
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -106,12 +116,12 @@ __device__ __forceinline__ void page_scores(float (&s)[8][4], const float (&fact
 }
 
 // Step 2, given the pair's m: s <- P' = exp(s - m) * s_t (0 where not visible); sum: the row
-// sums of P = exp(s - m), pmax: the row max of P' (both quad-reduced).
+// sums of P = exp(s - m), pmax: the row max of P' (both quad-reduced; the caller zeroes them).
 template <bool kMasked>
 __device__ __forceinline__ void page_probs(float (&s)[8][4], const float (&m)[2], const float* kscale,
                                            int q, float (&sum)[2], float (&pmax)[2]) {
-  sum[0] = sum[1] = 0.f;
-  pmax[0] = pmax[1] = 0.f;
+  // exp(s - m) as 2^(s log2e - m log2e), one FFMA and one MUFU.EX2 per element.
+  const float ml[2] = {m[0] * kLog2e, m[1] * kLog2e};
 #pragma unroll
   for (int n = 0; n < 8; ++n) {
     const float2 ks = *reinterpret_cast<const float2*>(kscale + 8 * n + 2 * q);
@@ -119,7 +129,7 @@ __device__ __forceinline__ void page_probs(float (&s)[8][4], const float (&m)[2]
     for (int e = 0; e < 4; ++e) {
       const int ri = e / 2;
       const bool seen = !kMasked || s[n][e] != -INFINITY;  // masked tokens' scales may be anything
-      const float pe = seen ? fast_exp(s[n][e] - m[ri]) : 0.f;
+      const float pe = seen ? ex2(fmaf(s[n][e], kLog2e, -ml[ri])) : 0.f;
       sum[ri] += pe;
       const float pv = seen ? __fmul_rn(pe, e & 1 ? ks.y : ks.x) : 0.f;
       pmax[ri] = fmaxf(pmax[ri], pv);
