@@ -26,6 +26,13 @@ __device__ __forceinline__ uint64_t desc_sw128(const void* smem) {
   return ((a & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 
+// d with its start address moved by `bytes` (a multiple of 16; inside shared memory the 14-bit
+// address field does not carry). A 32-bit add on the low word: a 64-bit add costs ptxas a carry
+// chain and register moves per wgmma.
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) {
+  return (d & 0xFFFFFFFF00000000ull) | uint32_t(uint32_t(d) + (bytes >> 4));
+}
+
 __device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>

@@ -303,15 +303,15 @@ __global__ void __launch_bounds__(384, 1)
     wg::fence();
     // K tiles as TMA wrote them (128-byte swizzle, 128 bytes per token row): a K step moves
     // 32 bytes along the row, or to the next box. The bf16 rope product first (overwriting
-    // the accumulator), then the FP8 latent product. Descriptors are a base plus the offset
-    // / 16 (the start address field; no carry out of it inside shared memory).
+    // the accumulator), then the FP8 latent product.
     const uint64_t kr = wg::desc_sw128(sm.kr(s)), kl = wg::desc_sw128(sm.kl(s));
     wg::mma_64x64x16_bf16_rs_zero(acc, qa[0], kr);
 #pragma unroll
-    for (int ks = 1; ks < 4; ++ks) wg::mma_64x64x16_bf16_rs(acc, qa[ks], kr + ks * 32 / 16);
+    for (int ks = 1; ks < 4; ++ks) wg::mma_64x64x16_bf16_rs(acc, qa[ks], wg::desc_add(kr, ks * 32));
 #pragma unroll
     for (int kk = 0; kk < 16; ++kk)
-      wg::mma_64x64x32_e4m3_ss(acc, qn + kk * 256 / 16, kl + ((kk / 4) * (kPageSize * kLatentBox) + (kk % 4) * 32) / 16);
+      wg::mma_64x64x32_e4m3_ss(acc, wg::desc_add(qn, kk * 256),
+                               wg::desc_add(kl, (kk / 4) * (kPageSize * kLatentBox) + (kk % 4) * 32));
     wg::commit();
   };
   // Every pair issues exactly one QK per warpgroup and waits for it, with no wgmma under a
