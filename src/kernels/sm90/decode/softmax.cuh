@@ -157,8 +157,10 @@ __device__ __forceinline__ void pair_rescale(SoftmaxState& st, int ri, float m_n
   const float alpha = fast_exp(st.m[ri] - m_new);
   const float s1 = sig_a > 0.f ? sig_a : st.sigma[ri];
   const float s2 = sig_b > 0.f ? sig_b : s1;
-  ra = alpha * __fdiv_rn(st.sigma[ri], s1);
-  rb = __fdiv_rn(s1, s2);
+  // Only the output's rescale factors: a 2-ulp quotient (MUFU.RCP and a multiply) is far below
+  // the e4m3 rounding of P'; sigma itself stays correctly rounded (it sets P's bytes).
+  ra = alpha * __fdividef(st.sigma[ri], s1);
+  rb = __fdividef(s1, s2);
   st.l[ri] = st.l[ri] * alpha + own_sum;
   st.m[ri] = m_new;
   st.sigma[ri] = s2;
