@@ -268,7 +268,8 @@ TEST(SplitKv, PlanCoversEverySequenceWithinCapacity) {
         if (seqlens[i] > 0) {
           ASSERT_GT(end, P.begins[k]);
         }
-        ASSERT_LE((end - P.begins[k] + 63) / 64, std::max<int64_t>(share, 1)) << "balanced shares";
+        // A remainder under a quarter share rides along: at most 1.25 shares per split.
+        ASSERT_LE(4 * ((end - P.begins[k] + 63) / 64), 5 * std::max<int64_t>(share, 1)) << "balanced shares";
       }
     }
   }

@@ -174,15 +174,17 @@ void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan)
                                             std::to_string(len) + ", expected >= 0");
     total_blocks += (len + kPageSize - 1) / kPageSize;
   }
-  // Equal shares of blocks: every sequence is cut into pieces of at most `chunk` blocks, so
-  // the number of splits is at most total_blocks / chunk + batch <= num_workers + batch.
+  // Equal shares of blocks: a worker's share is `chunk` blocks; a sequence gets
+  // n = max(1, ceil(blocks / chunk - 1/4)) splits of equal size (a remainder under a quarter
+  // share rides along instead of costing a CTA and a combine), so a split has at most
+  // 1.25 chunk blocks and there are at most total_blocks / chunk + batch <= num_workers + batch.
   const int64_t chunk = std::max<int64_t>(1, (total_blocks + num_workers - 1) / num_workers);
   int32_t k = 0;
   plan.split_offsets[0] = 0;
   for (int i = 0; i < pages.batch; ++i) {
     const int64_t blocks = (pages.cache_seqlens[i] + kPageSize - 1) / kPageSize;
-    const int64_t n = std::max<int64_t>(1, (blocks + chunk - 1) / chunk);
-    for (int64_t j = 0; j < n; ++j) plan.split_begin[k++] = static_cast<int32_t>(j * chunk * kPageSize);
+    const int64_t n = std::max<int64_t>(1, (4 * blocks + 3 * chunk - 1) / (4 * chunk));
+    for (int64_t j = 0; j < n; ++j) plan.split_begin[k++] = static_cast<int32_t>(j * blocks / n * kPageSize);
     plan.split_offsets[i + 1] = k;
   }
 }

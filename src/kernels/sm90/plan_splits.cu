@@ -39,13 +39,14 @@ __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __
   int running = 0;
   for (int base = 0; base < batch; base += kThreads) {
     const int i = base + threadIdx.x;
-    const int n = i < batch ? int(max(1LL, (blocks_of(seqlens[i]) + chunk - 1) / chunk)) : 0;
+    const long long blocks = i < batch ? blocks_of(seqlens[i]) : 0;
+    const int n = i < batch ? int(max(1LL, (4 * blocks + 3 * chunk - 1) / (4 * chunk))) : 0;
     int excl = 0, tile_total = 0;
     __syncthreads();  // tmp.scan is reused across tiles
     Scan(tmp.scan).ExclusiveSum(n, excl, tile_total);
     if (i < batch) {
       const int first = running + excl;
-      for (int j = 0; j < n; ++j) begins[first + j] = int32_t(j * chunk * kPageSize);
+      for (int j = 0; j < n; ++j) begins[first + j] = int32_t(j * blocks / n * kPageSize);
       offsets[i + 1] = first + n;
     }
     running += tile_total;
