@@ -29,11 +29,15 @@ case "$mode" in
     done
     ;;
   ncu)
-    # One decode_fp8 launch at b=128, h=128, s_k=8192: throughput, shared memory, warp stalls.
-    ncu --clock-control none --kernel-name regex:decode_fp8_kernel --launch-skip 5 --launch-count 1 \
-      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-      --section SchedulerStats --section Occupancy \
-      "$bin/snapmla" bench --reps 3 --case 128,128,1,8192 2>&1 | tee "$out/ncu_decode_fp8_$commit.txt" | tail -80
+    # One decode_fp8 launch at b=128, h=64, s_k=8192: the full section set with source-level
+    # warp-stall sampling, as a details page and a per-SASS-instruction CSV (docs/kernels.md
+    # sums the CSV's samples by code region).
+    ncu --set full --import-source yes -o "$out/decode_fp8_$commit" --kernel-name regex:decode_fp8_kernel \
+      --launch-skip 5 --launch-count 1 "$bin/snapmla" bench --reps 3 --case 128,64,1,8192 > "$out/ncu_run.txt" 2>&1
+    ncu -i "$out/decode_fp8_$commit.ncu-rep" --page details > "$out/ncu_decode_fp8_$commit.txt" 2>&1
+    ncu -i "$out/decode_fp8_$commit.ncu-rep" --page source --csv --print-source sass > "$out/ncu_source_$commit.csv" 2>&1
+    rm -f "$out/decode_fp8_$commit.ncu-rep"
+    grep -E "Duration|Executed Ipc Active|DRAM Throughput" "$out/ncu_decode_fp8_$commit.txt"
     ;;
   quick)
     "$bin/snapmla" bench --quick --reps 10 --commit "$commit" 2>&1 | tee "$out/bench_quick.log"

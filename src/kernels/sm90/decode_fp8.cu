@@ -96,12 +96,12 @@ struct Smem {
   }
 };
 
-// Loader (one thread): cache page `page` into stage s: four TMA boxes of
-// latent (64 tokens x 128 bytes each, 128-byte swizzle), one of rope, and the 64 scales as a
-// bulk copy, all completing on the stage's `full` barrier with their byte count. An
-// out-of-range page index loads nothing (the stage keeps stale data): the consumers see the
-// same index and turn their rows into NaN. Tokens past the split end are loaded as they are in the cache; the
-// transposer zeroes them in V^T and the softmax masks them.
+// Loader (one thread): cache page `page` into stage s: four TMA boxes of latent (64 tokens x
+// 128 bytes each, 128-byte swizzle), one of rope, and the 64 scales as a bulk copy, all
+// completing on the stage's `full` barrier with their byte count. An out-of-range page index
+// loads nothing (the stage keeps stale data): the consumers check every index of the split at
+// the end and turn their rows into NaN. Tokens past the split end are loaded as they are in the
+// cache; the transposer zeroes them in V^T and the softmax masks them.
 __device__ __forceinline__ void load_page(const DecodeParams& p, const CUtensorMap* tm_latent,
                                           const CUtensorMap* tm_rope, int32_t page, const Smem& sm,
                                           int s) {
