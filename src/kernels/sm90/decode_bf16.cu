@@ -63,10 +63,11 @@ __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
 __global__ void __launch_bounds__(384, 1) decode_bf16_kernel(DecodeParams p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   Work w;
-  if (!find_work(p, blockIdx.x, w)) return;
+  const int row_tiles = (p.rows + kRows - 1) / kRows;
+  if (!find_work(p, grid_item(row_tiles), w)) return;
   const Smem sm(smem_raw);
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
-  const int row0 = blockIdx.y * kRows;
+  const int row0 = grid_row0(row_tiles);
   const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
   if (threadIdx.x == 0) sm.ring.init();
   __syncthreads();
@@ -165,7 +166,7 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
   p.kv_bf16 = reinterpret_cast<const uint16_t*>(cache.data);
   p.num_pages = cache.num_pages;
   const cudaStream_t stream = as_stream(options.stream);
-  const dim3 grid(options.plan ? options.plan->capacity : p.batch, (p.rows + kRows - 1) / kRows);
+  const dim3 grid = decode_grid("decode_bf16", p, options);
   check(cudaFuncSetAttribute(decode_bf16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
         "cudaFuncSetAttribute(decode_bf16_kernel)");
   decode_bf16_kernel<<<grid, 384, kSmemBytes, stream>>>(p);

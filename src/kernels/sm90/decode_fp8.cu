@@ -214,12 +214,11 @@ __global__ void __launch_bounds__(384, 1)
     decode_fp8_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                       const __grid_constant__ CUtensorMap tm_rope) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  // Both row tiles of a split are neighbours in launch order, so they stream the same pages at
-  // about the same time and the second read is served by L2.
-  if (!has_work(p, blockIdx.y)) return;
+  const int row_tiles = (p.rows + kRows - 1) / kRows, item = grid_item(row_tiles);
+  if (!has_work(p, item)) return;
   const Smem sm(smem_raw);
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
-  const int row0 = blockIdx.x * kRows;
+  const int row0 = grid_row0(row_tiles);
   if (threadIdx.x == 0) {
     if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
     // A stage is read by its page's owner (QK, scales) and the transposers.
@@ -232,7 +231,7 @@ __global__ void __launch_bounds__(384, 1)
   // have to fit the producer's budget).
   if (wg == 0) {
     wg::setmaxnreg_dec<56>();
-    const Work w = work_of(p, blockIdx.y);
+    const Work w = work_of(p, item);
     const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
     if (t >= kLoaders) {
       const int tw = (t - kLoaders) / 32;
@@ -263,7 +262,7 @@ __global__ void __launch_bounds__(384, 1)
   }
 
   wg::setmaxnreg_inc<224>();
-  const Work w = work_of(p, blockIdx.y);
+  const Work w = work_of(p, item);
   const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
   const int c = wg - 1;  // owns page 2 k + c of each pair; output half c
   const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
@@ -473,11 +472,7 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
   const cudaStream_t stream = as_stream(options.stream);
   check(cudaFuncSetAttribute(decode_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
         "cudaFuncSetAttribute(decode_fp8_kernel)");
-  const int items = options.plan ? options.plan->capacity : p.batch;
-  if (items > 65535)
-    detail::fail("decode_fp8", options.plan ? "options.plan" : "q",
-                 "expected at most 65535 work items (batch or plan capacity), got " + std::to_string(items));
-  const dim3 grid((p.rows + kRows - 1) / kRows, items);
+  const dim3 grid = decode_grid("decode_fp8", p, options);
   const int64_t rows = cache.num_pages * kPageSize;
   const CUtensorMap tm_latent = plane_map(cache.latent, rows, kLatentDim, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1);
   const CUtensorMap tm_rope = plane_map(cache.rope, rows, kRopeDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);

@@ -42,6 +42,18 @@ inline DecodeParams make_params(const char* op, int batch, int s_q, int h, const
   return p;
 }
 
+// The decode grid: one CTA per (work item, 64-row tile), row tile fastest (grid_item /
+// grid_row0 on the device). Work items: the plan's capacity, or one per sequence.
+inline int decode_row_tiles(const DecodeParams& p) { return (p.rows + 63) / 64; }
+inline dim3 decode_grid(const char* op, const DecodeParams& p, const DecodeOptions& options) {
+  const int64_t items = options.plan ? options.plan->capacity : p.batch;
+  const int64_t ctas = items * decode_row_tiles(p);
+  if (ctas > 0x7FFFFFFF)
+    detail::fail(op, options.plan ? "options.plan.capacity" : "q.batch",
+                 "expected (work items) x (64-row tiles) <= 2^31 - 1 CTAs, got " + std::to_string(ctas));
+  return dim3(static_cast<unsigned>(ctas));
+}
+
 inline CombineParams combine_params(const DecodeParams& p) {
   return {p.split_offsets, p.partial_out, p.partial_lse, p.out, p.lse,
           p.batch,         p.rows,        p.seqlen_q,    p.num_heads};

@@ -16,6 +16,11 @@ struct Work {
   int len = 0;             // tokens in the sequence
 };
 
+// The grid is 1-D, row tile fastest: the row tiles of one split are neighbours in launch order,
+// so they stream the same pages at about the same time and L2 serves the second read.
+__device__ __forceinline__ int grid_item(int row_tiles) { return int(blockIdx.x) / row_tiles; }
+__device__ __forceinline__ int grid_row0(int row_tiles) { return int(blockIdx.x) % row_tiles * 64; }
+
 // Whether grid item `item` has work (CTAs past the plan's last split exit).
 __device__ __forceinline__ bool has_work(const DecodeParams& p, int item) {
   return item < (p.split_offsets == nullptr ? p.batch : p.split_offsets[p.batch]);
