@@ -130,13 +130,7 @@ __global__ void __launch_bounds__(384, 1) decode_bf16_kernel(DecodeParams p) {
 
     float rescale[2];
     softmax_block_bf16(st, sc, factor, vis, blk, q, rescale);
-#pragma unroll
-    for (int n = 0; n < 32; ++n) {
-      o[n][0] *= rescale[0];
-      o[n][1] *= rescale[0];
-      o[n][2] *= rescale[1];
-      o[n][3] *= rescale[1];
-    }
+    scale_rows(o, rescale);
     uint32_t pa[4][4];
 #pragma unroll
     for (int ks = 0; ks < 4; ++ks) {

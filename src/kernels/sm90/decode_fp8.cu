@@ -193,13 +193,7 @@ __device__ __forceinline__ void transpose_page(const Smem& sm, int i, int tw, co
 // o = o * r (per row) + P' V^T of page jj for output half c (issued and committed, not waited
 // for). P' of the pair's page jj % 2 is in its P buffer.
 __device__ __forceinline__ void pv_page(float (&o)[32][4], const float (&r)[2], const Smem& sm, int jj, int c) {
-#pragma unroll
-  for (int n = 0; n < 32; ++n) {
-    o[n][0] *= r[0];
-    o[n][1] *= r[0];
-    o[n][2] *= r[1];
-    o[n][3] *= r[1];
-  }
+  scale_rows(o, r);
   const uint8_t* pt = sm.p_tile(jj % 2);
   const uint8_t* vt = sm.vt(jj, c);
   wg::mbar_wait(&sm.vt_full[jj % kVtStages], (jj / kVtStages) & 1);

@@ -39,6 +39,19 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// The output accumulator's rows rescaled: rows g (columns 0, 1 of each n-tile) by r[0], rows
+// g + 8 (columns 2, 3) by r[1].
+template <int NT>
+__device__ __forceinline__ void scale_rows(float (&o)[NT][4], const float (&r)[2]) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    o[n][0] *= r[0];
+    o[n][1] *= r[0];
+    o[n][2] *= r[1];
+    o[n][3] *= r[1];
+  }
+}
+
 // The BF16 kernel's softmax over one 64-token block: s holds the raw QK accumulators (one
 // 64 x 64 S tile per consumer) and returns P, rounded to bf16 by the caller. rescale: what to
 // multiply the output accumulator by before adding this block's PV. (The FP8 kernel uses the
