@@ -243,6 +243,28 @@ TEST(SplitKv, CombineRowIsLogSumExpWeighting) {
   for (float v : out) ASSERT_EQ(v, 0.0f);
 }
 
+// The uniform decode batch the benchmark times: 128 sequences of 128 pages on 132 workers. A
+// worker's share is 125 pages; the 3-page remainder rides along (one split per sequence), and
+// a sequence of 2.5 shares gets 2 equal splits rather than 125 + 125 + 63.
+TEST(SplitKv, SmallRemaindersRideAlongAndSplitsAreEqual) {
+  std::vector<int32_t> seqlens(128, 8192), table(128, 0);
+  PageTable pages{table.data(), seqlens.data(), 128, 128, Device::cpu()};
+  OwnedPlan uniform(pages, 132);
+  for (int i = 0; i <= 128; ++i) ASSERT_EQ(uniform.offsets[i], i);
+  for (int i = 0; i < 128; ++i) ASSERT_EQ(uniform.begins[i], 0);
+
+  // One long sequence among short ones: total 400 + 20 x 10 = 600 blocks, 4 workers, share 150.
+  std::vector<int32_t> mixed(21, 10 * kPageSize), table2(21 * 400, 0);
+  mixed[0] = 400 * kPageSize;
+  PageTable pages2{table2.data(), mixed.data(), 21, 400, Device::cpu()};
+  OwnedPlan P(pages2, 4);
+  ASSERT_EQ(P.offsets[1], 3);  // ceil(400 / 150 - 1/4) = 3 splits of 133, 133, 134 blocks
+  EXPECT_EQ(P.begins[0], 0);
+  EXPECT_EQ(P.begins[1], 133 * kPageSize);
+  EXPECT_EQ(P.begins[2], 266 * kPageSize);
+  for (int i = 1; i < 21; ++i) EXPECT_EQ(P.offsets[i + 1] - P.offsets[i], 1) << "sequence " << i;
+}
+
 TEST(SplitKv, PlanCoversEverySequenceWithinCapacity) {
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
