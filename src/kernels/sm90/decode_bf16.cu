@@ -26,7 +26,7 @@ namespace snapmla::cuda {
 namespace {
 
 constexpr int kStages = 2;
-constexpr int kRows = 64;
+constexpr int kRows = kTileRows;
 constexpr int kRowBytes = kHeadDim * 2;                 // 1152: one token / one query row
 constexpr int kTileBytes = kPageSize * kRowBytes;       // 72 KB, K-major, SBO = 8 rows = 9216
 constexpr int kSbo = 8 * kRowBytes;
@@ -62,12 +62,12 @@ __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
 
 __global__ void __launch_bounds__(384, 1) decode_bf16_kernel(DecodeParams p) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  Work w;
-  const int row_tiles = (p.rows + kRows - 1) / kRows;
-  if (!find_work(p, grid_item(row_tiles), w)) return;
+  const int item = grid_item(p);
+  if (!has_work(p, item)) return;
+  const Work w = work_of(p, item);
   const Smem sm(smem_raw);
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
-  const int row0 = grid_row0(row_tiles);
+  const int row0 = grid_row0(p);
   const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
   if (threadIdx.x == 0) sm.ring.init();
   __syncthreads();
@@ -159,13 +159,7 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
   p.q_bf16 = reinterpret_cast<const uint16_t*>(q.data);
   p.kv_bf16 = reinterpret_cast<const uint16_t*>(cache.data);
   p.num_pages = cache.num_pages;
-  const cudaStream_t stream = as_stream(options.stream);
-  const dim3 grid = decode_grid("decode_bf16", p, options);
-  check(cudaFuncSetAttribute(decode_bf16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
-        "cudaFuncSetAttribute(decode_bf16_kernel)");
-  decode_bf16_kernel<<<grid, 384, kSmemBytes, stream>>>(p);
-  check_launch("decode_bf16_kernel");
-  if (options.plan) combine(combine_params(p), stream);
+  launch_decode("decode_bf16", decode_bf16_kernel, kSmemBytes, p, options);
 }
 
 }  // namespace snapmla::cuda

@@ -34,7 +34,7 @@ namespace {
 
 constexpr int kStages = 3;    // pages in flight (K-major latent, rope, scales)
 constexpr int kVtStages = 2;  // transposed latents (V^T) ready for PV
-constexpr int kRows = 64;
+constexpr int kRows = kTileRows;
 // The producer warpgroup's two roles, so that loads never wait on the transposition: warp 0
 // loads (the Q tile, then one thread streams pages into the ring as fast as it frees up);
 // warps 1-3 turn each landed page's latent into V^T (stage i % kVtStages, once PV of the page
@@ -208,11 +208,11 @@ __global__ void __launch_bounds__(384, 1)
     decode_fp8_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                       const __grid_constant__ CUtensorMap tm_rope) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  const int row_tiles = (p.rows + kRows - 1) / kRows, item = grid_item(row_tiles);
+  const int item = grid_item(p);
   if (!has_work(p, item)) return;
   const Smem sm(smem_raw);
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
-  const int row0 = grid_row0(row_tiles);
+  const int row0 = grid_row0(p);
   if (threadIdx.x == 0) {
     if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
     // A stage is read by its page's owner (QK, scales) and the transposers.
@@ -459,20 +459,12 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
   p.q_nope = reinterpret_cast<const uint8_t*>(q.nope);
   p.q_rope = reinterpret_cast<const uint16_t*>(q.rope);
   p.q_scale = q.scale;
-  p.latent = reinterpret_cast<const uint8_t*>(cache.latent);
   p.k_scale = cache.scale;
-  p.k_rope = reinterpret_cast<const uint16_t*>(cache.rope);
   p.num_pages = cache.num_pages;
-  const cudaStream_t stream = as_stream(options.stream);
-  check(cudaFuncSetAttribute(decode_fp8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes),
-        "cudaFuncSetAttribute(decode_fp8_kernel)");
-  const dim3 grid = decode_grid("decode_fp8", p, options);
   const int64_t rows = cache.num_pages * kPageSize;
   const CUtensorMap tm_latent = plane_map(cache.latent, rows, kLatentDim, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1);
   const CUtensorMap tm_rope = plane_map(cache.rope, rows, kRopeDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
-  decode_fp8_kernel<<<grid, 384, kSmemBytes, stream>>>(p, tm_latent, tm_rope);
-  check_launch("decode_fp8_kernel");
-  if (options.plan) combine(combine_params(p), stream);
+  launch_decode("decode_fp8", decode_fp8_kernel, kSmemBytes, p, options, tm_latent, tm_rope);
 }
 
 }  // namespace snapmla::cuda

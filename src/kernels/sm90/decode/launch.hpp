@@ -1,10 +1,11 @@
 // Host-side set-up shared by decode_fp8 and decode_bf16: the common parameters, the
-// workspace check for split plans, and the combine launch.
+// workspace check for split plans, the grid, and the launch of a decode kernel plus combine.
 #pragma once
 
 #include <string>
 
 #include "../../../api/validate.hpp"
+#include "../../common/check.cuh"
 #include "../../smxx/combine.hpp"
 #include "params.hpp"
 #include "snapmla/formats.hpp"
@@ -44,10 +45,9 @@ inline DecodeParams make_params(const char* op, int batch, int s_q, int h, const
 
 // The decode grid: one CTA per (work item, 64-row tile), row tile fastest (grid_item /
 // grid_row0 on the device). Work items: the plan's capacity, or one per sequence.
-inline int decode_row_tiles(const DecodeParams& p) { return (p.rows + 63) / 64; }
 inline dim3 decode_grid(const char* op, const DecodeParams& p, const DecodeOptions& options) {
   const int64_t items = options.plan ? options.plan->capacity : p.batch;
-  const int64_t ctas = items * decode_row_tiles(p);
+  const int64_t ctas = items * ((p.rows + kTileRows - 1) / kTileRows);
   if (ctas > 0x7FFFFFFF)
     detail::fail(op, options.plan ? "options.plan.capacity" : "q.batch",
                  "expected (work items) x (64-row tiles) <= 2^31 - 1 CTAs, got " + std::to_string(ctas));
@@ -57,6 +57,20 @@ inline dim3 decode_grid(const char* op, const DecodeParams& p, const DecodeOptio
 inline CombineParams combine_params(const DecodeParams& p) {
   return {p.split_offsets, p.partial_out, p.partial_lse, p.out, p.lse,
           p.batch,         p.rows,        p.seqlen_q,    p.num_heads};
+}
+
+// A decode kernel (384 threads, `smem` bytes of dynamic shared memory, arguments p and then
+// `extra`) over the decode grid, then the combine of split sequences.
+template <typename... Extra>
+void launch_decode(const char* op, void (*kernel)(DecodeParams, Extra...), int smem, const DecodeParams& p,
+                   const DecodeOptions& options, const Extra&... extra) {
+  const cudaStream_t stream = as_stream(options.stream);
+  const dim3 grid = decode_grid(op, p, options);
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+        "cudaFuncSetAttribute (decode kernel)");
+  kernel<<<grid, 384, smem, stream>>>(p, extra...);
+  check_launch(op);
+  if (options.plan) combine(combine_params(p), stream);
 }
 
 }  // namespace snapmla::cuda

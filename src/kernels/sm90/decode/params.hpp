@@ -5,16 +5,18 @@
 
 namespace snapmla::cuda {
 
+// Query rows per CTA: one wgmma M tile.
+inline constexpr int kTileRows = 64;
+
 struct DecodeParams {
   // Queries: FP8 (nope, rope, scale) or BF16 ([rows, 576]).
   const uint8_t* q_nope = nullptr;
   const uint16_t* q_rope = nullptr;
   const float* q_scale = nullptr;
   const uint16_t* q_bf16 = nullptr;
-  // Cache: FP8 planes or the BF16 cache.
-  const uint8_t* latent = nullptr;
+  // Cache: the FP8 scales (its latent and rope planes are read through TMA tensor maps) or the
+  // BF16 cache.
   const float* k_scale = nullptr;
-  const uint16_t* k_rope = nullptr;
   const uint16_t* kv_bf16 = nullptr;
   int64_t num_pages = 0;
   const int32_t* block_table = nullptr;

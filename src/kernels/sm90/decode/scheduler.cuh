@@ -18,8 +18,9 @@ struct Work {
 
 // The grid is 1-D, row tile fastest: the row tiles of one split are neighbours in launch order,
 // so they stream the same pages at about the same time and L2 serves the second read.
-__device__ __forceinline__ int grid_item(int row_tiles) { return int(blockIdx.x) / row_tiles; }
-__device__ __forceinline__ int grid_row0(int row_tiles) { return int(blockIdx.x) % row_tiles * 64; }
+__device__ __forceinline__ int row_tiles_of(const DecodeParams& p) { return (p.rows + kTileRows - 1) / kTileRows; }
+__device__ __forceinline__ int grid_item(const DecodeParams& p) { return int(blockIdx.x) / row_tiles_of(p); }
+__device__ __forceinline__ int grid_row0(const DecodeParams& p) { return int(blockIdx.x) % row_tiles_of(p) * kTileRows; }
 
 // Whether grid item `item` has work (CTAs past the plan's last split exit).
 __device__ __forceinline__ bool has_work(const DecodeParams& p, int item) {
@@ -55,12 +56,6 @@ __device__ __forceinline__ Work work_of(const DecodeParams& p, int item) {
     w.end = item + 1 < last ? min(max(p.split_begin[item + 1], w.begin), w.len) : w.len;
   }
   return w;
-}
-
-__device__ __forceinline__ bool find_work(const DecodeParams& p, int item, Work& w) {
-  if (!has_work(p, item)) return false;
-  w = work_of(p, item);
-  return true;
 }
 
 // Tokens query row r (r = i * h + head) may see.
