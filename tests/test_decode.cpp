@@ -265,6 +265,41 @@ TEST(SplitKv, SmallRemaindersRideAlongAndSplitsAreEqual) {
   for (int i = 1; i < 21; ++i) EXPECT_EQ(P.offsets[i + 1] - P.offsets[i], 1) << "sequence " << i;
 }
 
+// The launch order: every split once, pages non-increasing, equal sizes in index order; on the
+// long-among-short example above, the long sequence's largest split first.
+TEST(SplitKv, LaunchOrderIsLongestFirstAndStable) {
+  std::vector<int32_t> mixed(21, 10 * kPageSize), table(21 * 400, 0);
+  mixed[0] = 400 * kPageSize;
+  OwnedPlan P(PageTable{table.data(), mixed.data(), 21, 400, Device::cpu()}, 4);
+  const std::vector<int32_t> head(P.order.begin(), P.order.begin() + 5);
+  EXPECT_EQ(head, (std::vector<int32_t>{2, 0, 1, 3, 4}));  // 134, 133, 133, then 10-block splits
+
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  for (int trial = 0; trial < 100; ++trial) {
+    const int b = 1 + int(rng() % 300), w = 1 + int(rng() % 200);
+    std::vector<int32_t> lens(b), tab(b, 0);
+    for (auto& l : lens) l = int32_t(rng() % 8) * 1000 + int32_t(rng() % 3);  // many equal sizes
+    OwnedPlan Q(PageTable{tab.data(), lens.data(), b, 200, Device::cpu()}, w);
+    const int total = Q.offsets[b];
+    std::vector<int> pages_of(total), seen(total, 0);
+    for (int i = 0; i < b; ++i)
+      for (int k = Q.offsets[i]; k < Q.offsets[i + 1]; ++k)
+        pages_of[k] = ((k + 1 < Q.offsets[i + 1] ? Q.begins[k + 1] : lens[i]) - Q.begins[k] + 63) / 64;
+    for (int k = 0; k < total; ++k) {
+      const int s = Q.order[k];
+      ASSERT_TRUE(s >= 0 && s < total && !seen[s]) << "order[" << k << "] = " << s;
+      seen[s] = 1;
+      if (k > 0) {
+        const int prev = Q.order[k - 1];
+        ASSERT_TRUE(pages_of[prev] > pages_of[s] || (pages_of[prev] == pages_of[s] && prev < s))
+            << "order[" << k - 1 << "] = " << prev << " (" << pages_of[prev] << " pages) before " << s
+            << " (" << pages_of[s] << " pages)";
+      }
+    }
+  }
+}
+
 TEST(SplitKv, PlanCoversEverySequenceWithinCapacity) {
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();

@@ -165,11 +165,13 @@ inline DecodeOptions options(const Batch& B, const SplitPlan* plan = nullptr, bo
 
 // A plan with its own storage.
 struct OwnedPlan {
-  std::vector<int32_t> offsets, begins;
+  std::vector<int32_t> offsets, begins, order;
   SplitPlan plan;
   OwnedPlan(PageTable pages, int workers)
-      : offsets(pages.batch + 1), begins(split_plan_capacity(pages.batch, workers)) {
-    plan = {offsets.data(), begins.data(), int(begins.size()), pages.batch, Device::cpu()};
+      : offsets(pages.batch + 1),
+        begins(split_plan_capacity(pages.batch, workers)),
+        order(begins.size()) {
+    plan = {offsets.data(), begins.data(), int(begins.size()), pages.batch, Device::cpu(), order.data()};
     plan_splits(pages, workers, plan);
   }
 };

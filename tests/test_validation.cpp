@@ -126,6 +126,18 @@ TEST_F(Bad, PlansThatDoNotFit) {
   std::vector<int32_t> off(3), beg(3);
   EXPECT_ARG_ERROR(plan_splits(B.pages(), 4, SplitPlan{off.data(), beg.data(), 3, 2, Device::cpu()}), "plan.capacity");
   EXPECT_ARG_ERROR(plan_splits(B.pages(), 0, P.plan), "num_workers");
+  // A launch order that is not a permutation of the splits.
+  test::OwnedPlan R(B.pages(), 4);
+  ASSERT_GE(R.offsets[2], 2);
+  R.order[0] = R.order[1];
+  opt = test::options(B, &R.plan);
+  EXPECT_ARG_ERROR(decode8(B.qq(), B.fp8(), B.pages(), opt), "options.plan.split_order");
+  R.order[0] = R.offsets[2];  // one past the last split
+  EXPECT_ARG_ERROR(decode8(B.qq(), B.fp8(), B.pages(), opt), "options.plan.split_order");
+  SplitPlan misaligned = R.plan;
+  misaligned.split_order = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(R.order.data()) + 2);
+  opt = test::options(B, &misaligned);
+  EXPECT_ARG_ERROR(decode8(B.qq(), B.fp8(), B.pages(), opt), "options.plan.split_order");
 }
 
 TEST_F(Bad, DevicesThatDoNotMatchOrAreNotBuilt) {

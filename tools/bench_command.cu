@@ -132,9 +132,9 @@ Result run_case(const Case& c, int reps, std::mt19937_64& rng) {
   PageTable pages{gtable.get(), glens.get(), c.b, max_pages, gpu};
   const int workers = recommended_num_workers(gpu, c.s_q, c.h);
   const int cap = split_plan_capacity(c.b, workers);
-  DeviceBuffer<int32_t> off(c.b + 1), beg(cap);
+  DeviceBuffer<int32_t> off(c.b + 1), beg(cap), ord(cap);
   DeviceBuffer<uint8_t> ws(decode_workspace_bytes(cap, c.s_q, c.h));
-  SplitPlan plan{off.get(), beg.get(), cap, c.b, gpu};
+  SplitPlan plan{off.get(), beg.get(), cap, c.b, gpu, ord.get()};
   DecodeOptions opt;
   opt.softmax_scale = 1.0f / std::sqrt(192.0f);
   opt.plan = &plan;
@@ -217,12 +217,16 @@ int bench_command(const std::vector<std::string>& args) {
     else if (args[i] == "--quick") quick = true;
     else if (args[i] == "--case") {
       Case c{};
-      if (std::sscanf(value().c_str(), "%d,%d,%d,%d", &c.b, &c.h, &c.s_q, &c.s_k) != 4 || c.b < 1 || c.s_k < 1)
-        throw std::invalid_argument("--case: expected b,h,s_q,s_k (e.g. 128,128,1,8192)");
+      const std::string v = value();
+      char rest = 0;  // s_k = U: lengths uniform in 1..32768
+      const bool uniform = std::sscanf(v.c_str(), "%d,%d,%d,%c", &c.b, &c.h, &c.s_q, &rest) == 4 && rest == 'U';
+      if (uniform) c.random_lengths = true;
+      else if (std::sscanf(v.c_str(), "%d,%d,%d,%d", &c.b, &c.h, &c.s_q, &c.s_k) != 4 || c.b < 1 || c.s_k < 1)
+        throw std::invalid_argument("--case: expected b,h,s_q,s_k or b,h,s_q,U (e.g. 128,128,1,8192)");
       only.push_back(c);
     } else
       throw std::invalid_argument("unknown option '" + args[i] +
-                                  "' (options: --json F --md F --commit C --reps N --quick --case b,h,s_q,s_k)");
+                                  "' (options: --json F --md F --commit C --reps N --quick --case b,h,s_q,s_k|U)");
   }
   if (!cuda_device_available()) {
     std::printf("snapmla bench: no sm_90 GPU here; nothing to time (run it on an H100/H200)\n");

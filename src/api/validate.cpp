@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <limits>
 #include <sstream>
+#include <vector>
 
 namespace snapmla {
 
@@ -141,6 +142,7 @@ void validate(const char* op, const SplitPlan& p, const char* name) {
              std::to_string(p.capacity) + " (size it with split_plan_capacity)");
   check_pointer(op, join(name, "split_offsets"), p.split_offsets, true, 4);
   check_pointer(op, join(name, "split_begin"), p.split_begin, true, 4);
+  if (p.split_order != nullptr) check_pointer(op, join(name, "split_order"), p.split_order, true, 4);
 }
 
 void validate(const char* op, const DecodeOptions& o, int batch) {
@@ -211,6 +213,19 @@ void check_plan_contents(const char* op, const SplitPlan& plan, const PageTable&
                  ": expected the first at 0, then increasing multiples of 64 below the "
                  "sequence length " + std::to_string(len) + " (was the plan made for other "
                  "cache_seqlens?)");
+    }
+  }
+  if (plan.split_order != nullptr) {
+    const int32_t total = plan.split_offsets[plan.batch];
+    std::vector<char> seen(static_cast<size_t>(total), 0);
+    for (int32_t k = 0; k < total; ++k) {
+      const int32_t v = plan.split_order[k];
+      if (v < 0 || v >= total || seen[static_cast<size_t>(v)])
+        fail(op, "options.plan.split_order",
+             "entry " + std::to_string(k) + " is " + std::to_string(v) +
+                 ": expected a permutation of the splits 0.." + std::to_string(total - 1) +
+                 " (was the plan made by plan_splits?)");
+      seen[static_cast<size_t>(v)] = 1;
     }
   }
 }

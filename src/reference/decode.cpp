@@ -187,6 +187,23 @@ void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan)
     for (int64_t j = 0; j < n; ++j) plan.split_begin[k++] = static_cast<int32_t>(j * blocks / n * kPageSize);
     plan.split_offsets[i + 1] = k;
   }
+  if (plan.split_order == nullptr) return;
+  // Launch order: longest split first (pages descending, ties in index order), so that the
+  // GPU's CTAs for short splits fill in behind the long ones instead of leaving the long ones
+  // for last. Above kMaxOrderedSplits the index order (the GPU planner sorts in one block).
+  std::vector<int32_t> pages_of(static_cast<size_t>(k));
+  for (int i = 0; i < pages.batch; ++i) {
+    const int32_t lo = plan.split_offsets[i], hi = plan.split_offsets[i + 1];
+    const int32_t len = pages.cache_seqlens[i];
+    for (int32_t s = lo; s < hi; ++s) {
+      const int32_t end = s + 1 < hi ? plan.split_begin[s + 1] : len;
+      pages_of[static_cast<size_t>(s)] = (end - plan.split_begin[s] + kPageSize - 1) / kPageSize;
+    }
+  }
+  for (int32_t s = 0; s < k; ++s) plan.split_order[s] = s;
+  if (k <= kMaxOrderedSplits)
+    std::stable_sort(plan.split_order, plan.split_order + k,
+                     [&](int32_t a, int32_t b) { return pages_of[static_cast<size_t>(a)] > pages_of[static_cast<size_t>(b)]; });
 }
 
 DecodeResultF32 decode_fp8_f32(const QuantizedQuery& q, const PagedFp8Cache& cache,

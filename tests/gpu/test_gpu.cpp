@@ -59,13 +59,14 @@ struct GpuBatch {
 
 // A plan on the device, planned by the GPU kernel, with its workspace.
 struct GpuPlan {
-  DeviceBuffer<int32_t> offsets, begins;
+  DeviceBuffer<int32_t> offsets, begins, order;
   DeviceBuffer<uint8_t> workspace;
   SplitPlan plan;
   GpuPlan(PageTable pages, int workers, int s_q, int h)
       : offsets(pages.batch + 1), begins(split_plan_capacity(pages.batch, workers)),
+        order(split_plan_capacity(pages.batch, workers)),
         workspace(decode_workspace_bytes(split_plan_capacity(pages.batch, workers), s_q, h)) {
-    plan = {offsets.get(), begins.get(), int(begins.size()), pages.batch, kGpu};
+    plan = {offsets.get(), begins.get(), int(begins.size()), pages.batch, kGpu, order.get()};
     plan_splits(pages, workers, plan);
   }
   DecodeOptions options(float scale) {
@@ -306,16 +307,21 @@ TEST(GpuPlan, SameSplitsAsTheReference) {
     std::vector<int32_t> lens(b), table(b, 0);
     for (auto& l : lens) l = int32_t(rng() % 70000) * int(rng() % 4 != 0);
     PageTable hp{table.data(), lens.data(), b, 2000, Device::cpu()};
-    std::vector<int32_t> off(b + 1), beg(split_plan_capacity(b, workers));
-    ref::plan_splits(hp, workers, {off.data(), beg.data(), int(beg.size()), b, Device::cpu()});
-    DeviceBuffer<int32_t> glens(lens), gtable(table), goff(off.size()), gbeg(beg.size());
+    std::vector<int32_t> off(b + 1), beg(split_plan_capacity(b, workers)), ord(beg.size());
+    ref::plan_splits(hp, workers, {off.data(), beg.data(), int(beg.size()), b, Device::cpu(), ord.data()});
+    DeviceBuffer<int32_t> glens(lens), gtable(table), goff(off.size()), gbeg(beg.size()), gord(beg.size());
     goff.poison();
     gbeg.poison();
+    gord.poison();
     plan_splits({gtable.get(), glens.get(), b, 2000, kGpu}, workers,
-                {goff.get(), gbeg.get(), int(beg.size()), b, kGpu});
+                {goff.get(), gbeg.get(), int(beg.size()), b, kGpu, gord.get()});
     ASSERT_EQ(goff.download(), off) << "b=" << b << " workers=" << workers;
     const auto gb = gbeg.download();
     ASSERT_TRUE(std::equal(beg.begin(), beg.begin() + off[b], gb.begin()));
+    // The launch order: the reference's (longest first, ties in index order; index order past
+    // kMaxOrderedSplits, which b up to 1500 plus workers never reaches).
+    const auto go = gord.download();
+    ASSERT_TRUE(std::equal(ord.begin(), ord.begin() + off[b], go.begin())) << "b=" << b << " workers=" << workers;
   }
 }
 

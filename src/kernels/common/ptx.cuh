@@ -35,9 +35,10 @@ __device__ __forceinline__ void sts32(void* smem, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_addr(smem)), "r"(v) : "memory");
 }
 
-// Named barrier over `threads` threads (a multiple of 32).
+// Named barrier over `threads` threads (a multiple of 32). The memory clobber keeps the
+// compiler from moving shared-memory accesses across it (the exchanges rely on that).
 __device__ __forceinline__ void named_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads));
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 }  // namespace snapmla::cuda::ptx

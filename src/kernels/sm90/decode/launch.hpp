@@ -37,6 +37,7 @@ inline DecodeParams make_params(const char* op, int batch, int s_q, int h, const
       detail::fail(op, "options.workspace", "expected a 16-byte aligned pointer");
     p.split_offsets = options.plan->split_offsets;
     p.split_begin = options.plan->split_begin;
+    p.split_order = options.plan->split_order;
     p.partial_out = static_cast<float*>(options.workspace);
     p.partial_lse = p.partial_out + size_t(options.plan->capacity) * p.rows * kLatentDim;
   }

@@ -28,6 +28,7 @@ struct DecodeParams {
   // Split plan (null: one split per sequence) and the fp32 partials of split sequences.
   const int32_t* split_offsets = nullptr;
   const int32_t* split_begin = nullptr;
+  const int32_t* split_order = nullptr;  // grid item -> split (null: the item is the split)
   float* partial_out = nullptr;  // [capacity, rows, 512]
   float* partial_lse = nullptr;  // [capacity, rows]
   // Outputs.

@@ -28,12 +28,14 @@ __device__ __forceinline__ bool has_work(const DecodeParams& p, int item) {
 }
 
 // The work of a grid item for which has_work holds (returned by value, so that it stays in
-// registers).
+// registers). With a launch order, grid item k runs split split_order[k] (longest first); an
+// entry out of range (a plan not made by plan_splits) is clamped.
 __device__ __forceinline__ Work work_of(const DecodeParams& p, int item) {
   Work w;
   if (p.split_offsets == nullptr) {
     w.seq = item;
   } else {
+    if (p.split_order != nullptr) item = min(max(p.split_order[item], 0), p.split_offsets[p.batch] - 1);
     int lo = 0, hi = p.batch - 1;  // last seq with split_offsets[seq] <= item
     while (lo < hi) {
       const int mid = (lo + hi + 1) / 2;
