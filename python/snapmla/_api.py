@@ -41,11 +41,13 @@ class QuantizedQuery(NamedTuple):
 
 
 class SplitPlan(NamedTuple):
-    """plan_splits' result: split_offsets [b + 1] and split_begin [capacity] (int32)."""
+    """plan_splits' result: split_offsets [b + 1], split_begin [capacity] and split_order
+    [capacity] (int32; the GPU launch order, longest split first; None: index order)."""
 
     split_offsets: Any
     split_begin: Any
     num_workers: int
+    split_order: Any = None
 
 
 def _numel(x: Any) -> int:
@@ -151,10 +153,15 @@ def plan_splits(cache_seqlens: Any, num_workers: int, *, out: Optional[SplitPlan
     if out is None:
         cap = split_plan_capacity(b, num_workers)
         out = SplitPlan(empty(cache_seqlens, (b + 1,), "i32"), empty(cache_seqlens, (cap,), "i32"),
-                        num_workers)
+                        num_workers, empty(cache_seqlens, (cap,), "i32"))
     _C.plan_splits(raw(cache_seqlens), int(num_workers), raw(out.split_offsets), raw(out.split_begin),
-                   current_stream(cache_seqlens, stream))
-    return SplitPlan(out.split_offsets, out.split_begin, int(num_workers))
+                   current_stream(cache_seqlens, stream),
+                   raw(out.split_order) if out.split_order is not None else None)
+    return SplitPlan(out.split_offsets, out.split_begin, int(num_workers), out.split_order)
+
+
+def _order(plan: Optional[SplitPlan]) -> Any:
+    return raw(plan.split_order) if plan is not None and plan.split_order is not None else None
 
 
 def _decode_outputs(q: Any, b: int, s_q: int, h: int, plan: Optional[SplitPlan], out: Any,
@@ -180,7 +187,7 @@ def decode_fp8(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Any, cache_
                   raw(cache.rope), raw(block_table), raw(cache_seqlens), raw(out), raw(lse),
                   float(softmax_scale), bool(causal), raw(plan.split_offsets) if plan else None,
                   raw(plan.split_begin) if plan else None, raw(workspace),
-                  current_stream(q.nope, stream))
+                  current_stream(q.nope, stream), _order(plan))
     return out, lse
 
 
@@ -192,7 +199,8 @@ def decode_bf16(q: Any, cache: Any, block_table: Any, cache_seqlens: Any, *, sof
     out, lse, workspace = _decode_outputs(q, b, s_q, h, plan, out, lse, workspace)
     _C.decode_bf16(raw(q), raw(cache), raw(block_table), raw(cache_seqlens), raw(out), raw(lse),
                    float(softmax_scale), bool(causal), raw(plan.split_offsets) if plan else None,
-                   raw(plan.split_begin) if plan else None, raw(workspace), current_stream(q, stream))
+                   raw(plan.split_begin) if plan else None, raw(workspace), current_stream(q, stream),
+                   _order(plan))
     return out, lse
 
 

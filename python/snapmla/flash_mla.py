@@ -13,8 +13,8 @@ flash_mla.get_mla_metadata / flash_mla.flash_mla_with_kvcache on a BF16 cache).
 
 Shapes as FlashMLA's: q [b, s_q, h_q, 576] bf16, k_cache [num_blocks, 64, 1, 576] bf16,
 block_table [b, max_blocks] int32, cache_seqlens [b] int32. `num_splits` has FlashMLA's meaning
-(cumulative split counts [b + 1]); `tile_scheduler_metadata` is SnapMLA's split_begin array
-(opaque to callers in both libraries). Unlike FlashMLA, `causal` only masks within the last
+(cumulative split counts [b + 1]); `tile_scheduler_metadata` holds SnapMLA's split_begin and
+split_order arrays back to back (opaque to callers in both libraries). Unlike FlashMLA, `causal` only masks within the last
 s_q positions (FlashMLA's meaning too) and the page size must be 64.
 
 Not supported: FlashMLA's FP8 sparse format (is_fp8_kvcache=True) and sparse attention
@@ -25,7 +25,9 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-from ._api import SplitPlan, decode_bf16, plan_splits, recommended_num_workers
+from ._api import (SplitPlan, _numel, decode_bf16, plan_splits, recommended_num_workers,
+                   split_plan_capacity)
+from ._frameworks import empty
 
 __all__ = ["get_mla_metadata", "flash_mla_with_kvcache"]
 
@@ -40,8 +42,12 @@ def get_mla_metadata(cache_seqlens: Any, num_q_tokens_per_head_k: int, num_heads
         raise ValueError(f"snapmla.flash_mla: MLA has one KV head, got num_heads_k={num_heads_k}")
     rows = int(num_q_tokens_per_head_k) * int(num_heads_k)
     workers = recommended_num_workers(cache_seqlens, 1, rows)
-    plan = plan_splits(cache_seqlens, workers)
-    return plan.split_begin, plan.split_offsets
+    b = _numel(cache_seqlens)
+    cap = split_plan_capacity(b, workers)
+    meta = empty(cache_seqlens, (2 * cap,), "i32")  # split_begin, then split_order
+    offsets = empty(cache_seqlens, (b + 1,), "i32")
+    plan_splits(cache_seqlens, workers, out=SplitPlan(offsets, meta[:cap], workers, meta[cap:]))
+    return meta, offsets
 
 
 def flash_mla_with_kvcache(q: Any, k_cache: Any, block_table: Any, cache_seqlens: Any,
@@ -59,6 +65,7 @@ def flash_mla_with_kvcache(q: Any, k_cache: Any, block_table: Any, cache_seqlens
         raise ValueError(f"snapmla.flash_mla: head_dim_v must be 512 (MLA's latent), got {head_dim_v}")
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
-    plan = SplitPlan(num_splits, tile_scheduler_metadata, 0)
+    cap = _numel(tile_scheduler_metadata) // 2
+    plan = SplitPlan(num_splits, tile_scheduler_metadata[:cap], 0, tile_scheduler_metadata[cap:])
     return decode_bf16(q, k_cache, block_table, cache_seqlens, softmax_scale=softmax_scale,
                        causal=causal, plan=plan)

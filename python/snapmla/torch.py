@@ -8,12 +8,13 @@ allocator, graph-pool aware), launch on torch's current stream and never synchro
     torch.ops.snapmla.append_bf16(kv, slots, cache)                         (mutates the cache)
     torch.ops.snapmla.quantize_query(q) -> (nope, rope, scale)
     torch.ops.snapmla.gather_dequant(latent, scale, rope, slots) -> rows
-    torch.ops.snapmla.plan_splits(cache_seqlens, num_workers) -> (split_offsets, split_begin)
+    torch.ops.snapmla.plan_splits(cache_seqlens, num_workers)
+        -> (split_offsets, split_begin, split_order)
     torch.ops.snapmla.decode_fp8(q_nope, q_rope, q_scale, latent, scale, rope, block_table,
                                  cache_seqlens, softmax_scale, causal, split_offsets,
-                                 split_begin) -> (out, lse)
+                                 split_begin, split_order=None) -> (out, lse)
     torch.ops.snapmla.decode_bf16(q, cache, block_table, cache_seqlens, softmax_scale, causal,
-                                  split_offsets, split_begin) -> (out, lse)
+                                  split_offsets, split_begin, split_order=None) -> (out, lse)
 
 The functions below wrap them with the native API's argument style (snapmla.decode_fp8 ...).
 """
@@ -95,18 +96,21 @@ def _gather_dequant_fake(latent, scale, rope, slots):
 
 
 @torch.library.custom_op("snapmla::plan_splits", mutates_args=())
-def _plan_splits(cache_seqlens: Tensor, num_workers: int) -> Tuple[Tensor, Tensor]:
-    offsets, begin = _plan_splits_fake(cache_seqlens, num_workers)
+def _plan_splits(cache_seqlens: Tensor, num_workers: int) -> Tuple[Tensor, Tensor, Tensor]:
+    offsets, begin, order = _plan_splits_fake(cache_seqlens, num_workers)
     with _on(cache_seqlens):
-        _C.plan_splits(_dl(cache_seqlens), num_workers, _dl(offsets), _dl(begin), _stream(cache_seqlens))
-    return offsets, begin
+        _C.plan_splits(_dl(cache_seqlens), num_workers, _dl(offsets), _dl(begin), _stream(cache_seqlens),
+                       _dl(order))
+    return offsets, begin, order
 
 
 @_plan_splits.register_fake
 def _plan_splits_fake(cache_seqlens, num_workers):
     b = cache_seqlens.shape[0]
+    cap = split_plan_capacity(int(b), int(num_workers))
     return (cache_seqlens.new_empty((b + 1,), dtype=torch.int32),
-            cache_seqlens.new_empty((split_plan_capacity(int(b), int(num_workers)),), dtype=torch.int32))
+            cache_seqlens.new_empty((cap,), dtype=torch.int32),
+            cache_seqlens.new_empty((cap,), dtype=torch.int32))
 
 
 def _decode_outputs(q: Tensor, split_begin: Optional[Tensor]):
@@ -122,19 +126,20 @@ def _decode_outputs(q: Tensor, split_begin: Optional[Tensor]):
 @torch.library.custom_op("snapmla::decode_fp8", mutates_args=())
 def _decode_fp8(q_nope: Tensor, q_rope: Tensor, q_scale: Tensor, latent: Tensor, scale: Tensor,
                 rope: Tensor, block_table: Tensor, cache_seqlens: Tensor, softmax_scale: float,
-                causal: bool, split_offsets: Optional[Tensor],
-                split_begin: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                causal: bool, split_offsets: Optional[Tensor], split_begin: Optional[Tensor],
+                split_order: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     out, lse, ws = _decode_outputs(q_nope, split_begin)
     with _on(q_nope):
         _C.decode_fp8(_dl(q_nope), _dl(q_rope), _dl(q_scale), _dl(latent), _dl(scale), _dl(rope),
                       _dl(block_table), _dl(cache_seqlens), _dl(out), _dl(lse), softmax_scale,
-                      causal, _dl(split_offsets), _dl(split_begin), _dl(ws), _stream(q_nope))
+                      causal, _dl(split_offsets), _dl(split_begin), _dl(ws), _stream(q_nope),
+                      _dl(split_order))
     return out, lse
 
 
 @_decode_fp8.register_fake
 def _(q_nope, q_rope, q_scale, latent, scale, rope, block_table, cache_seqlens, softmax_scale,
-      causal, split_offsets, split_begin):
+      causal, split_offsets, split_begin, split_order=None):
     out, lse, _ = _decode_outputs(q_nope, None)
     return out, lse
 
@@ -142,16 +147,18 @@ def _(q_nope, q_rope, q_scale, latent, scale, rope, block_table, cache_seqlens, 
 @torch.library.custom_op("snapmla::decode_bf16", mutates_args=())
 def _decode_bf16(q: Tensor, cache: Tensor, block_table: Tensor, cache_seqlens: Tensor,
                  softmax_scale: float, causal: bool, split_offsets: Optional[Tensor],
-                 split_begin: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+                 split_begin: Optional[Tensor], split_order: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     out, lse, ws = _decode_outputs(q, split_begin)
     with _on(q):
         _C.decode_bf16(_dl(q), _dl(cache), _dl(block_table), _dl(cache_seqlens), _dl(out), _dl(lse),
-                       softmax_scale, causal, _dl(split_offsets), _dl(split_begin), _dl(ws), _stream(q))
+                       softmax_scale, causal, _dl(split_offsets), _dl(split_begin), _dl(ws), _stream(q),
+                       _dl(split_order))
     return out, lse
 
 
 @_decode_bf16.register_fake
-def _(q, cache, block_table, cache_seqlens, softmax_scale, causal, split_offsets, split_begin):
+def _(q, cache, block_table, cache_seqlens, softmax_scale, causal, split_offsets, split_begin,
+      split_order=None):
     out, lse, _ = _decode_outputs(q, None)
     return out, lse
 
@@ -174,8 +181,8 @@ def gather_dequant(cache: PagedFp8Cache, slots: Tensor) -> Tensor:
 
 
 def plan_splits(cache_seqlens: Tensor, num_workers: int) -> SplitPlan:
-    offsets, begin = torch.ops.snapmla.plan_splits(cache_seqlens, int(num_workers))
-    return SplitPlan(offsets, begin, int(num_workers))
+    offsets, begin, order = torch.ops.snapmla.plan_splits(cache_seqlens, int(num_workers))
+    return SplitPlan(offsets, begin, int(num_workers), order)
 
 
 def decode_fp8(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Tensor,
@@ -185,7 +192,8 @@ def decode_fp8(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Tensor,
         q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table,
         cache_seqlens, float(softmax_scale), bool(causal),
         plan.split_offsets if plan is not None else None,
-        plan.split_begin if plan is not None else None)
+        plan.split_begin if plan is not None else None,
+        plan.split_order if plan is not None else None)
 
 
 def decode_bf16(q: Tensor, cache: Tensor, block_table: Tensor, cache_seqlens: Tensor, *,
@@ -194,4 +202,5 @@ def decode_bf16(q: Tensor, cache: Tensor, block_table: Tensor, cache_seqlens: Te
     return torch.ops.snapmla.decode_bf16(
         q, cache, block_table, cache_seqlens, float(softmax_scale), bool(causal),
         plan.split_offsets if plan is not None else None,
-        plan.split_begin if plan is not None else None)
+        plan.split_begin if plan is not None else None,
+        plan.split_order if plan is not None else None)

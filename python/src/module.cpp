@@ -100,7 +100,7 @@ struct DecodeArgs {
 DecodeArgs decode_args(const char* op, int b, int s_q, int h, Device d, const Array& out,
                        const Array& lse, float softmax_scale, bool causal,
                        const OptArray& split_offsets, const OptArray& split_begin,
-                       const OptArray& workspace, uintptr_t stream) {
+                       const OptArray& workspace, uintptr_t stream, const OptArray& split_order) {
   const Arg o(op, "out", out), l(op, "lse", lse);
   o.kind(Kind::kBf16).numel(int64_t(b) * s_q * h * kLatentDim);
   l.kind(Kind::kF32).numel(int64_t(b) * h * s_q);
@@ -119,7 +119,15 @@ DecodeArgs decode_args(const char* op, int b, int s_q, int h, Device d, const Ar
     sb.kind(Kind::kI32);
     same_device(op, {{"q", d}, {"split_offsets", so.device()}, {"split_begin", sb.device()}});
     r.plan = {so.as<int32_t>(), sb.as<int32_t>(), int(sb.size()), b, d};
+    if (split_order) {
+      const Arg sr(op, "split_order", *split_order);
+      sr.kind(Kind::kI32).numel(sb.size());
+      same_device(op, {{"q", d}, {"split_order", sr.device()}});
+      r.plan.split_order = sr.as<int32_t>();
+    }
     r.options.plan = &r.plan;
+  } else if (split_order) {
+    throw Error(op, "split_order", "expected it with split_offsets and split_begin (a plan from plan_splits)");
   }
   if (workspace) {
     const Arg w(op, "workspace", *workspace);
@@ -200,7 +208,7 @@ void bind_ops(nb::module_& m) {
   m.def(
       "plan_splits",
       [](const Array& cache_seqlens, int num_workers, const Array& split_offsets,
-         const Array& split_begin, uintptr_t stream) {
+         const Array& split_begin, uintptr_t stream, const OptArray& split_order) {
         constexpr const char* op = "plan_splits";
         const PageTable pages = page_table(op, std::nullopt, cache_seqlens);
         const Arg so(op, "split_offsets", split_offsets), sb(op, "split_begin", split_begin);
@@ -209,12 +217,20 @@ void bind_ops(nb::module_& m) {
         const Device d = same_device(op, {{"cache_seqlens", pages.device},
                                           {"split_offsets", so.device()},
                                           {"split_begin", sb.device()}});
-        const SplitPlan plan{so.as<int32_t>(), sb.as<int32_t>(), int(sb.size()), pages.batch, d};
+        SplitPlan plan{so.as<int32_t>(), sb.as<int32_t>(), int(sb.size()), pages.batch, d};
+        if (split_order) {
+          const Arg sr(op, "split_order", *split_order);
+          sr.kind(Kind::kI32).numel(sb.size());
+          same_device(op, {{"split_begin", d}, {"split_order", sr.device()}});
+          plan.split_order = sr.as<int32_t>();
+        }
         gil_scoped_release release;
         plan_splits(pages, num_workers, plan, to_stream(stream));
       },
       "cache_seqlens"_a, "num_workers"_a, "split_offsets"_a, "split_begin"_a, "stream"_a = 0,
-      "Split-KV plan from cache_seqlens into split_offsets [b + 1] and split_begin [capacity].");
+      "split_order"_a = nb::none(),
+      "Split-KV plan from cache_seqlens into split_offsets [b + 1], split_begin [capacity] and "
+      "(optional) split_order [capacity], the launch order (longest split first).");
 
   m.def(
       "decode_fp8",
@@ -222,7 +238,7 @@ void bind_ops(nb::module_& m) {
          const Array& scale, const Array& rope, const Array& block_table,
          const Array& cache_seqlens, const Array& out, const Array& lse, float softmax_scale,
          bool causal, const OptArray& split_offsets, const OptArray& split_begin,
-         const OptArray& workspace, uintptr_t stream) {
+         const OptArray& workspace, uintptr_t stream, const OptArray& split_order) {
         constexpr const char* op = "decode_fp8";
         const Arg qn(op, "q_nope", q_nope), qr(op, "q_rope", q_rope), qs(op, "q_scale", q_scale);
         int b, s_q, h;
@@ -237,21 +253,22 @@ void bind_ops(nb::module_& m) {
         const PagedFp8Cache cache = fp8_cache(op, latent, scale, rope);
         const PageTable pages = page_table(op, block_table, cache_seqlens);
         const DecodeArgs a = decode_args(op, b, s_q, h, d, out, lse, softmax_scale, causal,
-                                         split_offsets, split_begin, workspace, stream);
+                                         split_offsets, split_begin, workspace, stream, split_order);
         gil_scoped_release release;
         decode_fp8(q, cache, pages, a.out, a.options);
       },
       "q_nope"_a, "q_rope"_a, "q_scale"_a, "latent"_a, "scale"_a, "rope"_a, "block_table"_a,
       "cache_seqlens"_a, "out"_a, "lse"_a, "softmax_scale"_a, "causal"_a = true,
       "split_offsets"_a = nb::none(), "split_begin"_a = nb::none(), "workspace"_a = nb::none(),
-      "stream"_a = 0, "SnapMLA decoding on the FP8 cache into out [b, s_q, h, 512], lse [b, h, s_q].");
+      "stream"_a = 0, "split_order"_a = nb::none(),
+      "SnapMLA decoding on the FP8 cache into out [b, s_q, h, 512], lse [b, h, s_q].");
 
   m.def(
       "decode_bf16",
       [](const Array& q, const Array& cache, const Array& block_table, const Array& cache_seqlens,
          const Array& out, const Array& lse, float softmax_scale, bool causal,
          const OptArray& split_offsets, const OptArray& split_begin, const OptArray& workspace,
-         uintptr_t stream) {
+         uintptr_t stream, const OptArray& split_order) {
         constexpr const char* op = "decode_bf16";
         const Arg qa(op, "q", q);
         int b, s_q, h;
@@ -261,13 +278,14 @@ void bind_ops(nb::module_& m) {
         const PagedBf16Cache c = bf16_cache(op, cache);
         const PageTable pages = page_table(op, block_table, cache_seqlens);
         const DecodeArgs a = decode_args(op, b, s_q, h, qv.device, out, lse, softmax_scale,
-                                         causal, split_offsets, split_begin, workspace, stream);
+                                         causal, split_offsets, split_begin, workspace, stream,
+                                         split_order);
         gil_scoped_release release;
         decode_bf16(qv, c, pages, a.out, a.options);
       },
       "q"_a, "cache"_a, "block_table"_a, "cache_seqlens"_a, "out"_a, "lse"_a, "softmax_scale"_a,
       "causal"_a = true, "split_offsets"_a = nb::none(), "split_begin"_a = nb::none(),
-      "workspace"_a = nb::none(), "stream"_a = 0,
+      "workspace"_a = nb::none(), "stream"_a = 0, "split_order"_a = nb::none(),
       "Decoding on the BF16 cache (the baseline) into out [b, s_q, h, 512], lse [b, h, s_q].");
 
   m.def(

@@ -109,6 +109,17 @@ def test_plan_splits_covers_every_sequence(rng):
             b = begin[off[i]:off[i + 1]]
             assert len(b) >= 1 and b[0] == 0 and np.all(b % 64 == 0)
             assert np.all(np.diff(b) > 0) and (n == 0 or b[-1] < n)
+        # The launch order: every split once, longest (in pages) first, equal sizes by index.
+        k = int(off[-1])
+        ends = np.append(begin[1:k], 0)
+        seq = np.searchsorted(off, np.arange(k), side="right") - 1
+        last = np.arange(k) + 1 == off[seq + 1]
+        ends[last] = seqlens[seq[last]]
+        pages = (ends - begin[:k] + 63) // 64
+        order = plan.split_order[:k]
+        assert sorted(order.tolist()) == list(range(k))
+        key = [(-int(pages[s]), int(s)) for s in order]
+        assert key == sorted(key)
 
 
 def build_case(rng, seqlens, s_q, h):
