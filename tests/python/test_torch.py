@@ -67,6 +67,21 @@ def dequantized(nope, rope, scale):
     return x * scale.cpu().double().reshape(x.shape[:-1] + (1,))
 
 
+def bf16_score_magnitude(case):
+    """softmax_scale * max over the sequence's tokens of sum_d |q_d k_d| (bf16 q and cache),
+    per [b, h, s_q]."""
+    q = case.q.cpu().double().abs()  # [b, s_q, h, 576]
+    k = case.kv.cpu().double().abs()  # [tokens, 576], in the order of the sequences
+    b, s_q, h, _ = q.shape
+    mag = torch.zeros(b, h, s_q, dtype=torch.float64)
+    start = 0
+    for i, n in enumerate(case.seqlens_np.tolist()):
+        if n:
+            mag[i] = (q[i] @ k[start:start + n].T).amax(dim=-1).transpose(0, 1) * case.scale
+        start += n
+    return mag
+
+
 def score_magnitude(qq, case):
     """softmax_scale * max over the visible tokens of sum_d |q_d k_d|, per [b, h, s_q] (all
     tokens of the sequence: an upper bound on what a causal query sees)."""
@@ -165,12 +180,25 @@ def test_gpu_decode_bf16_against_the_reference(rng, s_q, h):
                         softmax_scale=case.scale, out=out, lse=lse)
     ref_out, ref_lse = snapmla.reference.decode_bf16(case.q, case.bf16, case.block_table,
                                                      case.cache_seqlens, softmax_scale=case.scale)
-    # FlashMLA's own test tolerances: per element abs 8e-4 or rel 2/128; lse abs 1e-6 or rel
-    # 8/65536 (outputs here are O(0.1-1), so abs 8e-4 is about one bf16 ulp).
-    err = (out.float().cpu() - ref_out.float()).abs()
-    assert bool(((err <= 8e-4) | (err <= 2 / 128 * ref_out.float().abs())).all())
+    # FlashMLA's own test tolerances (per element abs 8e-4 or rel 2/128; lse abs 1e-6 or rel
+    # 8/65536), plus what P's rounding to bf16 may do on this peaky data (rope x 20): where the
+    # GPU's exp and the reference's differ by an ulp, a token's P can round to the neighbouring
+    # bf16, moving the output by <= 2^-8 P_t |v_t| / l; summed over all tokens that is at most
+    # 2^-8 max|v| (the P_t / l sum to 1). Overall the two agree to rel-L2 <= 2e-3 (the C++
+    # emulation bound, measured <= 1.5e-4).
+    ref = ref_out.float()
+    err = (out.float().cpu() - ref).abs()
+    flip = 2.0**-8 * float(case.kv[:, :512].float().abs().max())
+    assert bool(((err <= 8e-4 + flip) | (err <= 2 / 128 * ref.abs() + flip)).all())
+    assert float(err.norm() / ref.norm()) <= 2e-3
+    # lse: FlashMLA's bound fails where lse is near 0 while the scores are large (seen on the
+    # H200: 1.1e-5 at |lse| = 0.04): the scores themselves are fp32 sums of 576 products summed
+    # in another order, which may differ by n u sum|q_d k_d| <= 2^(9.2 - 24) of that magnitude
+    # (Higham's bound); 2^-14 of it also covers the ulps of exp and log.
     lerr, lmag = lse_error(lse, ref_lse)
-    assert bool(((lerr <= 1e-6) | (lerr <= 8 / 65536 * lmag)).all())
+    mag = bf16_score_magnitude(case)
+    live = ~torch.isneginf(ref_lse.cpu())
+    assert bool(((lerr <= 1e-6) | (lerr <= 8 / 65536 * lmag) | (lerr <= 2.0**-14 * mag[live])).all())
 
 
 @pytest.mark.parametrize("device", DEVICES)
