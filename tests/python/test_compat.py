@@ -18,7 +18,8 @@ def test_flash_mla_with_kvcache_is_decode_bf16(rng):
     assert num_splits.shape == (4,) and num_splits[0] == 0
     out, lse = flash_mla.flash_mla_with_kvcache(q, k_cache, table, seqlens, 512, meta, num_splits,
                                                 causal=True)
-    plan = snapmla.SplitPlan(num_splits, meta, 0)
+    cap = len(meta) // 2  # the metadata: split_begin, then split_order
+    plan = snapmla.SplitPlan(num_splits, meta[:cap], 0, meta[cap:])
     ref_out, ref_lse = snapmla.decode_bf16(q, cache16, table, seqlens, softmax_scale=576 ** -0.5,
                                            causal=True, plan=plan)
     assert np.array_equal(out, ref_out) and np.array_equal(lse, ref_lse)
@@ -54,7 +55,8 @@ def test_fluentllm_flow_is_the_native_flow(rng):
         scale.reshape(-1, 64, 1, 1), table, seqlens, 512, meta, num_splits)
     ref_o, ref_lse = snapmla.decode_fp8(snapmla.quantize_query(q), native, table, seqlens,
                                         softmax_scale=576 ** -0.5, causal=False,
-                                        plan=snapmla.SplitPlan(num_splits, meta, 0))
+                                        plan=snapmla.SplitPlan(num_splits, meta[:len(meta) // 2], 0,
+                                                               meta[len(meta) // 2:]))
     assert np.array_equal(o, ref_o) and np.array_equal(lse, ref_lse)
     k_lora, k_rope = fluentllm.dequantize_ckv_fused_indexed(lora, rope, scale, slots[0])
     assert k_lora.shape == (150, 1, 512) and k_rope.shape == (150, 1, 64)
