@@ -67,11 +67,9 @@ def dequantized(nope, rope, scale):
     return x * scale.cpu().double().reshape(x.shape[:-1] + (1,))
 
 
-def bf16_score_magnitude(case):
-    """softmax_scale * max over the sequence's tokens of sum_d |q_d k_d| (bf16 q and cache),
-    per [b, h, s_q]."""
-    q = case.q.cpu().double().abs()  # [b, s_q, h, 576]
-    k = case.kv.cpu().double().abs()  # [tokens, 576], in the order of the sequences
+def max_score_terms(q, k, case):
+    """softmax_scale * max over the sequence's tokens of sum_d |q_d k_d|, per [b, h, s_q], from
+    |q| [b, s_q, h, 576] and |k| [tokens, 576] (the sequences' tokens in order)."""
     b, s_q, h, _ = q.shape
     mag = torch.zeros(b, h, s_q, dtype=torch.float64)
     start = 0
@@ -82,22 +80,20 @@ def bf16_score_magnitude(case):
     return mag
 
 
+def bf16_score_magnitude(case):
+    """max_score_terms of the bf16 query and cache rows."""
+    return max_score_terms(case.q.cpu().double().abs(), case.kv.cpu().double().abs(), case)
+
+
 def score_magnitude(qq, case):
-    """softmax_scale * max over the visible tokens of sum_d |q_d k_d|, per [b, h, s_q] (all
-    tokens of the sequence: an upper bound on what a causal query sees)."""
+    """max_score_terms of the FP8 query and cache, dequantized (all tokens of the sequence: an
+    upper bound on what a causal query sees)."""
     q = dequantized(qq.nope, qq.rope, qq.scale).abs()  # [b, s_q, h, 576]
     fp8 = snapmla.PagedFp8Cache(*(p.cpu() for p in case.fp8))
     slots = case.slots.long().cpu()
     k = dequantized(fp8.latent.reshape(-1, 512)[slots], fp8.rope.reshape(-1, 64)[slots],
                     fp8.scale.reshape(-1)[slots]).abs()  # [tokens, 576]
-    b, s_q, h, _ = q.shape
-    mag = torch.zeros(b, h, s_q, dtype=torch.float64)
-    start = 0
-    for i, n in enumerate(case.seqlens_np.tolist()):
-        if n:
-            mag[i] = (q[i] @ k[start:start + n].T).amax(dim=-1).transpose(0, 1) * case.scale
-        start += n
-    return mag
+    return max_score_terms(q, k, case)
 
 
 def poisoned_out(case):
