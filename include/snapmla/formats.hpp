@@ -110,9 +110,9 @@ struct DecodeOutput {
 //                              the next split of its sequence begins, or at the sequence end.
 //   split_order   [capacity]:  optional (null: index order). The order the GPU launches the
 //                              splits in: longest first (pages descending, ties by index), so
-//                              that short splits fill in behind long ones (on mixed lengths up to
-//                              ~1.6x faster than index order). Plans with more than
-//                              kMaxOrderedSplits splits keep the index order.
+//                              that short splits fill in behind long ones (b = 128 with lengths
+//                              U(1, 32K) on an H200: 1.2-1.4x faster than the index order).
+//                              Plans with more than kMaxOrderedSplits splits keep the index order.
 // A sequence with no tokens has exactly one (empty) split.
 struct SplitPlan {
   int32_t* split_offsets = nullptr;
