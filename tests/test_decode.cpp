@@ -298,6 +298,13 @@ TEST(SplitKv, LaunchOrderIsLongestFirstAndStable) {
       }
     }
   }
+  // More splits than kMaxOrderedSplits (one per sequence at least): the index order.
+  const int b = kMaxOrderedSplits + 100;
+  std::vector<int32_t> lens(b), tab(b, 0);
+  for (auto& l : lens) l = int32_t(rng() % 5000);
+  OwnedPlan M(PageTable{tab.data(), lens.data(), b, 100, Device::cpu()}, 64);
+  ASSERT_GT(M.offsets[b], kMaxOrderedSplits);
+  for (int k = 0; k < M.offsets[b]; ++k) ASSERT_EQ(M.order[k], k);
 }
 
 TEST(SplitKv, PlanCoversEverySequenceWithinCapacity) {

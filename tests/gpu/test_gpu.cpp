@@ -302,8 +302,12 @@ TEST(GpuPlan, SameSplitsAsTheReference) {
   REQUIRE_GPU();
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
-  for (int trial = 0; trial < 20; ++trial) {
-    const int b = 1 + int(rng() % 1500), workers = 1 + int(rng() % 400);
+  for (int trial = 0; trial < 22; ++trial) {
+    // The last two trials have more than kMaxOrderedSplits splits (at least one per sequence):
+    // both planners keep the index order there.
+    const bool many = trial >= 20;
+    const int b = many ? kMaxOrderedSplits + 1 + int(rng() % 2000) : 1 + int(rng() % 1500);
+    const int workers = 1 + int(rng() % 400);
     std::vector<int32_t> lens(b), table(b, 0);
     for (auto& l : lens) l = int32_t(rng() % 70000) * int(rng() % 4 != 0);
     PageTable hp{table.data(), lens.data(), b, 2000, Device::cpu()};
@@ -318,10 +322,13 @@ TEST(GpuPlan, SameSplitsAsTheReference) {
     ASSERT_EQ(goff.download(), off) << "b=" << b << " workers=" << workers;
     const auto gb = gbeg.download();
     ASSERT_TRUE(std::equal(beg.begin(), beg.begin() + off[b], gb.begin()));
-    // The launch order: the reference's (longest first, ties in index order; index order past
-    // kMaxOrderedSplits, which b up to 1500 plus workers never reaches).
+    // The launch order: the reference's (longest first, ties in index order; the index order
+    // past kMaxOrderedSplits).
     const auto go = gord.download();
     ASSERT_TRUE(std::equal(ord.begin(), ord.begin() + off[b], go.begin())) << "b=" << b << " workers=" << workers;
+    if (many) {
+      for (int k = 0; k < off[b]; ++k) ASSERT_EQ(go[k], k);
+    }
   }
 }
 
