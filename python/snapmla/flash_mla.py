@@ -50,6 +50,13 @@ def get_mla_metadata(cache_seqlens: Any, num_q_tokens_per_head_k: int, num_heads
     return meta, offsets
 
 
+def plan_of_metadata(tile_scheduler_metadata: Any, num_splits: Any) -> SplitPlan:
+    """The SplitPlan get_mla_metadata's results stand for (the metadata holds split_begin, then
+    split_order)."""
+    cap = _numel(tile_scheduler_metadata) // 2
+    return SplitPlan(num_splits, tile_scheduler_metadata[:cap], 0, tile_scheduler_metadata[cap:])
+
+
 def flash_mla_with_kvcache(q: Any, k_cache: Any, block_table: Any, cache_seqlens: Any,
                            head_dim_v: int, tile_scheduler_metadata: Any, num_splits: Any,
                            softmax_scale: Optional[float] = None, causal: bool = False,
@@ -65,7 +72,6 @@ def flash_mla_with_kvcache(q: Any, k_cache: Any, block_table: Any, cache_seqlens
         raise ValueError(f"snapmla.flash_mla: head_dim_v must be 512 (MLA's latent), got {head_dim_v}")
     if softmax_scale is None:
         softmax_scale = q.shape[-1] ** -0.5
-    cap = _numel(tile_scheduler_metadata) // 2
-    plan = SplitPlan(num_splits, tile_scheduler_metadata[:cap], 0, tile_scheduler_metadata[cap:])
+    plan = plan_of_metadata(tile_scheduler_metadata, num_splits)
     return decode_bf16(q, k_cache, block_table, cache_seqlens, softmax_scale=softmax_scale,
                        causal=causal, plan=plan)

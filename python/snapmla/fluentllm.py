@@ -29,9 +29,9 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
-from ._api import (LATENT_DIM, PagedFp8Cache, QuantizedQuery, SplitPlan, _numel, append,
-                   decode_fp8, gather_dequant, quantize_query)
-from .flash_mla import get_mla_metadata
+from ._api import (LATENT_DIM, PagedFp8Cache, QuantizedQuery, append, decode_fp8,
+                   gather_dequant, quantize_query)
+from .flash_mla import get_mla_metadata, plan_of_metadata
 
 __all__ = ["quantize_and_cache_k", "quantize_ckv_per_token_head", "get_mla_metadata",
            "flash_mla_ckv_fp8_per_token", "dequantize_ckv_fused_indexed"]
@@ -66,8 +66,7 @@ def flash_mla_ckv_fp8_per_token(q_nope: Any, q_rope: Any, k_cache_lora: Any, k_c
     _check_latent_width("head_dim_v", head_dim_v)
     if softmax_scale is None:
         softmax_scale = (q_nope.shape[-1] + q_rope.shape[-1]) ** -0.5
-    cap = _numel(tile_scheduler_metadata) // 2  # split_begin, then split_order (get_mla_metadata)
-    plan = SplitPlan(num_splits, tile_scheduler_metadata[:cap], 0, tile_scheduler_metadata[cap:])
+    plan = plan_of_metadata(tile_scheduler_metadata, num_splits)
     return decode_fp8(QuantizedQuery(q_nope, q_rope, q_scale),
                       PagedFp8Cache(k_cache_lora, k_scale, k_cache_rope), block_table,
                       cache_seqlens, softmax_scale=softmax_scale, causal=causal, plan=plan)

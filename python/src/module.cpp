@@ -97,6 +97,24 @@ struct DecodeArgs {
   DecodeOptions options;
 };
 
+// A split plan's arrays, checked against the batch b and the device of `like` (named so in
+// errors): split_offsets [b + 1], split_begin [capacity], optional split_order [capacity].
+SplitPlan split_plan(const char* op, int b, const char* like, Device d, const Array& split_offsets,
+                     const Array& split_begin, const OptArray& split_order) {
+  const Arg so(op, "split_offsets", split_offsets), sb(op, "split_begin", split_begin);
+  so.kind(Kind::kI32).numel(int64_t(b) + 1);
+  sb.kind(Kind::kI32);
+  same_device(op, {{like, d}, {"split_offsets", so.device()}, {"split_begin", sb.device()}});
+  SplitPlan plan{so.as<int32_t>(), sb.as<int32_t>(), int(sb.size()), b, d};
+  if (split_order) {
+    const Arg sr(op, "split_order", *split_order);
+    sr.kind(Kind::kI32).numel(sb.size());
+    same_device(op, {{like, d}, {"split_order", sr.device()}});
+    plan.split_order = sr.as<int32_t>();
+  }
+  return plan;
+}
+
 DecodeArgs decode_args(const char* op, int b, int s_q, int h, Device d, const Array& out,
                        const Array& lse, float softmax_scale, bool causal,
                        const OptArray& split_offsets, const OptArray& split_begin,
@@ -114,17 +132,7 @@ DecodeArgs decode_args(const char* op, int b, int s_q, int h, Device d, const Ar
     throw Error(op, split_offsets ? "split_begin" : "split_offsets",
                 "expected split_offsets and split_begin together (a plan from plan_splits)");
   if (split_offsets) {
-    const Arg so(op, "split_offsets", *split_offsets), sb(op, "split_begin", *split_begin);
-    so.kind(Kind::kI32).numel(int64_t(b) + 1);
-    sb.kind(Kind::kI32);
-    same_device(op, {{"q", d}, {"split_offsets", so.device()}, {"split_begin", sb.device()}});
-    r.plan = {so.as<int32_t>(), sb.as<int32_t>(), int(sb.size()), b, d};
-    if (split_order) {
-      const Arg sr(op, "split_order", *split_order);
-      sr.kind(Kind::kI32).numel(sb.size());
-      same_device(op, {{"q", d}, {"split_order", sr.device()}});
-      r.plan.split_order = sr.as<int32_t>();
-    }
+    r.plan = split_plan(op, b, "q", d, *split_offsets, *split_begin, split_order);
     r.options.plan = &r.plan;
   } else if (split_order) {
     throw Error(op, "split_order", "expected it with split_offsets and split_begin (a plan from plan_splits)");
@@ -211,19 +219,8 @@ void bind_ops(nb::module_& m) {
          const Array& split_begin, uintptr_t stream, const OptArray& split_order) {
         constexpr const char* op = "plan_splits";
         const PageTable pages = page_table(op, std::nullopt, cache_seqlens);
-        const Arg so(op, "split_offsets", split_offsets), sb(op, "split_begin", split_begin);
-        so.kind(Kind::kI32).numel(int64_t(pages.batch) + 1);
-        sb.kind(Kind::kI32);
-        const Device d = same_device(op, {{"cache_seqlens", pages.device},
-                                          {"split_offsets", so.device()},
-                                          {"split_begin", sb.device()}});
-        SplitPlan plan{so.as<int32_t>(), sb.as<int32_t>(), int(sb.size()), pages.batch, d};
-        if (split_order) {
-          const Arg sr(op, "split_order", *split_order);
-          sr.kind(Kind::kI32).numel(sb.size());
-          same_device(op, {{"split_begin", d}, {"split_order", sr.device()}});
-          plan.split_order = sr.as<int32_t>();
-        }
+        const SplitPlan plan = split_plan(op, pages.batch, "cache_seqlens", pages.device,
+                                          split_offsets, split_begin, split_order);
         gil_scoped_release release;
         plan_splits(pages, num_workers, plan, to_stream(stream));
       },
