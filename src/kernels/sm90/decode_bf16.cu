@@ -1,14 +1,30 @@
-// decode_bf16 (version 2): the BF16 baseline on the same skeleton as decode_fp8 (warpgroup MMAs,
-// warp-specialized page pipeline, same scheduler, softmax and combine), so speedups are
-// measured against a like-for-like kernel. FlashMLA's arithmetic: bf16 QK and PV, P rounded
-// to bf16, fp32 accumulators.
+// decode_bf16 (version 4): the BF16 baseline, FlashMLA's arithmetic (bf16 QK and PV, P rounded
+// to bf16 per 64-token page at the running max, fp32 accumulators) on a TMA page pipeline with
+// paired pages; decode_fp8's plan minus what FP8 needs (no V transposition: BF16 wgmma reads V
+// MN-major straight from the page; no P' scales).
 //
 // CTA = one split of one sequence x 64 query rows, 3 warpgroups:
-//   WG0  producer: the Q tile once, then pages into a 2-stage ring (cp.async on mbarriers)
-//   WG1, WG2  consumers, one per half of the 512 output dims: the whole QK (HGMMA m64n64k16,
-//        Q and K from shared memory), the online softmax, P to bf16 in registers, PV with
-//        HGMMA m64n256k16 reading V straight from the page in shared memory (the page's rows
-//        are token-major, which wgmma reads for bf16 with its transpose bit: no transpose).
+//   WG0  producer. All 128 threads load the Q latent tile once (cp.async); then one thread
+//        streams pages into a 2-stage ring with TMA, each page as 9 boxes of 64 tokens x 64
+//        dims (128-byte swizzle) in three groups with their own full / empty barriers: the rope
+//        box, V half 0 (dims 0-255) and V half 1. Then the warpgroup zeroes the tokens past the
+//        split end of a partial last page (cache slots there may hold anything, and 0 x NaN is
+//        NaN in PV).
+//   WG1, WG2  consumers on pairs of pages (A, B). Consumer c computes S for page A (c = 0) or
+//        B (c = 1): the rope product from Q registers, then the latent from the Q tile. Both
+//        accumulate PV of both pages for their 256 output dims (HGMMA m64n256k16, P and V from
+//        shared memory), in page order, as the reference does:
+//          consumer 0: P_A at m_a = max(m, max S_A), hands P_A and m_a over, PV(A);
+//          consumer 1: takes m_a, PV(A), and under it P_B at m_b = max(m_a, max S_B), hands
+//          P_B and m_b over; both rescale by exp(m_a - m_b) and add PV(B).
+//        So consumer 1's softmax runs under consumer 0's first PV and the two hand-offs are
+//        one-way (bar.arrive / bar.sync). P goes into the rope box of its page (the QK has read
+//        it; the box is released after both PVs).
+// Why the groups: Q (64 KB) and two 72 KB stages fill shared memory, so there is no third stage
+// to load into while a pair is computed; a group is loaded again as soon as its last reader is
+// done (page A's halves after the first PVs), and the QK takes the rope and its own half first.
+// History and measurements: docs/kernels.md.
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -21,132 +37,342 @@
 #include "decode/pipeline.cuh"
 #include "decode/scheduler.cuh"
 #include "decode/softmax.cuh"
+#include "decode/tensor_map.hpp"
 
 namespace snapmla::cuda {
 namespace {
 
-constexpr int kStages = 2;
 constexpr int kRows = kTileRows;
-constexpr int kRowBytes = kHeadDim * 2;                 // 1152: one token / one query row
-constexpr int kTileBytes = kPageSize * kRowBytes;       // 72 KB, K-major, SBO = 8 rows = 9216
-constexpr int kSbo = 8 * kRowBytes;
-using Ring = PageRing<kStages>;
-constexpr int kSmemBytes = kRows * kRowBytes + kStages * kTileBytes + Ring::kBytes;
+constexpr int kBoxBytes = kPageSize * kTmaBoxBytes;  // 8 KB: 64 tokens x 64 dims
+constexpr int kBoxes = kHeadDim * 2 / kTmaBoxBytes;  // 9: latent dims 64 b .. 64 b + 63, then rope
+constexpr int kRopeBox = kBoxes - 1;
+constexpr int kStageBytes = kBoxes * kBoxBytes;      // 72 KB
+constexpr int kQnBytes = kRows * kLatentDim * 2;     // 64 KB, K-major no swizzle, SBO 8 KB
+// Load groups of a stage: 0 the rope box, 1 + h the latent boxes 4 h .. 4 h + 3 (V half h).
+constexpr int kGroups = 3;
+constexpr int kBarBytes = (2 * 2 * kGroups + 2) * 8;  // full, empty per stage and group; Q; tail
+constexpr int kXchgBytes = 4 * kRows * 4;
+constexpr int kSmemBytes = kQnBytes + 2 * kStageBytes + kBarBytes + kXchgBytes;
+static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 
 struct Smem {
-  uint8_t* q;
-  uint8_t* stage;
-  Ring ring;
+  uint8_t* qn;
+  uint8_t* stages;
+  uint64_t* full;   // [2][kGroups]: the producer's arrival with the group's bytes
+  uint64_t* empty;  // [2][kGroups]: one arrival per warp of its readers (rope box and P: both)
+  uint64_t* qbar;   // 128 arrivals (the producer warpgroup's Q copies)
+  uint64_t* tail;   // 128 arrivals: the partial last page's excess tokens are zero
+  float* xmax;      // [2][64]: each consumer's running max after its page; [2][64]: row sums
   __device__ explicit Smem(uint8_t* base)
-      : q(base), stage(base + kRows * kRowBytes), ring(stage + kStages * kTileBytes) {}
-  __device__ uint8_t* kv(int s) const { return stage + s * kTileBytes; }
+      : qn(base),
+        stages(base + kQnBytes),
+        full(reinterpret_cast<uint64_t*>(stages + 2 * kStageBytes)),
+        empty(full + 2 * kGroups),
+        qbar(empty + 2 * kGroups),
+        tail(qbar + 1),
+        xmax(reinterpret_cast<float*>(tail + 1)) {}
+  __device__ uint8_t* box(int j, int b) const { return stages + (j % 2) * kStageBytes + b * kBoxBytes; }
+  __device__ uint64_t* full_of(int j, int g) const { return &full[(j % 2) * kGroups + g]; }
+  __device__ uint64_t* empty_of(int j, int g) const { return &empty[(j % 2) * kGroups + g]; }
+  __device__ void init() const {
+    for (int i = 0; i < 2 * kGroups; ++i) {
+      wg::mbar_init(&full[i], 1);
+      wg::mbar_init(&empty[i], i % kGroups == 0 ? 8 : 4);  // the rope box (then P): both consumers
+    }
+    wg::mbar_init(qbar, 128);
+    wg::mbar_init(tail, 128);
+  }
 };
 
-__device__ __forceinline__ void load_page(const DecodeParams& p, const Work& w, int blk, uint8_t* dst,
-                                          int t) {
-  const int32_t page = page_of(p, w, blk);
-  const bool ok = page_ok(p, page);
-  const int ntok = ok ? min(kPageSize, w.end - blk) : 0;
-  const int64_t slot0 = int64_t(ok ? page : 0) * kPageSize;
-  constexpr int kChunks = kRowBytes / 16;  // 72
-  for (int c = t; c < kPageSize * kChunks; c += 128) {
-    const int tok = c / kChunks, part = c % kChunks;
-    ptx::cp_async_16(dst + km_offset(tok, part * 16, kRowBytes),
-                     reinterpret_cast<const uint8_t*>(p.kv_bf16 + (slot0 + tok) * kHeadDim) + part * 16, tok < ntok);
+// Page j's phase of its stage's barriers.
+__device__ __forceinline__ uint32_t phase(int j) { return (j / 2) & 1; }
+
+// Loader (one thread): group g of page j (cache page `page`) into its stage, once its last
+// reader of page j - 2 released it. An out-of-range page index loads nothing (the stage keeps
+// stale data): the consumers check every index of the split at the end and turn their rows
+// into NaN.
+__device__ __forceinline__ void load_group(const CUtensorMap* tm, const Smem& sm, int j, int g, int32_t page,
+                                           bool ok) {
+  if (j >= 2) wg::mbar_wait(sm.empty_of(j, g), phase(j) ^ 1);
+  uint64_t* bar = sm.full_of(j, g);
+  if (!ok) {
+    wg::mbar_arrive_expect_tx(bar, 0);
+    return;
   }
+  const int y = page * kPageSize;
+  if (g == 0) {
+    wg::mbar_arrive_expect_tx(bar, kBoxBytes);
+    wg::tma_load_2d(sm.box(j, kRopeBox), tm, kRopeBox * (kTmaBoxBytes / 2), y, bar);
+    return;
+  }
+  wg::mbar_arrive_expect_tx(bar, 4 * kBoxBytes);
+#pragma unroll
+  for (int b = 4 * (g - 1); b < 4 * g; ++b) wg::tma_load_2d(sm.box(j, b), tm, b * (kTmaBoxBytes / 2), y, bar);
 }
 
-__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
-  return uint32_t(float_to_bf16_bits(lo)) | (uint32_t(float_to_bf16_bits(hi)) << 16);
+// O = O + P V for output half c: P (64 rows x 64 tokens) from a P buffer, V the page's latent
+// boxes 4 c .. 4 c + 3 read MN-major (issued and committed, not waited for).
+__device__ __forceinline__ void pv_page(float (&o)[32][4], const uint8_t* pt, const Smem& sm, int j, int c) {
+  const uint8_t* v = sm.box(j, 4 * c);
+  wg::fence_operands(o);
+  wg::fence();
+#pragma unroll
+  for (int ks = 0; ks < kPageSize / 16; ++ks)
+    wg::mma_64x256x16_bf16_ss_tb(o, wg::desc(pt + ks * 256, 128, 1024), wg::desc_sw128_mn(v + ks * 2048, kBoxBytes));
+  wg::commit();
 }
 
-__global__ void __launch_bounds__(384, 1) decode_bf16_kernel(DecodeParams p) {
+__global__ void __launch_bounds__(384, 1)
+    decode_bf16_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_kv) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const int item = grid_item(p);
   if (!has_work(p, item)) return;
-  const Work w = work_of(p, item);
   const Smem sm(smem_raw);
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   const int row0 = grid_row0(p);
-  const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
-  if (threadIdx.x == 0) sm.ring.init();
+  if (threadIdx.x == 0) {
+    if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
+    sm.init();
+  }
   __syncthreads();
 
   if (wg == 0) {
     wg::setmaxnreg_dec<40>();
-    for (int c = t; c < kRows * (kRowBytes / 16); c += 128) {
-      const int r = c / (kRowBytes / 16), part = c % (kRowBytes / 16);
+    const Work w = work_of(p, item);
+    const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
+    // The Q latent tile, K-major; rows past the query rows are zero.
+    for (int i = t; i < kRows * (kQnBytes / kRows / 16); i += 128) {
+      const int r = i / 64, part = i % 64;
       const bool ok = row0 + r < p.rows;
       const int64_t row = int64_t(w.seq) * p.rows + (ok ? row0 + r : 0);
-      ptx::cp_async_16(sm.q + km_offset(r, part * 16, kRowBytes),
+      ptx::cp_async_16(sm.qn + km_offset(r, part * 16, kLatentDim * 2),
                        reinterpret_cast<const uint8_t*>(p.q_bf16 + row * kHeadDim) + part * 16, ok);
     }
-    wg::cp_async_arrive(sm.ring.qbar);
-    for (int j = 0; j < nblk; ++j) {
-      sm.ring.acquire(j);
-      load_page(p, w, w.begin + j * kPageSize, sm.kv(j % kStages), t);
-      sm.ring.produced(j);
+    wg::cp_async_arrive(sm.qbar);
+    if (t == 0) {
+      for (int a = 0; a < nblk; a += 2) {
+        const int b = a + 1;
+        const int32_t pa = page_of(p, w, w.begin + a * kPageSize);
+        const int32_t pb = b < nblk ? page_of(p, w, w.begin + b * kPageSize) : 0;
+        const bool oka = page_ok(p, pa), okb = page_ok(p, pb);
+        // In the order the groups come free: page A's after both PVs of A, then page B's.
+        load_group(&tm_kv, sm, a, 1, pa, oka);
+        load_group(&tm_kv, sm, a, 2, pa, oka);
+        load_group(&tm_kv, sm, a, 0, pa, oka);
+        if (b < nblk) {
+          load_group(&tm_kv, sm, b, 2, pb, okb);
+          load_group(&tm_kv, sm, b, 0, pb, okb);
+          load_group(&tm_kv, sm, b, 1, pb, okb);
+        }
+      }
+    }
+    // A partial last page: zero its tokens past the split end in the V boxes once they land.
+    // Waited for only after its loads were issued: the stage's full barriers have then completed
+    // every earlier phase, so the parity names this page's.
+    __syncwarp();
+    ptx::named_barrier(5, 128);
+    const int last = nblk - 1, ntok = w.end - (w.begin + last * kPageSize);
+    if (nblk > 0 && ntok < kPageSize) {
+      if (page_ok(p, page_of(p, w, w.begin + last * kPageSize))) {
+        wg::mbar_wait(sm.full_of(last, 1), phase(last));
+        wg::mbar_wait(sm.full_of(last, 2), phase(last));
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        const int per_box = (kPageSize - ntok) * (kTmaBoxBytes / 16);
+        for (int i = t; i < 8 * per_box; i += 128) {
+          const int b = i / per_box, k = i % per_box;
+          *reinterpret_cast<uint4*>(sm.box(last, b) + ntok * kTmaBoxBytes + k * 16) = zero;
+        }
+        wg::fence_proxy_async();  // written with st.shared, read by wgmma
+      }
+      wg::mbar_arrive(sm.tail);
     }
     return;
   }
 
   wg::setmaxnreg_inc<232>();
-  const int c = wg - 1;
-  const int warp = t / 32, lane = t % 32, q = lane % 4, g = lane / 4;
-  const int rows_[2] = {row0 + 16 * warp + g, row0 + 16 * warp + g + 8};
+  const Work w = work_of(p, item);
+  const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
+  const bool partial_last = nblk > 0 && w.end - (w.begin + (nblk - 1) * kPageSize) < kPageSize;
+  const int c = wg - 1;  // owns page 2 k + c of each pair; output half c
+  const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+  const int r0 = 16 * warp + g;  // the thread's first row in the tile (and r0 + 8)
   float factor[2];
   int vis[2];
+  // Q rope as the rope product's A operand (m16n8k16 layout per warp, one per 16-wide K step).
+  uint32_t qa[4][4];
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
-    const bool ok = rows_[ri] < p.rows;
+    const int r = row0 + r0 + 8 * ri;
+    const bool ok = r < p.rows;
+    const int64_t row = int64_t(w.seq) * p.rows + (ok ? r : 0);
     factor[ri] = p.softmax_scale;
-    vis[ri] = ok ? visible_end(p, w, rows_[ri]) : 0;
+    vis[ri] = ok ? visible_end(p, w, r) : 0;
+    const uint32_t* qr = reinterpret_cast<const uint32_t*>(p.q_bf16 + row * kHeadDim + kLatentDim);
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      qa[ks][ri] = ok ? qr[8 * ks + q] : 0u;
+      qa[ks][2 + ri] = ok ? qr[8 * ks + 4 + q] : 0u;
+    }
   }
   SoftmaxState st;
   float o[32][4];
 #pragma unroll
   for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  wg::mbar_wait(sm.ring.qbar, 0);
-  bool fault = false;
-  // V for this half, MN-major: LBO = distance between core matrices along K (8-token groups,
-  // kSbo apart), SBO = along N (8-dim groups, 128 B apart) -- the same roles as for K-major
-  // operands (measured: the other assignment reads out of bounds).
-  constexpr uint32_t kVLbo = kSbo, kVSbo = 128;
+  wg::mbar_wait(sm.qbar, 0);
 
-  for (int j = 0; j < nblk; ++j) {
-    const int s = j % kStages;
-    const int blk = w.begin + j * kPageSize;
-    fault |= !page_ok(p, page_of(p, w, blk));
-    sm.ring.wait(j);
-    float sc[8][4];
+  // S of page j into acc, in two commit groups: the rope box and this consumer's V half (the
+  // groups that come free first), then the other half.
+  float acc[8][4];
+  const uint64_t qn = wg::desc(sm.qn, 128, 8 * kLatentDim * 2);
+  auto qk_half = [&](int j, int h) {
 #pragma unroll
-    for (int n = 0; n < 8; ++n) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
-    wg::fence();
+    for (int b = 4 * h; b < 4 * h + 4; ++b) {
+      const uint64_t kb = wg::desc_sw128(sm.box(j, b));
 #pragma unroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks)
-      wg::mma_64x64x16_bf16_ss(sc, wg::desc(sm.q + ks * 256, 128, kSbo), wg::desc(sm.kv(s) + ks * 256, 128, kSbo));
-    wg::commit();
-    wg::wait<0>();
-
-    float rescale[2];
-    softmax_block_bf16(st, sc, factor, vis, blk, q, rescale);
-    scale_rows(o, rescale);
-    uint32_t pa[4][4];
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      pa[ks][0] = bf16x2(sc[2 * ks][0], sc[2 * ks][1]);
-      pa[ks][1] = bf16x2(sc[2 * ks][2], sc[2 * ks][3]);
-      pa[ks][2] = bf16x2(sc[2 * ks + 1][0], sc[2 * ks + 1][1]);
-      pa[ks][3] = bf16x2(sc[2 * ks + 1][2], sc[2 * ks + 1][3]);
+      for (int kk = 0; kk < 4; ++kk)
+        wg::mma_64x64x16_bf16_ss(acc, wg::desc_add(qn, (4 * b + kk) * 256), wg::desc_add(kb, kk * 32));
     }
+  };
+  // `real`: the product is used. A discarded one (see below) waits for nothing: it may read a
+  // stage while a copy lands, and waiting could deadlock (the stage may be the other
+  // consumer's, whose next load waits for this consumer's release).
+  auto qk_first = [&](int j, bool real) {
+    if (real) {
+      wg::mbar_wait(sm.full_of(j, 0), phase(j));
+      wg::mbar_wait(sm.full_of(j, 1 + c), phase(j));
+    }
+    wg::fence_operands(acc);
     wg::fence();
+    const uint64_t kr = wg::desc_sw128(sm.box(j, kRopeBox));
+    wg::mma_64x64x16_bf16_rs_zero(acc, qa[0], kr);
 #pragma unroll
-    for (int ks = 0; ks < 4; ++ks)
-      wg::mma_64x256x16_bf16_rs_tb(o, pa[ks], wg::desc(sm.kv(s) + 2 * ks * kSbo + c * 4096, kVLbo, kVSbo));
+    for (int ks = 1; ks < 4; ++ks) wg::mma_64x64x16_bf16_rs(acc, qa[ks], wg::desc_add(kr, ks * 32));
+    qk_half(j, c);
     wg::commit();
-    wg::wait<0>();
-    sm.ring.release(j);
+  };
+  auto qk_second = [&](int j, bool real) {
+    if (real) wg::mbar_wait(sm.full_of(j, 2 - c), phase(j));
+    wg::fence();
+    qk_half(j, 1 - c);
+    wg::commit();
+  };
+  // Every pair issues the same wgmmas in every consumer, with no wgmma under a condition that
+  // ptxas cannot see is warpgroup-uniform (it would serialize them all): a consumer without a
+  // page in the pair (odd page count) computes a discarded product and adds the last page with
+  // P = 0, and after the last pair the QK is a discarded repeat of the last page.
+  if (nblk > 0) {
+    qk_first(min(c, nblk - 1), c < nblk);
+    qk_second(min(c, nblk - 1), c < nblk);
   }
+  for (int k = 0; 2 * k < nblk; ++k) {
+    const int ja = 2 * k, jb = 2 * k + 1, j = ja + c;  // the pair's pages; this consumer's
+    const bool mine = j < nblk, has_b = jb < nblk;
+    const int blk = w.begin + j * kPageSize;
+    const bool full = __all_sync(0xffffffffu, blk + kPageSize <= min(vis[0], vis[1]));
+    const bool none = __all_sync(0xffffffffu, blk >= max(vis[0], vis[1]));
+    const bool live = mine && !none;
+    float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f}, unused[2], m_a[2], m_b[2], f[2];
+    wg::wait<0>();
+    wg::fence_operands(acc);
+    if (mine) {
+      if (full) page_scores<false, false>(acc, factor, vis, blk, nullptr, q, mx);
+      else if (!none) page_scores<true, false>(acc, factor, vis, blk, nullptr, q, mx);
+    }
+    // P of page j as bf16 into the rope box of its stage (the QK has read it), K-major: row r's
+    // tokens 8 n + 2 q, + 1 are one word; zeros without a page.
+    auto write_p = [&](const float (&m)[2]) {
+      if (live) {
+        if (full) page_probs<false, false>(acc, m, nullptr, q, sum, unused);
+        else page_probs<true, false>(acc, m, nullptr, q, sum, unused);
+      }
+      uint8_t* pt = sm.box(j, kRopeBox);
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri)
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+          ptx::sts32(pt + km_offset(r0 + 8 * ri, 16 * n + 4 * q, kPageSize * 2),
+                     live ? bf16x2_bits(acc[n][2 * ri], acc[n][2 * ri + 1]) : 0u);
+      wg::fence_proxy_async();  // P written with st.shared, read by wgmma
+      if (q == 0) {
+        sm.xmax[c * kRows + r0] = m[0];
+        sm.xmax[c * kRows + r0 + 8] = m[1];
+      }
+    };
+    // Page A: consumer 0 turns it into P with m_a = max(m, its max) and hands P and m_a over.
+    if (c == 0) {
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) m_a[ri] = fmaxf(st.m[ri], mx[ri]);
+      write_p(m_a);
+      ptx::named_barrier_arrive(1, 256);
+      ptx::named_barrier(2, 128);  // all of P_A is written
+    } else {
+      ptx::named_barrier(1, 256);
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) m_a[ri] = sm.xmax[r0 + 8 * ri];
+    }
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) f[ri] = pair_alpha(st, ri, m_a[ri], c == 0 ? sum[ri] : 0.f);
+    scale_rows(o, f);
+    if (partial_last && 2 * k + 2 >= nblk) wg::mbar_wait(sm.tail, 0);
+    pv_page(o, sm.box(ja, kRopeBox), sm, ja, c);
+    // Page B (under page A's PV): consumer 1 turns it into P with m_b = max(m_a, its max).
+    if (c == 1) {
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) m_b[ri] = fmaxf(st.m[ri], mx[ri]);
+      write_p(m_b);
+      ptx::named_barrier_arrive(3, 256);
+      ptx::named_barrier(4, 128);  // all of P_B is written
+    } else {
+      ptx::named_barrier(3, 256);
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) m_b[ri] = sm.xmax[kRows + r0 + 8 * ri];
+    }
+    wg::wait<0>();
+    wg::fence_operands(o);
+    if (lane == 0) {  // page A: this half and this consumer's share of the rope box are read
+      wg::mbar_arrive(sm.empty_of(ja, 1 + c));
+      wg::mbar_arrive(sm.empty_of(ja, 0));
+    }
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) f[ri] = pair_alpha(st, ri, m_b[ri], c == 1 ? sum[ri] : 0.f);
+    scale_rows(o, f);
+    pv_page(o, sm.box(jb, kRopeBox), sm, min(jb, nblk - 1), c);
+    // The next QK: consumer 0's page is in the stage page A left, whose groups are free by now;
+    // consumer 1's in page B's, free only once both PVs of B are done.
+    const int jn = min(j + 2, nblk - 1);
+    const bool real = j + 2 < nblk;
+    if (c == 0) {
+      qk_first(jn, real);
+      wg::wait<1>();
+    } else {
+      wg::wait<0>();
+    }
+    wg::fence_operands(o);
+    if (has_b && lane == 0) {
+      wg::mbar_arrive(sm.empty_of(jb, 1 + c));
+      wg::mbar_arrive(sm.empty_of(jb, 0));
+    }
+    if (c == 1) qk_first(jn, real);
+    qk_second(jn, real);
+  }
+  wg::wait<0>();
+  wg::fence_operands(acc);
+  wg::fence_operands(o);
+  // An out-of-range page index anywhere in the split turns the rows into NaN (its stage was
+  // never filled). Checked once here, a warp's lanes splitting the pages.
+  bool fault = false;
+  for (int i = lane; i < nblk; i += 32) fault |= !page_ok(p, page_of(p, w, w.begin + i * kPageSize));
+  fault = __any_sync(0xffffffffu, fault);
+  // Each consumer summed P over its own pages: add the other's sums.
+  // (A separate area: the other consumer may still be reading this one's last max.)
+  float* xsum = sm.xmax + 2 * kRows;
+  if (q == 0) {
+    xsum[c * kRows + r0] = st.l[0];
+    xsum[c * kRows + r0 + 8] = st.l[1];
+  }
+  ptx::named_barrier(1, 256);
+  st.l[0] += xsum[(1 - c) * kRows + r0];
+  st.l[1] += xsum[(1 - c) * kRows + r0 + 8];
   write_rows<false>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
 }
 
@@ -157,9 +383,10 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
   DecodeParams p = make_params("decode_bf16", q.batch, q.seqlen_q, q.num_heads, pages, out, options);
   if (q.batch == 0) return;
   p.q_bf16 = reinterpret_cast<const uint16_t*>(q.data);
-  p.kv_bf16 = reinterpret_cast<const uint16_t*>(cache.data);
   p.num_pages = cache.num_pages;
-  launch_decode("decode_bf16", decode_bf16_kernel, kSmemBytes, p, options);
+  const CUtensorMap tm_kv =
+      plane_map(cache.data, cache.num_pages * kPageSize, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
+  launch_decode("decode_bf16", decode_bf16_kernel, kSmemBytes, p, options, tm_kv);
 }
 
 }  // namespace snapmla::cuda

@@ -16,9 +16,6 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include <stdexcept>
-#include <string>
-
 #include "../common/check.cuh"
 #include "../common/ptx.cuh"
 #include "../common/wgmma.cuh"
@@ -28,6 +25,7 @@
 #include "decode/pipeline.cuh"
 #include "decode/scheduler.cuh"
 #include "decode/softmax.cuh"
+#include "decode/tensor_map.hpp"
 
 namespace snapmla::cuda {
 namespace {
@@ -47,7 +45,7 @@ constexpr int kQnBytes = kRows * kLatentDim;       // 32 KB, SBO 4096
 constexpr int kKlBytes = kPageSize * kLatentDim;   // 32 KB
 constexpr int kKrBytes = kPageSize * kRopeDim * 2; // 8 KB
 constexpr int kStageBytes = kKlBytes + kKrBytes;  // 1024-aligned tiles (128-byte swizzle)
-constexpr int kLatentBox = 128;                   // TMA box: 64 tokens x 128 bytes of latent
+constexpr int kLatentBox = kTmaBoxBytes;          // TMA box: 64 tokens x 128 bytes of latent
 constexpr int kVtBytes = 256 * kPageSize;          // one half: 256 dims x 64 tokens, SBO 512
 constexpr int kPBytes = kRows * kPageSize;         // one page's P' / sigma, e4m3, SBO 512
 using Ring = PageRing<kStages>;
@@ -413,41 +411,6 @@ __global__ void __launch_bounds__(384, 1)
   st.l[0] += sm.xmax[(1 - c) * kRows + r0];
   st.l[1] += sm.xmax[(1 - c) * kRows + r0 + 8];
   write_rows<true>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
-}
-
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-// The driver's tensor-map encoder, through the runtime (no link against libcuda).
-EncodeTiled encode_tiled() {
-  static const EncodeTiled fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    check(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &found),
-          "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled)");
-    if (f == nullptr || found != cudaDriverEntryPointSuccess)
-      throw std::runtime_error("snapmla: the CUDA driver has no cuTensorMapEncodeTiled (needs CUDA 12+)");
-    return reinterpret_cast<EncodeTiled>(f);
-  }();
-  return fn;
-}
-
-// A 2-D map over one cache plane seen as [rows, row_bytes]: boxes of 64 rows x 128 bytes with the
-// 128-byte swizzle the wgmma descriptors expect. A plane with no pages gets an unused dummy.
-CUtensorMap plane_map(const void* base, int64_t rows, int row_bytes, CUtensorMapDataType type, int elem_bytes) {
-  CUtensorMap m{};
-  if (rows == 0) return m;  // no page index is valid: the loader never issues a copy
-  const cuuint64_t dims[2] = {cuuint64_t(row_bytes / elem_bytes), cuuint64_t(rows)};
-  const cuuint64_t strides[1] = {cuuint64_t(row_bytes)};
-  const cuuint32_t box[2] = {cuuint32_t(kLatentBox / elem_bytes), cuuint32_t(kPageSize)};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = encode_tiled()(&m, type, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
-                                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw std::runtime_error("snapmla: cuTensorMapEncodeTiled failed (" + std::to_string(int(r)) + ")");
-  return m;
 }
 
 }  // namespace

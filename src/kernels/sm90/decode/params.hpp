@@ -14,10 +14,8 @@ struct DecodeParams {
   const uint16_t* q_rope = nullptr;
   const float* q_scale = nullptr;
   const uint16_t* q_bf16 = nullptr;
-  // Cache: the FP8 scales (its latent and rope planes are read through TMA tensor maps) or the
-  // BF16 cache.
+  // Cache: the FP8 scales (the cache planes, FP8 and BF16, are read through TMA tensor maps).
   const float* k_scale = nullptr;
-  const uint16_t* kv_bf16 = nullptr;
   int64_t num_pages = 0;
   const int32_t* block_table = nullptr;
   const int32_t* seqlens = nullptr;

@@ -1,7 +1,7 @@
-// The page pipeline shared by the decode kernels: a producer warpgroup fills a ring of
-// shared-memory stages with cp.async, completion signalled on `full` mbarriers; the two consumer
-// warpgroups release a stage on its `empty` mbarrier. Also the no-swizzle K-major tile layout
-// the wgmma operands use, and the page lookup.
+// Pieces of the decode kernels' page pipelines: decode_fp8's ring of shared-memory stages (a
+// producer fills them, completion signalled on `full` mbarriers; readers release a stage on its
+// `empty` mbarrier), the no-swizzle K-major tile layout of the wgmma operands the kernels write
+// themselves (Q, P), and the page lookup.
 #pragma once
 
 #include "../../common/wgmma.cuh"

@@ -52,49 +52,6 @@ __device__ __forceinline__ void scale_rows(float (&o)[NT][4], const float (&r)[2
   }
 }
 
-// The BF16 kernel's softmax over one 64-token block: s holds the raw QK accumulators (one
-// 64 x 64 S tile per consumer) and returns P, rounded to bf16 by the caller. rescale: what to
-// multiply the output accumulator by before adding this block's PV. (The FP8 kernel uses the
-// paired-page steps below.)
-__device__ __forceinline__ void softmax_block_bf16(SoftmaxState& st, float (&s)[8][4],
-                                                   const float (&factor)[2], const int (&vis)[2],
-                                                   int blk, int q, float (&rescale)[2]) {
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 2 * ri; e < 2 * ri + 2; ++e) {
-        const int tok = 8 * n + 2 * q + (e & 1);
-        const float sc = blk + tok < vis[ri] ? __fmul_rn(s[n][e], factor[ri]) : -INFINITY;
-        s[n][e] = sc;
-        mx = fmaxf(mx, sc);
-      }
-    mx = quad_max(mx);
-    if (mx == -INFINITY) {  // nothing visible in this block for this row
-      rescale[ri] = 1.f;
-#pragma unroll
-      for (int n = 0; n < 8; ++n) s[n][2 * ri] = s[n][2 * ri + 1] = 0.f;
-      continue;
-    }
-    const float m_new = fmaxf(st.m[ri], mx);
-    const float alpha = fast_exp(st.m[ri] - m_new);
-    float sum = 0.f;
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 2 * ri; e < 2 * ri + 2; ++e) {
-        const float p = fast_exp(s[n][e] - m_new);  // exp(-inf) = 0 for masked tokens
-        sum += p;
-        s[n][e] = p;
-      }
-    st.l[ri] = st.l[ri] * alpha + quad_sum(sum);
-    rescale[ri] = alpha;
-    st.m[ri] = m_new;
-  }
-}
-
 // The FP8 softmax with paired pages (decode_fp8): each consumer warpgroup holds the raw QK
 // scores of a whole 64-token page (m64n64 fragment: tokens 8 n + 2 q + {0, 1}), warpgroup c
 // page 2 k + c of pair k. The two exchange their row maxima once per pair, so both pages use
@@ -105,21 +62,22 @@ __device__ __forceinline__ void softmax_block_bf16(SoftmaxState& st, float (&s)[
 
 // Step 1: scaled, masked scores in place (scores = (raw * (softmax_scale * s_q)) * s_t, -inf
 // where not visible) and their row max over the page (quad-reduced). kMasked = false: the caller
-// knows every token of the page is visible to both rows (no compares, no -inf).
-template <bool kMasked>
+// knows every token of the page is visible to both rows (no compares, no -inf). kScaled = false
+// (decode_bf16): no per-token scale, scores = raw * softmax_scale, and kscale is not read.
+template <bool kMasked, bool kScaled = true>
 __device__ __forceinline__ void page_scores(float (&s)[8][4], const float (&factor)[2],
                                             const int (&vis)[2], int blk, const float* kscale,
                                             int q, float (&mx)[2]) {
   mx[0] = mx[1] = -INFINITY;
 #pragma unroll
   for (int n = 0; n < 8; ++n) {
-    const float2 ks = *reinterpret_cast<const float2*>(kscale + 8 * n + 2 * q);
+    const float2 ks = kScaled ? *reinterpret_cast<const float2*>(kscale + 8 * n + 2 * q) : make_float2(1.f, 1.f);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int ri = e / 2, tok = 8 * n + 2 * q + (e & 1);
-      const float sc = !kMasked || blk + tok < vis[ri]
-                           ? __fmul_rn(__fmul_rn(s[n][e], factor[ri]), e & 1 ? ks.y : ks.x)
-                           : -INFINITY;
+      const float raw = __fmul_rn(s[n][e], factor[ri]);
+      const float sc = !kMasked || blk + tok < vis[ri] ? (kScaled ? __fmul_rn(raw, e & 1 ? ks.y : ks.x) : raw)
+                                                       : -INFINITY;
       s[n][e] = sc;
       mx[ri] = fmaxf(mx[ri], sc);
     }
@@ -130,29 +88,30 @@ __device__ __forceinline__ void page_scores(float (&s)[8][4], const float (&fact
 
 // Step 2, given the pair's m: s <- P' = exp(s - m) * s_t (0 where not visible); sum: the row
 // sums of P = exp(s - m), pmax: the row max of P' (both quad-reduced; the caller zeroes them).
-template <bool kMasked>
+// kScaled = false (decode_bf16): s <- P, and pmax is not needed.
+template <bool kMasked, bool kScaled = true>
 __device__ __forceinline__ void page_probs(float (&s)[8][4], const float (&m)[2], const float* kscale,
                                            int q, float (&sum)[2], float (&pmax)[2]) {
   // exp(s - m) as 2^(s log2e - m log2e), one FFMA and one MUFU.EX2 per element.
   const float ml[2] = {m[0] * kLog2e, m[1] * kLog2e};
 #pragma unroll
   for (int n = 0; n < 8; ++n) {
-    const float2 ks = *reinterpret_cast<const float2*>(kscale + 8 * n + 2 * q);
+    const float2 ks = kScaled ? *reinterpret_cast<const float2*>(kscale + 8 * n + 2 * q) : make_float2(1.f, 1.f);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int ri = e / 2;
       const bool seen = !kMasked || s[n][e] != -INFINITY;  // masked tokens' scales may be anything
       const float pe = seen ? ex2(fmaf(s[n][e], kLog2e, -ml[ri])) : 0.f;
       sum[ri] += pe;
-      const float pv = seen ? __fmul_rn(pe, e & 1 ? ks.y : ks.x) : 0.f;
-      pmax[ri] = fmaxf(pmax[ri], pv);
+      const float pv = !kScaled ? pe : seen ? __fmul_rn(pe, e & 1 ? ks.y : ks.x) : 0.f;
+      if (kScaled) pmax[ri] = fmaxf(pmax[ri], pv);
       s[n][e] = pv;
     }
   }
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     sum[ri] = quad_sum(sum[ri]);
-    pmax[ri] = quad_max(pmax[ri]);
+    if (kScaled) pmax[ri] = quad_max(pmax[ri]);
   }
 }
 
@@ -177,6 +136,17 @@ __device__ __forceinline__ void pair_rescale(SoftmaxState& st, int ri, float m_n
   st.l[ri] = st.l[ri] * alpha + own_sum;
   st.m[ri] = m_new;
   st.sigma[ri] = s2;
+}
+
+// decode_bf16's step per page (no sigma): the factor for the output before the page's PV and
+// the state after it, given the running max after the page; `own_sum`: this page's row sums if
+// this consumer computed its P (each consumer keeps its own part of l, added at the end).
+__device__ __forceinline__ float pair_alpha(SoftmaxState& st, int ri, float m_new, float own_sum) {
+  if (m_new == -INFINITY) return 1.f;  // nothing visible to this row so far
+  const float alpha = fast_exp(st.m[ri] - m_new);
+  st.l[ri] = st.l[ri] * alpha + own_sum;
+  st.m[ri] = m_new;
+  return alpha;
 }
 
 }  // namespace snapmla::cuda
