@@ -298,35 +298,30 @@ __global__ void __launch_bounds__(384, 1)
         sm.xmax[c * kRows + r0 + 8] = m[1];
       }
     };
-    // Page A: consumer 0 turns it into P with m_a = max(m, its max) and hands P and m_a over.
-    if (c == 0) {
+    // The page of consumer `owner` (0: A, 1: B): the owner turns it into P at m = max(running
+    // max, the page's max) and hands P and m over (named barrier 1 + 2 owner, then 2 + 2 owner
+    // for its own warps: all of P is written); the other consumer takes m.
+    auto hand_off = [&](int owner, float (&m)[2]) {
+      if (c == owner) {
 #pragma unroll
-      for (int ri = 0; ri < 2; ++ri) m_a[ri] = fmaxf(st.m[ri], mx[ri]);
-      write_p(m_a);
-      ptx::named_barrier_arrive(1, 256);
-      ptx::named_barrier(2, 128);  // all of P_A is written
-    } else {
-      ptx::named_barrier(1, 256);
+        for (int ri = 0; ri < 2; ++ri) m[ri] = fmaxf(st.m[ri], mx[ri]);
+        write_p(m);
+        ptx::named_barrier_arrive(1 + 2 * owner, 256);
+        ptx::named_barrier(2 + 2 * owner, 128);
+      } else {
+        ptx::named_barrier(1 + 2 * owner, 256);
 #pragma unroll
-      for (int ri = 0; ri < 2; ++ri) m_a[ri] = sm.xmax[r0 + 8 * ri];
-    }
+        for (int ri = 0; ri < 2; ++ri) m[ri] = sm.xmax[owner * kRows + r0 + 8 * ri];
+      }
+    };
+    hand_off(0, m_a);
 #pragma unroll
     for (int ri = 0; ri < 2; ++ri) f[ri] = pair_alpha(st, ri, m_a[ri], c == 0 ? sum[ri] : 0.f);
     scale_rows(o, f);
     if (partial_last && 2 * k + 2 >= nblk) wg::mbar_wait(sm.tail, 0);
     pv_page(o, sm.box(ja, kRopeBox), sm, ja, c);
-    // Page B (under page A's PV): consumer 1 turns it into P with m_b = max(m_a, its max).
-    if (c == 1) {
-#pragma unroll
-      for (int ri = 0; ri < 2; ++ri) m_b[ri] = fmaxf(st.m[ri], mx[ri]);
-      write_p(m_b);
-      ptx::named_barrier_arrive(3, 256);
-      ptx::named_barrier(4, 128);  // all of P_B is written
-    } else {
-      ptx::named_barrier(3, 256);
-#pragma unroll
-      for (int ri = 0; ri < 2; ++ri) m_b[ri] = sm.xmax[kRows + r0 + 8 * ri];
-    }
+    // Page B under page A's PV (st.m is m_a now, so m_b = max(m_a, max S_B)).
+    hand_off(1, m_b);
     wg::wait<0>();
     wg::fence_operands(o);
     if (lane == 0) {  // page A: this half and this consumer's share of the rope box are read
