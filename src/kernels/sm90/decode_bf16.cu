@@ -23,6 +23,8 @@
 // Why the groups: Q (64 KB) and two 72 KB stages fill shared memory, so there is no third stage
 // to load into while a pair is computed; a group is loaded again as soon as its last reader is
 // done (page A's halves after the first PVs), and the QK takes the rope and its own half first.
+// Page B's cycle (load, QK, softmax, PVs) sets the pace, so consumer 0 issues its next QK only
+// once B is released (v4b), leaving the tensor cores to PV(B).
 // History and measurements: docs/kernels.md.
 #include <cuda.h>
 #include <cuda_bf16.h>
