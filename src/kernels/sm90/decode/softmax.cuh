@@ -59,6 +59,8 @@ __device__ __forceinline__ void scale_rows(float (&o)[NT][4], const float (&r)[2
 // m_b, which scales page a's P by exp(m_a - m_b) and its sigma by the same factor, so P' / sigma
 // and the output are the same up to fp32 rounding (docs/kernels.md, v7). P' is still quantized
 // per row and 64-token page with that page's own sigma.
+// decode_bf16 uses steps 1 and 2 with kScaled = false, one page at a time at the running max
+// (the reference's order), and pair_alpha below instead of step 3.
 
 // Step 1: scaled, masked scores in place (scores = (raw * (softmax_scale * s_q)) * s_t, -inf
 // where not visible) and their row max over the page (quad-reduced). kMasked = false: the caller
