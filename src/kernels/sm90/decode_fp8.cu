@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(384, 1)
   if (threadIdx.x == 0) {
     if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
     // A stage is read by its page's owner (QK, scales) and the transposers.
-    sm.ring.init(1, 128 + kTransposers, kLoaders);
+    sm.ring.init(128 + kTransposers, kLoaders);
     sm.init_vt();
   }
   __syncthreads();

@@ -23,12 +23,12 @@ __device__ __forceinline__ bool page_ok(const DecodeParams& p, int32_t page) {
   return page >= 0 && page < p.num_pages;
 }
 
-// mbarriers of a kStages ring plus one for the Q tile, in shared memory.
+// decode_fp8's ring: mbarriers of kStages page stages filled by TMA, plus one for the Q tile.
 template <int kStages>
 struct PageRing {
-  uint64_t* full;   // [kStages]: one arrival per loading thread (cp.async completion)
+  uint64_t* full;   // [kStages]: the loader's arrival with the page's bytes
   uint64_t* empty;  // [kStages]: one arrival per thread that reads the stage
-  uint64_t* qbar;   // one arrival per loading thread
+  uint64_t* qbar;   // one arrival per Q loading thread (cp.async completion)
   static constexpr int kBytes = (2 * kStages + 1) * 8;
 
   __device__ explicit PageRing(void* at) {
@@ -36,21 +36,18 @@ struct PageRing {
     empty = full + kStages;
     qbar = empty + kStages;
   }
-  // One thread, before a __syncthreads. Default: 128 loading threads (cp.async), 256 consumer
-  // readers; a TMA producer has one page arrival (with the bytes) and its own Q loaders.
-  __device__ void init(uint32_t loaders = 128, uint32_t readers = 256, uint32_t q_loaders = 0) const {
+  // One thread, before a __syncthreads.
+  __device__ void init(uint32_t readers, uint32_t q_loaders) const {
     for (int s = 0; s < kStages; ++s) {
-      wg::mbar_init(&full[s], loaders);
+      wg::mbar_init(&full[s], 1);
       wg::mbar_init(&empty[s], readers);
     }
-    wg::mbar_init(qbar, q_loaders ? q_loaders : loaders);
+    wg::mbar_init(qbar, q_loaders);
   }
   // Producer: wait until page j's stage is free.
   __device__ void acquire(int j) const {
     if (j >= kStages) wg::mbar_wait(&empty[j % kStages], ((j / kStages) & 1) ^ 1);
   }
-  // Producer: page j's copies are issued; full[] completes when they land.
-  __device__ void produced(int j) const { wg::cp_async_arrive(&full[j % kStages]); }
   // Consumers: wait until page j is in its stage.
   __device__ void wait(int j) const { wg::mbar_wait(&full[j % kStages], (j / kStages) & 1); }
   // Readers: done reading page j's stage.
