@@ -1,7 +1,7 @@
-// Pieces of the decode kernels' page pipelines: decode_fp8's ring of shared-memory stages (a
-// producer fills them, completion signalled on `full` mbarriers; readers release a stage on its
-// `empty` mbarrier), the no-swizzle K-major tile layout of the wgmma operands the kernels write
-// themselves (Q, P), and the page lookup.
+// Pieces of the decode kernels' page pipelines: the no-swizzle K-major tile layout of the wgmma
+// operands the kernels write themselves (Q, P) and the Q tile's load, the page lookup and its
+// check, and decode_fp8's ring of shared-memory stages (a producer fills them, completion
+// signalled on `full` mbarriers; readers release a stage on its `empty` mbarrier).
 #pragma once
 
 #include "../../common/wgmma.cuh"
@@ -23,12 +23,35 @@ __device__ __forceinline__ bool page_ok(const DecodeParams& p, int32_t page) {
   return page >= 0 && page < p.num_pages;
 }
 
-// mbarriers of a kStages ring plus one for the Q tile, in shared memory.
+// The Q tile's latent part, K-major no swizzle (kRowBytes per row), by `threads` threads from
+// thread t with cp.async (completion: cp_async_arrive); rows past the query rows are zero.
+// src: the batch's first query row, rows `stride` bytes apart.
+template <int kRowBytes>
+__device__ __forceinline__ void load_q_latent(uint8_t* dst, const uint8_t* src, int64_t stride, const DecodeParams& p,
+                                              const Work& w, int row0, int t, int threads) {
+  constexpr int kChunks = kRowBytes / 16;
+  for (int c = t; c < kTileRows * kChunks; c += threads) {
+    const int r = c / kChunks, part = c % kChunks;
+    const bool ok = row0 + r < p.rows;
+    const int64_t row = int64_t(w.seq) * p.rows + (ok ? row0 + r : 0);
+    ptx::cp_async_16(dst + km_offset(r, part * 16, kRowBytes), src + row * stride + part * 16, ok);
+  }
+}
+
+// Whether any page index of the split is out of range (its stage was never filled: the rows
+// become NaN). Checked once, after the pages, a warp's lanes splitting them; warp-uniform.
+__device__ __forceinline__ bool split_has_bad_page(const DecodeParams& p, const Work& w, int nblk, int lane) {
+  bool bad = false;
+  for (int i = lane; i < nblk; i += 32) bad |= !page_ok(p, page_of(p, w, w.begin + i * kPageSize));
+  return __any_sync(0xffffffffu, bad);
+}
+
+// decode_fp8's ring: mbarriers of kStages page stages filled by TMA, plus one for the Q tile.
 template <int kStages>
 struct PageRing {
-  uint64_t* full;   // [kStages]: one arrival per loading thread (cp.async completion)
+  uint64_t* full;   // [kStages]: the loader's arrival with the page's bytes
   uint64_t* empty;  // [kStages]: one arrival per thread that reads the stage
-  uint64_t* qbar;   // one arrival per loading thread
+  uint64_t* qbar;   // one arrival per Q loading thread (cp.async completion)
   static constexpr int kBytes = (2 * kStages + 1) * 8;
 
   __device__ explicit PageRing(void* at) {
@@ -36,21 +59,18 @@ struct PageRing {
     empty = full + kStages;
     qbar = empty + kStages;
   }
-  // One thread, before a __syncthreads. Default: 128 loading threads (cp.async), 256 consumer
-  // readers; a TMA producer has one page arrival (with the bytes) and its own Q loaders.
-  __device__ void init(uint32_t loaders = 128, uint32_t readers = 256, uint32_t q_loaders = 0) const {
+  // One thread, before a __syncthreads.
+  __device__ void init(uint32_t readers, uint32_t q_loaders) const {
     for (int s = 0; s < kStages; ++s) {
-      wg::mbar_init(&full[s], loaders);
+      wg::mbar_init(&full[s], 1);
       wg::mbar_init(&empty[s], readers);
     }
-    wg::mbar_init(qbar, q_loaders ? q_loaders : loaders);
+    wg::mbar_init(qbar, q_loaders);
   }
   // Producer: wait until page j's stage is free.
   __device__ void acquire(int j) const {
     if (j >= kStages) wg::mbar_wait(&empty[j % kStages], ((j / kStages) & 1) ^ 1);
   }
-  // Producer: page j's copies are issued; full[] completes when they land.
-  __device__ void produced(int j) const { wg::cp_async_arrive(&full[j % kStages]); }
   // Consumers: wait until page j is in its stage.
   __device__ void wait(int j) const { wg::mbar_wait(&full[j % kStages], (j / kStages) & 1); }
   // Readers: done reading page j's stage.
