@@ -143,13 +143,8 @@ __global__ void __launch_bounds__(384, 1)
     const Work w = work_of(p, item);
     const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
     // The Q latent tile, K-major; rows past the query rows are zero.
-    for (int i = t; i < kRows * (kQnBytes / kRows / 16); i += 128) {
-      const int r = i / 64, part = i % 64;
-      const bool ok = row0 + r < p.rows;
-      const int64_t row = int64_t(w.seq) * p.rows + (ok ? row0 + r : 0);
-      ptx::cp_async_16(sm.qn + km_offset(r, part * 16, kLatentDim * 2),
-                       reinterpret_cast<const uint8_t*>(p.q_bf16 + row * kHeadDim) + part * 16, ok);
-    }
+    load_q_latent<kLatentDim * 2>(sm.qn, reinterpret_cast<const uint8_t*>(p.q_bf16), kHeadDim * 2, p, w, row0, t,
+                                  128);
     wg::cp_async_arrive(sm.qbar);
     if (t == 0) {
       for (int a = 0; a < nblk; a += 2) {
@@ -353,21 +348,9 @@ __global__ void __launch_bounds__(384, 1)
   wg::wait<0>();
   wg::fence_operands(acc);
   wg::fence_operands(o);
-  // An out-of-range page index anywhere in the split turns the rows into NaN (its stage was
-  // never filled). Checked once here, a warp's lanes splitting the pages.
-  bool fault = false;
-  for (int i = lane; i < nblk; i += 32) fault |= !page_ok(p, page_of(p, w, w.begin + i * kPageSize));
-  fault = __any_sync(0xffffffffu, fault);
-  // Each consumer summed P over its own pages: add the other's sums.
-  // (A separate area: the other consumer may still be reading this one's last max.)
-  float* xsum = sm.xmax + 2 * kRows;
-  if (q == 0) {
-    xsum[c * kRows + r0] = st.l[0];
-    xsum[c * kRows + r0 + 8] = st.l[1];
-  }
-  ptx::named_barrier(1, 256);
-  st.l[0] += xsum[(1 - c) * kRows + r0];
-  st.l[1] += xsum[(1 - c) * kRows + r0 + 8];
+  const bool fault = split_has_bad_page(p, w, nblk, lane);
+  // (In a separate area: the other consumer may still be reading this one's last max.)
+  add_other_sums(st, sm.xmax + 2 * kRows, c, r0, q);
   write_rows<false>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
 }
 

@@ -233,12 +233,7 @@ __global__ void __launch_bounds__(384, 1)
       return;
     }
     // The Q latent tile, K-major; rows past the query rows are zero.
-    for (int c = t; c < kRows * 32; c += kLoaders) {
-      const int r = c / 32, part = c % 32;
-      const bool ok = row0 + r < p.rows;
-      const int64_t row = int64_t(w.seq) * p.rows + (ok ? row0 + r : 0);
-      ptx::cp_async_16(sm.qn + km_offset(r, part * 16, kLatentDim), p.q_nope + row * kLatentDim + part * 16, ok);
-    }
+    load_q_latent<kLatentDim>(sm.qn, p.q_nope, kLatentDim, p, w, row0, t, kLoaders);
     wg::cp_async_arrive(sm.ring.qbar);
     if (t == 0 && nblk > 0) {
       int32_t page = page_of(p, w, w.begin);
@@ -397,19 +392,8 @@ __global__ void __launch_bounds__(384, 1)
   }
   wg::wait<0>();
   wg::fence_operands(acc);
-  // An out-of-range page index anywhere in the split turns the rows into NaN (its stage was
-  // never filled). Checked once here, a warp's lanes splitting the pages.
-  bool fault = false;
-  for (int i = lane; i < nblk; i += 32) fault |= !page_ok(p, page_of(p, w, w.begin + i * kPageSize));
-  fault = __any_sync(0xffffffffu, fault);
-  // Each consumer summed P over its own pages: add the other's sums.
-  if (q == 0) {
-    sm.xmax[c * kRows + r0] = st.l[0];
-    sm.xmax[c * kRows + r0 + 8] = st.l[1];
-  }
-  ptx::named_barrier(1, 256);
-  st.l[0] += sm.xmax[(1 - c) * kRows + r0];
-  st.l[1] += sm.xmax[(1 - c) * kRows + r0 + 8];
+  const bool fault = split_has_bad_page(p, w, nblk, lane);
+  add_other_sums(st, sm.xmax, c, r0, q);
   write_rows<true>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
 }
 

@@ -1,7 +1,7 @@
-// Pieces of the decode kernels' page pipelines: decode_fp8's ring of shared-memory stages (a
-// producer fills them, completion signalled on `full` mbarriers; readers release a stage on its
-// `empty` mbarrier), the no-swizzle K-major tile layout of the wgmma operands the kernels write
-// themselves (Q, P), and the page lookup.
+// Pieces of the decode kernels' page pipelines: the no-swizzle K-major tile layout of the wgmma
+// operands the kernels write themselves (Q, P) and the Q tile's load, the page lookup and its
+// check, and decode_fp8's ring of shared-memory stages (a producer fills them, completion
+// signalled on `full` mbarriers; readers release a stage on its `empty` mbarrier).
 #pragma once
 
 #include "../../common/wgmma.cuh"
@@ -21,6 +21,29 @@ __device__ __forceinline__ int32_t page_of(const DecodeParams& p, const Work& w,
 }
 __device__ __forceinline__ bool page_ok(const DecodeParams& p, int32_t page) {
   return page >= 0 && page < p.num_pages;
+}
+
+// The Q tile's latent part, K-major no swizzle (kRowBytes per row), by `threads` threads from
+// thread t with cp.async (completion: cp_async_arrive); rows past the query rows are zero.
+// src: the batch's first query row, rows `stride` bytes apart.
+template <int kRowBytes>
+__device__ __forceinline__ void load_q_latent(uint8_t* dst, const uint8_t* src, int64_t stride, const DecodeParams& p,
+                                              const Work& w, int row0, int t, int threads) {
+  constexpr int kChunks = kRowBytes / 16;
+  for (int c = t; c < kTileRows * kChunks; c += threads) {
+    const int r = c / kChunks, part = c % kChunks;
+    const bool ok = row0 + r < p.rows;
+    const int64_t row = int64_t(w.seq) * p.rows + (ok ? row0 + r : 0);
+    ptx::cp_async_16(dst + km_offset(r, part * 16, kRowBytes), src + row * stride + part * 16, ok);
+  }
+}
+
+// Whether any page index of the split is out of range (its stage was never filled: the rows
+// become NaN). Checked once, after the pages, a warp's lanes splitting them; warp-uniform.
+__device__ __forceinline__ bool split_has_bad_page(const DecodeParams& p, const Work& w, int nblk, int lane) {
+  bool bad = false;
+  for (int i = lane; i < nblk; i += 32) bad |= !page_ok(p, page_of(p, w, w.begin + i * kPageSize));
+  return __any_sync(0xffffffffu, bad);
 }
 
 // decode_fp8's ring: mbarriers of kStages page stages filled by TMA, plus one for the Q tile.

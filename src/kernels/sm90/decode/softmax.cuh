@@ -7,6 +7,7 @@
 
 #include "../../common/numeric.cuh"
 #include "../../common/ptx.cuh"
+#include "params.hpp"
 
 namespace snapmla::cuda {
 
@@ -149,6 +150,18 @@ __device__ __forceinline__ float pair_alpha(SoftmaxState& st, int ri, float m_ne
   st.l[ri] = st.l[ri] * alpha + own_sum;
   st.m[ri] = m_new;
   return alpha;
+}
+
+// After the pages: each consumer summed P over the pages whose P it computed; add the other's
+// part of l through `xchg` ([2][kTileRows] floats, free to overwrite).
+__device__ __forceinline__ void add_other_sums(SoftmaxState& st, float* xchg, int c, int r0, int q) {
+  if (q == 0) {
+    xchg[c * kTileRows + r0] = st.l[0];
+    xchg[c * kTileRows + r0 + 8] = st.l[1];
+  }
+  ptx::named_barrier(1, 256);
+  st.l[0] += xchg[(1 - c) * kTileRows + r0];
+  st.l[1] += xchg[(1 - c) * kTileRows + r0 + 8];
 }
 
 }  // namespace snapmla::cuda
