@@ -193,24 +193,11 @@ __global__ void __launch_bounds__(384, 1)
   const int c = wg - 1;  // owns page 2 k + c of each pair; output half c
   const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
   const int r0 = 16 * warp + g;  // the thread's first row in the tile (and r0 + 8)
-  float factor[2];
+  int64_t row[2];
   int vis[2];
-  // Q rope as the rope product's A operand (m16n8k16 layout per warp, one per 16-wide K step).
-  uint32_t qa[4][4];
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    const int r = row0 + r0 + 8 * ri;
-    const bool ok = r < p.rows;
-    const int64_t row = int64_t(w.seq) * p.rows + (ok ? r : 0);
-    factor[ri] = p.softmax_scale;
-    vis[ri] = ok ? visible_end(p, w, r) : 0;
-    const uint32_t* qr = reinterpret_cast<const uint32_t*>(p.q_bf16 + row * kHeadDim + kLatentDim);
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-      qa[ks][ri] = ok ? qr[8 * ks + q] : 0u;
-      qa[ks][2 + ri] = ok ? qr[8 * ks + 4 + q] : 0u;
-    }
-  }
+  uint32_t qa[4][4];  // Q rope, the rope product's A operand
+  load_q_rows(p, w, row0, r0, q, p.q_bf16 + kLatentDim, kHeadDim, row, vis, qa);
+  const float factor[2] = {p.softmax_scale, p.softmax_scale};
   SoftmaxState st;
   float o[32][4];
 #pragma unroll

@@ -38,6 +38,29 @@ __device__ __forceinline__ void load_q_latent(uint8_t* dst, const uint8_t* src, 
   }
 }
 
+// A consumer thread's two query rows in the tile (r0 and r0 + 8): each one's row index in the
+// batch (row 0 of the sequence for padding rows past the query rows), its visible end (0 for
+// padding rows), and its Q rope as the rope product's A operand (m16n8k16 layout per warp, one
+// fragment per 16-wide K step; zero for padding rows). rope: the first row's 64 bf16, rows
+// `stride` elements apart.
+__device__ __forceinline__ void load_q_rows(const DecodeParams& p, const Work& w, int row0, int r0, int q,
+                                            const uint16_t* rope, int64_t stride, int64_t (&row)[2],
+                                            int (&vis)[2], uint32_t (&qa)[4][4]) {
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int r = row0 + r0 + 8 * ri;
+    const bool ok = r < p.rows;
+    row[ri] = int64_t(w.seq) * p.rows + (ok ? r : 0);
+    vis[ri] = ok ? visible_end(p, w, r) : 0;
+    const uint32_t* qr = reinterpret_cast<const uint32_t*>(rope + row[ri] * stride);
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+      qa[ks][ri] = ok ? qr[8 * ks + q] : 0u;
+      qa[ks][2 + ri] = ok ? qr[8 * ks + 4 + q] : 0u;
+    }
+  }
+}
+
 // Whether any page index of the split is out of range (its stage was never filled: the rows
 // become NaN). Checked once, after the pages, a warp's lanes splitting them; warp-uniform.
 __device__ __forceinline__ bool split_has_bad_page(const DecodeParams& p, const Work& w, int nblk, int lane) {
