@@ -141,6 +141,25 @@ __device__ __forceinline__ void pair_rescale(SoftmaxState& st, int ri, float m_n
   st.sigma[ri] = s2;
 }
 
+// decode_fp8's step per page, in page order, by both consumers (each applies every page to its
+// output half): the factor for the output before page j's PV and the state after it, given the
+// running max after page j (the reference's per-page chain) and page j's sigma (0: the page
+// showed the row nothing, so the previous sigma stays, as the reference leaves such a block's
+// state untouched). `own_sum`: page j's row sum if this consumer computed its P, else 0 (each
+// keeps its own part of l; the same alpha applies to both).
+__device__ __forceinline__ float page_rescale(SoftmaxState& st, int ri, float m_new, float sig, float own_sum) {
+  if (m_new == -INFINITY) return 1.f;  // nothing visible to this row so far
+  const float alpha = fast_exp(st.m[ri] - m_new);
+  const float s1 = sig > 0.f ? sig : st.sigma[ri];
+  // Only the output's rescale factor: a 2-ulp quotient (MUFU.RCP and a multiply) is far below
+  // the e4m3 rounding of P'; sigma itself stays correctly rounded (it sets P's bytes).
+  const float r = alpha * __fdividef(st.sigma[ri], s1);
+  st.l[ri] = st.l[ri] * alpha + own_sum;
+  st.m[ri] = m_new;
+  st.sigma[ri] = s1;
+  return r;
+}
+
 // decode_bf16's step per page (no sigma): the factor for the output before the page's PV and
 // the state after it, given the running max after the page; `own_sum`: this page's row sums if
 // this consumer computed its P (each consumer keeps its own part of l, added at the end).
