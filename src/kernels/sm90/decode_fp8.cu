@@ -128,47 +128,53 @@ __device__ __forceinline__ void load_page(const DecodeParams& p, const CUtensorM
 // 32 k + 16 h + {2q, 2q+1, 2q+8, 2q+9}[j]: the order of a thread's S fragment, so each row's
 // P' bytes of four slots are one 4-byte word. One unit of work is 16 tokens (group gi) x 128
 // dims (TMA box b) for one warp: per 32 dims one transposing ldmatrix (b16 units: two tokens x
-// two dims per register), then byte permutes split the dim pairs and four 4-byte stores write
-// four dims' 4-token words. Transposer warp tw takes units tw, tw + 3, ...; its lanes' offsets
-// are the same for every page, so they are computed once.
+// two dims per register), byte permutes split the dim pairs into 4-token words, and one
+// stmatrix writes the 32 dims' 16-byte rows (each matrix row one dim's 16 slots). Lane 4 c + q
+// holds dims 2 c, 2 c + 1 (and 16 more); lanes c >= 4 swap which of the two goes to the even
+// matrix, so that each matrix's eight rows fall in eight different 16-byte bank groups (a V^T
+// row's bank group is its dim % 8). Transposer warp tw takes units tw, tw + 3, ...; its lanes'
+// offsets are the same for every page, so they are computed once.
 constexpr int kUnitsPerWarp = (16 + kTransposerWarps - 1) / kTransposerWarps;
 struct TransposeLanes {
   uint32_t src[kUnitsPerWarp];  // the lane's ldmatrix row in the latent tile, per unit
-  uint32_t dst[kUnitsPerWarp];  // the lane's first store in the page's V^T, per unit
+  uint32_t dst[kUnitsPerWarp];  // the lane's stmatrix row in the page's V^T, per unit
   uint32_t chunk[4];            // the lane's 16-byte chunk (swizzled) for each 32-dim step
   int t0[kUnitsPerWarp];        // the first of the lane's four tokens, per unit
+  uint32_t sel_a, sel_b;        // byte permutes: the even matrix's dim first, then the odd one's
   __device__ TransposeLanes(int tw, int lane) {
-    const int m = lane / 8, c = lane / 4, q = lane % 4;
+    const int m = lane / 8, c = lane / 4, q = lane % 4, r = lane % 8;
+    // The dim (within 32) of matrix m's row r: 16 (m / 2) + 2 r, + 1 for the odd matrices,
+    // swapped for rows 4-7.
+    const int dk = 16 * (m / 2) + 2 * r + ((m % 2) ^ (r / 4));
 #pragma unroll
     for (int k = 0; k < kUnitsPerWarp; ++k) {
       const int u = tw + kTransposerWarps * k, gi = (u / 4) % 4, b = u % 4;
       // The latent tile as TMA wrote it: box b = bytes [128 b, 128 b + 128) of each token's
       // row, 128 bytes per token, 16-byte chunk x of row t at chunk x ^ (t % 8).
       src[k] = b * (kPageSize * kLatentBox) + (16 * gi + (m % 2) * 8 + lane % 8) * kLatentBox;
-      dst[k] = (c / 4) * 512 + ((2 * c) % 8) * 16 + gi * 128 + 4 * q + b * 4 * 2048;
+      dst[k] = (dk / 8) * 512 + (dk % 8) * 16 + gi * 128 + b * 4 * 2048;
       t0[k] = 16 * gi + 2 * q;
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) chunk[i] = (((2 * i + m / 2) % 8) ^ (lane % 8)) * 16;
+    sel_a = c < 4 ? 0x6420u : 0x7531u;
+    sel_b = c < 4 ? 0x7531u : 0x6420u;
   }
 };
 
 // One unit; keep masks the bytes of tokens at or past the split end (P is 0 there, but V may
 // be NaN). The four ldmatrix are issued before any store (they would otherwise wait on each
 // other through the stores' memory order).
-__device__ __forceinline__ void transpose_unit(const uint8_t* src, uint8_t* dst, const uint32_t (&chunk)[4],
+__device__ __forceinline__ void transpose_unit(const uint8_t* src, uint8_t* dst, const TransposeLanes& tl,
                                                uint32_t keep) {
   uint32_t r[4][4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) ptx::ldsm_x4_trans(src + chunk[i], r[i]);
+  for (int i = 0; i < 4; ++i) ptx::ldsm_x4_trans(src + tl.chunk[i], r[i]);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    uint8_t* d = dst + i * 2048;
-    ptx::sts32(d, ptx::prmt(r[i][0], r[i][1], 0x6420) & keep);
-    ptx::sts32(d + 16, ptx::prmt(r[i][0], r[i][1], 0x7531) & keep);
-    ptx::sts32(d + 1024, ptx::prmt(r[i][2], r[i][3], 0x6420) & keep);
-    ptx::sts32(d + 1040, ptx::prmt(r[i][2], r[i][3], 0x7531) & keep);
-  }
+  for (int i = 0; i < 4; ++i)
+    ptx::stsm_x4(dst + i * 2048, ptx::prmt(r[i][0], r[i][1], tl.sel_a) & keep,
+                 ptx::prmt(r[i][0], r[i][1], tl.sel_b) & keep, ptx::prmt(r[i][2], r[i][3], tl.sel_a) & keep,
+                 ptx::prmt(r[i][2], r[i][3], tl.sel_b) & keep);
 }
 
 __device__ __forceinline__ void transpose_page(const Smem& sm, int i, int tw, const TransposeLanes& tl, int ntok) {
@@ -183,14 +189,14 @@ __device__ __forceinline__ void transpose_page(const Smem& sm, int i, int tw, co
   if (ntok == kPageSize) {  // a whole page: no masks
 #pragma unroll
     for (int k = 0; k < kUnitsPerWarp; ++k)
-      if (tw + kTransposerWarps * k < 16) transpose_unit(kl + tl.src[k], vt + tl.dst[k], tl.chunk, 0xFFFFFFFFu);
+      if (tw + kTransposerWarps * k < 16) transpose_unit(kl + tl.src[k], vt + tl.dst[k], tl, 0xFFFFFFFFu);
   } else {
 #pragma unroll
     for (int k = 0; k < kUnitsPerWarp; ++k) {
       const int t0 = tl.t0[k];
       const uint32_t keep = (t0 < ntok ? 0xFFu : 0u) | (t0 + 1 < ntok ? 0xFF00u : 0u) |
                             (t0 + 8 < ntok ? 0xFF0000u : 0u) | (t0 + 9 < ntok ? 0xFF000000u : 0u);
-      if (tw + kTransposerWarps * k < 16) transpose_unit(kl + tl.src[k], vt + tl.dst[k], tl.chunk, keep);
+      if (tw + kTransposerWarps * k < 16) transpose_unit(kl + tl.src[k], vt + tl.dst[k], tl, keep);
     }
   }
   wg::fence_proxy_async();  // V^T written with st.shared, read by wgmma (async proxy)
