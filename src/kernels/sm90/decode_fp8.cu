@@ -1,17 +1,19 @@
-// decode_fp8 (version 7): TMA page pipeline, warp-specialized, paired pages.
+// decode_fp8 (version 10): TMA page pipeline, warp-specialized, ping-pong consumers.
 //
 // CTA = one split of one sequence x 64 query rows (one wgmma M tile), 3 warpgroups:
 //   WG0  producer. Warp 0 loads: the Q latent tile once (cp.async), then one thread streams
 //        pages into a 3-stage ring with TMA (latent and rope as 64 x 128-byte boxes with 128-byte
 //        swizzle, the 64 scales as a bulk copy), completing on the stage's mbarrier; page indices
 //        are read one page ahead. Warps 1-3 transpose each landed page's latent into a 2-stage
-//        V^T ring (ldmatrix.trans + byte permutes), zeroing tokens past the split end.
-//   WG1, WG2  consumers, working on pairs of pages. Consumer c computes S for page 2 k + c of
-//        pair k (all 64 tokens and rows: the rope product from Q registers, HGMMA m64n64k16, then
-//        QGMMA m64n64k32 over the latent); the two exchange row maxima once per pair, each turns
-//        its page into P' / sigma (e4m3, its own sigma per row) in a shared P buffer and releases
-//        the page's stage; after a second exchange (the sigmas) both accumulate PV of both pages
-//        for their 256 output dims (QGMMA m64n256k32, P and V^T from shared memory).
+//        V^T ring (ldmatrix.trans, byte permutes, stmatrix), zeroing tokens past the split end.
+//   WG1, WG2  consumers. Consumer c owns pages j = c (mod 2): it computes S of page j (all 64
+//        tokens and rows: the rope product from Q registers, HGMMA m64n64k16, then QGMMA
+//        m64n64k32 over the latent), takes the running max after page j - 1 from the other
+//        consumer as soon as that one has its scores (the reference's per-page chain), turns
+//        its page into P' / sigma (e4m3, sigma per row) in the page's P buffer and releases the
+//        stage; then it adds PV of page j - 1 (the other's P') and of page j to its 256 output
+//        dims (QGMMA m64n256k32, P and V^T from shared memory), and issues the QK of page j + 2.
+//        The two run half a pair apart: one's softmax under the other's wgmmas.
 // History, measurements and what bounds it: docs/kernels.md.
 #include <cuda.h>
 #include <cuda_runtime.h>
