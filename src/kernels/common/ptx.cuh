@@ -31,6 +31,14 @@ __device__ __forceinline__ void ldsm_x4_trans(const void* smem, uint32_t (&r)[4]
                : "r"(smem_addr(smem)));
 }
 
+// Four 8x8 b16 matrices to shared memory: lanes 8m..8m+7 give matrix m's row addresses (16 B
+// each); register m of lane 4c + q holds columns 2q, 2q + 1 of matrix m's row c.
+__device__ __forceinline__ void stsm_x4(void* smem, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr(smem)), "r"(a),
+               "r"(b), "r"(c), "r"(d)
+               : "memory");
+}
+
 __device__ __forceinline__ void sts32(void* smem, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(smem_addr(smem)), "r"(v) : "memory");
 }

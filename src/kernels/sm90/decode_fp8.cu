@@ -1,17 +1,19 @@
-// decode_fp8 (version 7): TMA page pipeline, warp-specialized, paired pages.
+// decode_fp8 (version 10): TMA page pipeline, warp-specialized, ping-pong consumers.
 //
 // CTA = one split of one sequence x 64 query rows (one wgmma M tile), 3 warpgroups:
 //   WG0  producer. Warp 0 loads: the Q latent tile once (cp.async), then one thread streams
 //        pages into a 3-stage ring with TMA (latent and rope as 64 x 128-byte boxes with 128-byte
 //        swizzle, the 64 scales as a bulk copy), completing on the stage's mbarrier; page indices
 //        are read one page ahead. Warps 1-3 transpose each landed page's latent into a 2-stage
-//        V^T ring (ldmatrix.trans + byte permutes), zeroing tokens past the split end.
-//   WG1, WG2  consumers, working on pairs of pages. Consumer c computes S for page 2 k + c of
-//        pair k (all 64 tokens and rows: the rope product from Q registers, HGMMA m64n64k16, then
-//        QGMMA m64n64k32 over the latent); the two exchange row maxima once per pair, each turns
-//        its page into P' / sigma (e4m3, its own sigma per row) in a shared P buffer and releases
-//        the page's stage; after a second exchange (the sigmas) both accumulate PV of both pages
-//        for their 256 output dims (QGMMA m64n256k32, P and V^T from shared memory).
+//        V^T ring (ldmatrix.trans, byte permutes, stmatrix), zeroing tokens past the split end.
+//   WG1, WG2  consumers. Consumer c owns pages j = c (mod 2): it computes S of page j (all 64
+//        tokens and rows: the rope product from Q registers, HGMMA m64n64k16, then QGMMA
+//        m64n64k32 over the latent), takes the running max after page j - 1 from the other
+//        consumer as soon as that one has its scores (the reference's per-page chain), turns
+//        its page into P' / sigma (e4m3, sigma per row) in the page's P buffer and releases the
+//        stage; then it adds PV of page j - 1 (the other's P') and of page j to its 256 output
+//        dims (QGMMA m64n256k32, P and V^T from shared memory), and issues the QK of page j + 2.
+//        The two run half a pair apart: one's softmax under the other's wgmmas.
 // History, measurements and what bounds it: docs/kernels.md.
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -25,6 +27,7 @@
 #include "decode/pipeline.cuh"
 #include "decode/scheduler.cuh"
 #include "decode/softmax.cuh"
+#include "decode/stamps.cuh"
 #include "decode/tensor_map.hpp"
 
 namespace snapmla::cuda {
@@ -49,8 +52,12 @@ constexpr int kLatentBox = kTmaBoxBytes;          // TMA box: 64 tokens x 128 by
 constexpr int kVtBytes = 256 * kPageSize;          // one half: 256 dims x 64 tokens, SBO 512
 constexpr int kPBytes = kRows * kPageSize;         // one page's P' / sigma, e4m3, SBO 512
 using Ring = PageRing<kStages>;
+// Named barriers of the consumers' hand-offs (page j's owner arrives, the other syncs; ids by
+// j % 2): the running max after page j is in xmax, page j's P' and sigma are in place, and the
+// non-owner's PV of page j is done (its P buffer may take page j + 2). Id 1: add_other_sums.
+constexpr int kBarMax = 2, kBarP = 4, kBarFree = 6;
 constexpr int kVtBarBytes = 2 * kVtStages * 8;
-constexpr int kXchgBytes = 2 * 2 * kRows * 4;  // per consumer: row maxima of S, sigmas of P'
+constexpr int kXchgBytes = 3 * 2 * kRows * 4;  // running maxima, sigmas (per page parity), l (per consumer)
 constexpr int kScaleBytes = kPageSize * 4;
 constexpr int kSmemBytes = kQnBytes + kStages * kStageBytes + kVtStages * 2 * kVtBytes + 2 * kPBytes +
                            kStages * kScaleBytes + Ring::kBytes + kVtBarBytes + kXchgBytes;
@@ -65,8 +72,9 @@ struct Smem {
   Ring ring;
   uint64_t* vt_full;   // [kVtStages]: kTransposers arrivals (V^T written)
   uint64_t* vt_empty;  // [kVtStages]: 256 consumer arrivals (PV done reading)
-  float* xmax;         // [2][64]: each consumer's row maxima of its page's S
-  float* xsig;         // [2][64]: each consumer's sigma per row for its page (0: nothing visible)
+  float* xmax;         // [2][64]: the running max after page j, in slot j % 2
+  float* xsig;         // [2][64]: page j's sigma per row (0: nothing visible), in slot j % 2
+  float* xl;           // [2][64]: each consumer's part of l, after the pages
   __device__ explicit Smem(uint8_t* base)
       : qn(base),
         stage(base + kQnBytes),
@@ -77,12 +85,12 @@ struct Smem {
         vt_full(reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(scales + kStages * kPageSize) + Ring::kBytes)),
         vt_empty(vt_full + kVtStages),
         xmax(reinterpret_cast<float*>(vt_empty + kVtStages)),
-        xsig(xmax + 2 * kRows) {}
+        xsig(xmax + 2 * kRows),
+        xl(xsig + 2 * kRows) {}
   __device__ uint8_t* kl(int s) const { return stage + s * kStageBytes; }
   __device__ uint8_t* kr(int s) const { return stage + s * kStageBytes + kKlBytes; }
-  // P' / sigma of page 2 k + h of a pair as e4m3 [64 rows x 64 slots] (K-major, in V^T's slot
-  // order).
-  __device__ uint8_t* p_tile(int h) const { return pbuf + h * kPBytes; }
+  // P' / sigma of page j as e4m3 [64 rows x 64 slots] (K-major, in V^T's slot order).
+  __device__ uint8_t* p_tile(int j) const { return pbuf + (j % 2) * kPBytes; }
   __device__ float* scale(int s) const { return scales + s * kPageSize; }
   // V^T of page j, output half c (the halves are contiguous).
   __device__ uint8_t* vt(int j, int c) const { return vt_base + ((j % kVtStages) * 2 + c) * kVtBytes; }
@@ -122,79 +130,93 @@ __device__ __forceinline__ void load_page(const DecodeParams& p, const CUtensorM
 // 32 k + 16 h + {2q, 2q+1, 2q+8, 2q+9}[j]: the order of a thread's S fragment, so each row's
 // P' bytes of four slots are one 4-byte word. One unit of work is 16 tokens (group gi) x 128
 // dims (TMA box b) for one warp: per 32 dims one transposing ldmatrix (b16 units: two tokens x
-// two dims per register), then byte permutes split the dim pairs and four 4-byte stores write
-// four dims' 4-token words. Transposer warp tw takes units tw, tw + 3, ...; its lanes' offsets
-// are the same for every page, so they are computed once.
+// two dims per register), byte permutes split the dim pairs into 4-token words, and one
+// stmatrix writes the 32 dims' 16-byte rows (each matrix row one dim's 16 slots). Lane 4 c + q
+// holds dims 2 c, 2 c + 1 (and 16 more); lanes c >= 4 swap which of the two goes to the even
+// matrix, so that each matrix's eight rows fall in eight different 16-byte bank groups (a V^T
+// row's bank group is its dim % 8). Transposer warp tw takes units tw, tw + 3, ...; its lanes'
+// offsets are the same for every page, so they are computed once.
 constexpr int kUnitsPerWarp = (16 + kTransposerWarps - 1) / kTransposerWarps;
 struct TransposeLanes {
   uint32_t src[kUnitsPerWarp];  // the lane's ldmatrix row in the latent tile, per unit
-  uint32_t dst[kUnitsPerWarp];  // the lane's first store in the page's V^T, per unit
+  uint32_t dst[kUnitsPerWarp];  // the lane's stmatrix row in the page's V^T, per unit
   uint32_t chunk[4];            // the lane's 16-byte chunk (swizzled) for each 32-dim step
   int t0[kUnitsPerWarp];        // the first of the lane's four tokens, per unit
+  uint32_t sel_a, sel_b;        // byte permutes: the even matrix's dim first, then the odd one's
   __device__ TransposeLanes(int tw, int lane) {
-    const int m = lane / 8, c = lane / 4, q = lane % 4;
+    const int m = lane / 8, c = lane / 4, q = lane % 4, r = lane % 8;
+    // The dim (within 32) of matrix m's row r: 16 (m / 2) + 2 r, + 1 for the odd matrices,
+    // swapped for rows 4-7.
+    const int dk = 16 * (m / 2) + 2 * r + ((m % 2) ^ (r / 4));
 #pragma unroll
     for (int k = 0; k < kUnitsPerWarp; ++k) {
       const int u = tw + kTransposerWarps * k, gi = (u / 4) % 4, b = u % 4;
       // The latent tile as TMA wrote it: box b = bytes [128 b, 128 b + 128) of each token's
       // row, 128 bytes per token, 16-byte chunk x of row t at chunk x ^ (t % 8).
       src[k] = b * (kPageSize * kLatentBox) + (16 * gi + (m % 2) * 8 + lane % 8) * kLatentBox;
-      dst[k] = (c / 4) * 512 + ((2 * c) % 8) * 16 + gi * 128 + 4 * q + b * 4 * 2048;
+      dst[k] = (dk / 8) * 512 + (dk % 8) * 16 + gi * 128 + b * 4 * 2048;
       t0[k] = 16 * gi + 2 * q;
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) chunk[i] = (((2 * i + m / 2) % 8) ^ (lane % 8)) * 16;
+    sel_a = c < 4 ? 0x6420u : 0x7531u;
+    sel_b = c < 4 ? 0x7531u : 0x6420u;
   }
 };
 
 // One unit; keep masks the bytes of tokens at or past the split end (P is 0 there, but V may
 // be NaN). The four ldmatrix are issued before any store (they would otherwise wait on each
 // other through the stores' memory order).
-__device__ __forceinline__ void transpose_unit(const uint8_t* src, uint8_t* dst, const uint32_t (&chunk)[4],
+__device__ __forceinline__ void transpose_unit(const uint8_t* src, uint8_t* dst, const TransposeLanes& tl,
                                                uint32_t keep) {
   uint32_t r[4][4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) ptx::ldsm_x4_trans(src + chunk[i], r[i]);
+  for (int i = 0; i < 4; ++i) ptx::ldsm_x4_trans(src + tl.chunk[i], r[i]);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    uint8_t* d = dst + i * 2048;
-    ptx::sts32(d, ptx::prmt(r[i][0], r[i][1], 0x6420) & keep);
-    ptx::sts32(d + 16, ptx::prmt(r[i][0], r[i][1], 0x7531) & keep);
-    ptx::sts32(d + 1024, ptx::prmt(r[i][2], r[i][3], 0x6420) & keep);
-    ptx::sts32(d + 1040, ptx::prmt(r[i][2], r[i][3], 0x7531) & keep);
-  }
+  for (int i = 0; i < 4; ++i)
+    ptx::stsm_x4(dst + i * 2048, ptx::prmt(r[i][0], r[i][1], tl.sel_a) & keep,
+                 ptx::prmt(r[i][0], r[i][1], tl.sel_b) & keep, ptx::prmt(r[i][2], r[i][3], tl.sel_a) & keep,
+                 ptx::prmt(r[i][2], r[i][3], tl.sel_b) & keep);
 }
 
 __device__ __forceinline__ void transpose_page(const Smem& sm, int i, int tw, const TransposeLanes& tl, int ntok) {
+  const bool stamp = threadIdx.x == 32;
+  if (stamp) STAMP(2, i / 2, (i % 2) * 4);
   sm.ring.wait(i);
+  if (stamp) STAMP(2, i / 2, (i % 2) * 4 + 1);
   if (i >= kVtStages) wg::mbar_wait(&sm.vt_empty[i % kVtStages], ((i / kVtStages) - 1) & 1);
+  if (stamp) STAMP(2, i / 2, (i % 2) * 4 + 2);
   const uint8_t* kl = sm.kl(i % kStages);
   uint8_t* vt = sm.vt(i, 0);
   if (ntok == kPageSize) {  // a whole page: no masks
 #pragma unroll
     for (int k = 0; k < kUnitsPerWarp; ++k)
-      if (tw + kTransposerWarps * k < 16) transpose_unit(kl + tl.src[k], vt + tl.dst[k], tl.chunk, 0xFFFFFFFFu);
+      if (tw + kTransposerWarps * k < 16) transpose_unit(kl + tl.src[k], vt + tl.dst[k], tl, 0xFFFFFFFFu);
   } else {
 #pragma unroll
     for (int k = 0; k < kUnitsPerWarp; ++k) {
       const int t0 = tl.t0[k];
       const uint32_t keep = (t0 < ntok ? 0xFFu : 0u) | (t0 + 1 < ntok ? 0xFF00u : 0u) |
                             (t0 + 8 < ntok ? 0xFF0000u : 0u) | (t0 + 9 < ntok ? 0xFF000000u : 0u);
-      if (tw + kTransposerWarps * k < 16) transpose_unit(kl + tl.src[k], vt + tl.dst[k], tl.chunk, keep);
+      if (tw + kTransposerWarps * k < 16) transpose_unit(kl + tl.src[k], vt + tl.dst[k], tl, keep);
     }
   }
   wg::fence_proxy_async();  // V^T written with st.shared, read by wgmma (async proxy)
   wg::mbar_arrive(&sm.vt_full[i % kVtStages]);
   sm.ring.release(i);       // done reading the stage's latent
+  if (stamp) STAMP(2, i / 2, (i % 2) * 4 + 3);
 }
 
 // o = o * r (per row) + P' V^T of page jj for output half c (issued and committed, not waited
 // for). P' of the pair's page jj % 2 is in its P buffer.
-__device__ __forceinline__ void pv_page(float (&o)[32][4], const float (&r)[2], const Smem& sm, int jj, int c) {
+__device__ __forceinline__ void pv_page(float (&o)[32][4], const float (&r)[2], const Smem& sm, int jj, int c,
+                                        int slot = -1, int sk = 0) {
   scale_rows(o, r);
-  const uint8_t* pt = sm.p_tile(jj % 2);
+  const uint8_t* pt = sm.p_tile(jj);
   const uint8_t* vt = sm.vt(jj, c);
+  if (slot >= 0 && threadIdx.x % 128 == 0) STAMP(c, sk, slot);
   wg::mbar_wait(&sm.vt_full[jj % kVtStages], (jj / kVtStages) & 1);
+  if (slot >= 0 && threadIdx.x % 128 == 0) STAMP(c, sk, slot + 1);
   wg::fence_operands(o);
   wg::fence();
   wg::mma_64x256x32_e4m3_ss(o, wg::desc(pt, 128, 512), wg::desc(vt, 128, 512));
@@ -240,7 +262,9 @@ __global__ void __launch_bounds__(384, 1)
       for (int j = 0; j < nblk; ++j) {
         // The next page's index is read before waiting for a free stage, off the critical path.
         const int32_t next = j + 1 < nblk ? page_of(p, w, w.begin + (j + 1) * kPageSize) : 0;
+        STAMP(3, j / 2, (j % 2) * 2);
         sm.ring.acquire(j);
+        STAMP(3, j / 2, (j % 2) * 2 + 1);
         load_page(p, &tm_latent, &tm_rope, page, sm, j % kStages);
         page = next;
       }
@@ -251,7 +275,7 @@ __global__ void __launch_bounds__(384, 1)
   wg::setmaxnreg_inc<224>();
   const Work w = work_of(p, item);
   const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
-  const int c = wg - 1;  // owns page 2 k + c of each pair; output half c
+  const int c = wg - 1;  // owns pages j = c (mod 2); output half c
   const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
   const int r0 = 16 * warp + g;  // the thread's first row in the tile (and r0 + 8)
   int64_t row[2];
@@ -265,8 +289,8 @@ __global__ void __launch_bounds__(384, 1)
   for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
   wg::mbar_wait(sm.ring.qbar, 0);
 
-  // S of page j (this warpgroup's) into acc: issued here, waited for at the top of its pair, so
-  // that the QK of the next pair runs on the tensor cores right behind the current PV.
+  // S of page j (this warpgroup's) into acc: issued behind the PVs of the previous iteration,
+  // waited for at the top of the next.
   float acc[8][4];
   const uint64_t qn = wg::desc(sm.qn, 128, 4096);
   auto issue_qk = [&](int j) {
@@ -287,100 +311,134 @@ __global__ void __launch_bounds__(384, 1)
                                wg::desc_add(kl, (kk / 4) * (kPageSize * kLatentBox) + (kk % 4) * 32));
     wg::commit();
   };
-  // Every pair issues exactly one QK per warpgroup and waits for it, with no wgmma under a
-  // condition that ptxas cannot see is warpgroup-uniform (it would serialize them all): a
-  // warpgroup without a page in the pair (odd page count) recomputes the last page and
-  // discards it, and after the last pair the QK repeats the last page (its stage holds it still).
+  // Iteration j: the softmax of page j (if j < nblk), then the PVs of pages j - 1 (the other
+  // consumer's) and j for this output half, then the QK of page j + 2. Every iteration issues
+  // exactly one QK and waits for it (past the last page it repeats the last one, whose stage
+  // still holds it), so no wgmma sits under a condition ptxas cannot see is warpgroup-uniform.
+  // Consumer c's last iteration is page nblk - 1 or nblk (the PV of the other's last page).
+  const int jlast = nblk > 0 ? nblk : -1;
   if (nblk > 0) issue_qk(min(c, nblk - 1));
-  for (int k = 0; 2 * k < nblk; ++k) {
-    const int j = 2 * k + c;  // this warpgroup's page
+  for (int j = c; j <= jlast; j += 2) {
     const bool mine = j < nblk;
-    const int s = min(j, nblk - 1) % kStages;
-    const int blk = w.begin + j * kPageSize;
-    // The common case, every token of the page visible to every row of the warp, skips the
-    // masks; a warp whose rows see nothing of the page (padding rows past h * s_q, causal
-    // rows) skips the softmax.
-    const bool full = __all_sync(0xffffffffu, blk + kPageSize <= min(vis[0], vis[1]));
-    const bool none = __all_sync(0xffffffffu, blk >= max(vis[0], vis[1]));
-    float mx[2] = {-INFINITY, -INFINITY};
+    const bool stamp = t == 0;
+    if (stamp) STAMP(c, j / 2, 0);
     wg::wait<0>();
     wg::fence_operands(acc);
+    if (stamp) STAMP(c, j / 2, 1);
+    float m_prev[2], m_cur[2], sum[2] = {0.f, 0.f}, sig[2] = {0.f, 0.f};
     if (mine) {
+      const int s = j % kStages;
+      const int blk = w.begin + j * kPageSize;
+      // The common case, every token of the page visible to every row of the warp, skips the
+      // masks; a warp whose rows see nothing of the page (padding rows past h * s_q, causal
+      // rows) skips the softmax.
+      const bool full = __all_sync(0xffffffffu, blk + kPageSize <= min(vis[0], vis[1]));
+      const bool none = __all_sync(0xffffffffu, blk >= max(vis[0], vis[1]));
+      float mx[2] = {-INFINITY, -INFINITY};
       if (full) page_scores<false>(acc, factor, vis, blk, sm.scale(s), q, mx);
       else if (!none) page_scores<true>(acc, factor, vis, blk, sm.scale(s), q, mx);
-    }
-    // Exchange 1: the pair's row max.
-    if (q == 0) {
-      sm.xmax[c * kRows + r0] = mx[0];
-      sm.xmax[c * kRows + r0 + 8] = mx[1];
-    }
-    ptx::named_barrier(1, 256);
-    float m_new[2], sum[2] = {0.f, 0.f}, sig[2] = {0.f, 0.f};
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri)
-      m_new[ri] = fmaxf(st.m[ri], fmaxf(mx[ri], sm.xmax[(1 - c) * kRows + r0 + 8 * ri]));
-    if (mine) {
+      if (stamp) STAMP(c, j / 2, 2);
+      // The running max after page j - 1, from its owner (the chain of the reference).
+      if (j > 0) {
+        ptx::named_barrier(kBarMax + (j - 1) % 2, 256);
+        m_prev[0] = sm.xmax[((j - 1) % 2) * kRows + r0];
+        m_prev[1] = sm.xmax[((j - 1) % 2) * kRows + r0 + 8];
+      } else {
+        m_prev[0] = m_prev[1] = -INFINITY;
+      }
+      m_cur[0] = fmaxf(m_prev[0], mx[0]);
+      m_cur[1] = fmaxf(m_prev[1], mx[1]);
+      if (q == 0) {
+        sm.xmax[(j % 2) * kRows + r0] = m_cur[0];
+        sm.xmax[(j % 2) * kRows + r0 + 8] = m_cur[1];
+      }
+      if (j + 1 < nblk) ptx::named_barrier_arrive(kBarMax + j % 2, 256);
+      if (stamp) STAMP(c, j / 2, 3);
       // P' / sigma as e4m3: token 8 n + 2 q + e of 32-token chunk h sits at slot
       // 32 h + 16 (n / 2 % 2) + 4 q + 2 (n % 2) + e, so each row's 4 bytes are one word.
-      uint8_t* pt = sm.p_tile(c);
+      uint8_t* pt = sm.p_tile(j);
       auto p_word = [&](int ri, int hh) { return pt + km_offset(r0 + 8 * ri, 16 * hh + 4 * q, kPageSize); };
       if (none) {
         sm.ring.release(j);
+        if (j >= 2) ptx::named_barrier(kBarFree + j % 2, 256);  // the other's PV of page j - 2 is done
 #pragma unroll
         for (int ri = 0; ri < 2; ++ri)
 #pragma unroll
           for (int hh = 0; hh < 4; ++hh) ptx::sts32(p_word(ri, hh), 0u);
       } else {
         float pmax[2] = {0.f, 0.f};
-        if (full) page_probs<false>(acc, m_new, sm.scale(s), q, sum, pmax);
-        else page_probs<true>(acc, m_new, sm.scale(s), q, sum, pmax);
+        if (full) page_probs<false>(acc, m_cur, sm.scale(s), q, sum, pmax);
+        else page_probs<true>(acc, m_cur, sm.scale(s), q, sum, pmax);
         sm.ring.release(j);  // QK operands and scales are read: the loader may refill the stage
+        float inv[2];
 #pragma unroll
         for (int ri = 0; ri < 2; ++ri) {
-          float inv = 0.f;  // a row that saw nothing in this page has P' = 0 there
+          inv[ri] = 0.f;  // a row that saw nothing in this page has P' = 0 there
           if (mx[ri] != -INFINITY) {
             const DevScale sc = device_token_scale(pmax[ri]);
             sig[ri] = sc.scale;
-            inv = sc.inv_scale;
+            inv[ri] = sc.inv_scale;
           }
+        }
+        if (stamp) STAMP(c, j / 2, 4);
+        if (j >= 2) ptx::named_barrier(kBarFree + j % 2, 256);  // the other's PV of page j - 2 is done
+        if (stamp) STAMP(c, j / 2, 5);
+#pragma unroll
+        for (int ri = 0; ri < 2; ++ri)
 #pragma unroll
           for (int hh = 0; hh < 4; ++hh)
-            ptx::sts32(p_word(ri, hh), e4m3x4(__fmul_rn(acc[2 * hh][2 * ri], inv), __fmul_rn(acc[2 * hh][2 * ri + 1], inv),
-                                              __fmul_rn(acc[2 * hh + 1][2 * ri], inv),
-                                              __fmul_rn(acc[2 * hh + 1][2 * ri + 1], inv)));
-        }
+            ptx::sts32(p_word(ri, hh), e4m3x4(__fmul_rn(acc[2 * hh][2 * ri], inv[ri]),
+                                              __fmul_rn(acc[2 * hh][2 * ri + 1], inv[ri]),
+                                              __fmul_rn(acc[2 * hh + 1][2 * ri], inv[ri]),
+                                              __fmul_rn(acc[2 * hh + 1][2 * ri + 1], inv[ri])));
       }
       wg::fence_proxy_async();  // P written with st.shared, read by wgmma
+      if (q == 0) {
+        sm.xsig[(j % 2) * kRows + r0] = sig[0];
+        sm.xsig[(j % 2) * kRows + r0 + 8] = sig[1];
+      }
+      ptx::named_barrier_arrive(kBarP + j % 2, 256);  // the other applies every page
+      if (stamp) STAMP(c, j / 2, 6);
     }
-    // Exchange 2: the sigmas (and both P' tiles are in place).
-    if (q == 0) {
-      sm.xsig[c * kRows + r0] = sig[0];
-      sm.xsig[c * kRows + r0 + 8] = sig[1];
-    }
-    ptx::named_barrier(1, 256);
-    float ra[2], rb[2];
+    // PV of page j - 1 (the other's P', in place once its owner arrived), then of page j.
+    if (j > 0) {
+      const int jo = j - 1;
+      ptx::named_barrier(kBarP + jo % 2, 256);
+      if (stamp) STAMP(c, j / 2, 7);
+      float r[2];
 #pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      const float other = sm.xsig[(1 - c) * kRows + r0 + 8 * ri];
-      pair_rescale(st, ri, m_new[ri], c == 0 ? sig[ri] : other, c == 0 ? other : sig[ri], sum[ri], ra[ri], rb[ri]);
+      for (int ri = 0; ri < 2; ++ri) {
+        // Past the last page nobody overwrites page jo's slots; before it, page j + 1's owner
+        // may already have, and m_prev (read at the max hand-off) is the value.
+        const float m_o = mine ? m_prev[ri] : sm.xmax[(jo % 2) * kRows + r0 + 8 * ri];
+        r[ri] = page_rescale(st, ri, m_o, sm.xsig[(jo % 2) * kRows + r0 + 8 * ri], 0.f);
+      }
+      pv_page(o, r, sm, jo, c, 13, j / 2);
+      if (stamp) STAMP(c, j / 2, 8);
+      wg::wait<0>();
+      wg::fence_operands(o);
+      if (stamp) STAMP(c, j / 2, 9);
+      wg::mbar_arrive(&sm.vt_empty[jo % kVtStages]);
+      if (j + 1 < nblk) ptx::named_barrier_arrive(kBarFree + jo % 2, 256);  // page j + 1's P' may go there
     }
-    // PV of both pages for this output half, in page order; the next pair's QK goes in right
-    // behind the second, and only the PVs are waited for.
-    const bool has_b = 2 * k + 1 < nblk;
-    pv_page(o, ra, sm, 2 * k, c);
-    wg::wait<0>();
-    wg::fence_operands(o);
-    wg::mbar_arrive(&sm.vt_empty[(2 * k) % kVtStages]);
-    if (has_b) pv_page(o, rb, sm, 2 * k + 1, c);
+    if (mine) {
+      float r[2];
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) r[ri] = page_rescale(st, ri, m_cur[ri], sig[ri], sum[ri]);
+      pv_page(o, r, sm, j, c, 15, j / 2);
+    }
+    if (stamp) STAMP(c, j / 2, 10);
     issue_qk(min(j + 2, nblk - 1));
+    if (stamp) STAMP(c, j / 2, 11);
     wg::wait<1>();
     wg::fence_operands(o);
-    if (has_b) wg::mbar_arrive(&sm.vt_empty[(2 * k + 1) % kVtStages]);
+    if (stamp) STAMP(c, j / 2, 12);
+    if (mine) wg::mbar_arrive(&sm.vt_empty[j % kVtStages]);
   }
   wg::wait<0>();
   wg::fence_operands(acc);
   const bool fault = split_has_bad_page(p, w, nblk, lane);
-  add_other_sums(st, sm.xmax, c, r0, q);
+  add_other_sums(st, sm.xl, c, r0, q);
   write_rows<true>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
 }
 
@@ -399,6 +457,7 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
   const CUtensorMap tm_latent = plane_map(cache.latent, rows, kLatentDim, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1);
   const CUtensorMap tm_rope = plane_map(cache.rope, rows, kRopeDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
   launch_decode("decode_fp8", decode_fp8_kernel, kSmemBytes, p, options, tm_latent, tm_rope);
+  dump_stamps("decode_fp8");
 }
 
 }  // namespace snapmla::cuda

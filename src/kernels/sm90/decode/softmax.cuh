@@ -53,15 +53,12 @@ __device__ __forceinline__ void scale_rows(float (&o)[NT][4], const float (&r)[2
   }
 }
 
-// The FP8 softmax with paired pages (decode_fp8): each consumer warpgroup holds the raw QK
-// scores of a whole 64-token page (m64n64 fragment: tokens 8 n + 2 q + {0, 1}), warpgroup c
-// page 2 k + c of pair k. The two exchange their row maxima once per pair, so both pages use
-// m = max(m_prev, max S_a, max S_b): the reference's per-page m_a is replaced by the pair's
-// m_b, which scales page a's P by exp(m_a - m_b) and its sigma by the same factor, so P' / sigma
-// and the output are the same up to fp32 rounding (docs/kernels.md, v7). P' is still quantized
-// per row and 64-token page with that page's own sigma.
-// decode_bf16 uses steps 1 and 2 with kScaled = false, one page at a time at the running max
-// (the reference's order), and pair_alpha below instead of step 3.
+// The FP8 softmax (decode_fp8): each consumer warpgroup holds the raw QK scores of a whole
+// 64-token page (m64n64 fragment: tokens 8 n + 2 q + {0, 1}). Pages are taken in the
+// reference's order with its per-page running max, m_j = max(m_{j-1}, max S_j), and P' is
+// quantized per row and page with the page's own sigma; step 3 (page_rescale) moves the output
+// and l into each page's domain. decode_bf16 uses steps 1 and 2 with kScaled = false and
+// pair_alpha instead of step 3.
 
 // Step 1: scaled, masked scores in place (scores = (raw * (softmax_scale * s_q)) * s_t, -inf
 // where not visible) and their row max over the page (quad-reduced). kMasked = false: the caller
@@ -118,27 +115,23 @@ __device__ __forceinline__ void page_probs(float (&s)[8][4], const float (&m)[2]
   }
 }
 
-// Step 3, once both pages' sigmas are known (0: the page showed the row nothing, so its sigma
-// is the previous one, as the reference leaves the state untouched for such a block): the
-// factors for the output before page a's PV (ra) and between a's and b's (rb), and the state
-// after the pair. `own_sum`: this warpgroup's page's row sum; each warpgroup keeps its own part
-// of l (the same alpha applies to both), added at the end.
-__device__ __forceinline__ void pair_rescale(SoftmaxState& st, int ri, float m_new, float sig_a, float sig_b,
-                                             float own_sum, float& ra, float& rb) {
-  if (m_new == -INFINITY) {  // nothing visible to this row so far
-    ra = rb = 1.f;
-    return;
-  }
+// Step 3, decode_fp8's step per page, in page order, by both consumers (each applies every
+// page to its output half): the factor for the output before page j's PV and the state after
+// it, given the running max after page j and page j's sigma (0: the page showed the row
+// nothing, so the previous sigma stays, as the reference leaves such a block's state
+// untouched). `own_sum`: page j's row sum if this consumer computed its P, else 0 (each keeps
+// its own part of l; the same alpha applies to both).
+__device__ __forceinline__ float page_rescale(SoftmaxState& st, int ri, float m_new, float sig, float own_sum) {
+  if (m_new == -INFINITY) return 1.f;  // nothing visible to this row so far
   const float alpha = fast_exp(st.m[ri] - m_new);
-  const float s1 = sig_a > 0.f ? sig_a : st.sigma[ri];
-  const float s2 = sig_b > 0.f ? sig_b : s1;
-  // Only the output's rescale factors: a 2-ulp quotient (MUFU.RCP and a multiply) is far below
+  const float s1 = sig > 0.f ? sig : st.sigma[ri];
+  // Only the output's rescale factor: a 2-ulp quotient (MUFU.RCP and a multiply) is far below
   // the e4m3 rounding of P'; sigma itself stays correctly rounded (it sets P's bytes).
-  ra = alpha * __fdividef(st.sigma[ri], s1);
-  rb = __fdividef(s1, s2);
+  const float r = alpha * __fdividef(st.sigma[ri], s1);
   st.l[ri] = st.l[ri] * alpha + own_sum;
   st.m[ri] = m_new;
-  st.sigma[ri] = s2;
+  st.sigma[ri] = s1;
+  return r;
 }
 
 // decode_bf16's step per page (no sigma): the factor for the output before the page's PV and
