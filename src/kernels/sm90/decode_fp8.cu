@@ -54,8 +54,21 @@ constexpr int kPBytes = kRows * kPageSize;         // one page's P' / sigma, e4m
 using Ring = PageRing<kStages>;
 // Named barriers of the consumers' hand-offs (page j's owner arrives, the other syncs; ids by
 // j % 2): the running max after page j is in xmax, page j's P' and sigma are in place, and the
-// non-owner's PV of page j is done (its P buffer may take page j + 2). Id 1: add_other_sums.
-constexpr int kBarMax = 2, kBarP = 4, kBarFree = 6;
+// non-owner's PV of page j is done (its P buffer may take page j + 2). Id 1: add_other_sums;
+// kBarOwn0: consumer 0's warps among themselves after page 0's P'.
+constexpr int kBarMax = 2, kBarP = 4, kBarFree = 6, kBarOwn0 = 8;
+// Hand-off `kBase + which` over both consumers (which: the consumer that owns the page, since
+// consumer c owns the pages j = c mod 2), with immediate ids.
+template <int kBase>
+__device__ __forceinline__ void hand_sync(int which) {
+  if (which == 0) ptx::bar_sync<kBase, 256>();
+  else ptx::bar_sync<kBase + 1, 256>();
+}
+template <int kBase>
+__device__ __forceinline__ void hand_arrive(int which) {
+  if (which == 0) ptx::bar_arrive<kBase, 256>();
+  else ptx::bar_arrive<kBase + 1, 256>();
+}
 constexpr int kVtBarBytes = 2 * kVtStages * 8;
 constexpr int kXchgBytes = 3 * 2 * kRows * 4;  // running maxima, sigmas (per page parity), l (per consumer)
 constexpr int kScaleBytes = kPageSize * 4;
@@ -325,7 +338,7 @@ __global__ void __launch_bounds__(384, 1)
     wg::wait<0>();
     wg::fence_operands(acc);
     if (stamp) STAMP(c, j / 2, 1);
-    float m_prev[2], m_cur[2], sum[2] = {0.f, 0.f}, sig[2] = {0.f, 0.f};
+    float m_prev[2] = {-INFINITY, -INFINITY}, m_cur[2], sum[2] = {0.f, 0.f}, sig[2] = {0.f, 0.f};
     if (mine) {
       const int s = j % kStages;
       const int blk = w.begin + j * kPageSize;
@@ -340,11 +353,9 @@ __global__ void __launch_bounds__(384, 1)
       if (stamp) STAMP(c, j / 2, 2);
       // The running max after page j - 1, from its owner (the chain of the reference).
       if (j > 0) {
-        ptx::named_barrier(kBarMax + (j - 1) % 2, 256);
+        hand_sync<kBarMax>(1 - c);
         m_prev[0] = sm.xmax[((j - 1) % 2) * kRows + r0];
         m_prev[1] = sm.xmax[((j - 1) % 2) * kRows + r0 + 8];
-      } else {
-        m_prev[0] = m_prev[1] = -INFINITY;
       }
       m_cur[0] = fmaxf(m_prev[0], mx[0]);
       m_cur[1] = fmaxf(m_prev[1], mx[1]);
@@ -352,7 +363,7 @@ __global__ void __launch_bounds__(384, 1)
         sm.xmax[(j % 2) * kRows + r0] = m_cur[0];
         sm.xmax[(j % 2) * kRows + r0 + 8] = m_cur[1];
       }
-      if (j + 1 < nblk) ptx::named_barrier_arrive(kBarMax + j % 2, 256);
+      if (j + 1 < nblk) hand_arrive<kBarMax>(c);
       if (stamp) STAMP(c, j / 2, 3);
       // P' / sigma as e4m3: token 8 n + 2 q + e of 32-token chunk h sits at slot
       // 32 h + 16 (n / 2 % 2) + 4 q + 2 (n % 2) + e, so each row's 4 bytes are one word.
@@ -360,7 +371,7 @@ __global__ void __launch_bounds__(384, 1)
       auto p_word = [&](int ri, int hh) { return pt + km_offset(r0 + 8 * ri, 16 * hh + 4 * q, kPageSize); };
       if (none) {
         sm.ring.release(j);
-        if (j >= 2) ptx::named_barrier(kBarFree + j % 2, 256);  // the other's PV of page j - 2 is done
+        if (j >= 2) hand_sync<kBarFree>(c);  // the other's PV of page j - 2 is done
 #pragma unroll
         for (int ri = 0; ri < 2; ++ri)
 #pragma unroll
@@ -381,7 +392,7 @@ __global__ void __launch_bounds__(384, 1)
           }
         }
         if (stamp) STAMP(c, j / 2, 4);
-        if (j >= 2) ptx::named_barrier(kBarFree + j % 2, 256);  // the other's PV of page j - 2 is done
+        if (j >= 2) hand_sync<kBarFree>(c);  // the other's PV of page j - 2 is done
         if (stamp) STAMP(c, j / 2, 5);
 #pragma unroll
         for (int ri = 0; ri < 2; ++ri)
@@ -397,20 +408,22 @@ __global__ void __launch_bounds__(384, 1)
         sm.xsig[(j % 2) * kRows + r0] = sig[0];
         sm.xsig[(j % 2) * kRows + r0 + 8] = sig[1];
       }
-      ptx::named_barrier_arrive(kBarP + j % 2, 256);  // the other applies every page
+      hand_arrive<kBarP>(c);  // the other applies every page
       if (stamp) STAMP(c, j / 2, 6);
     }
     // PV of page j - 1 (the other's P', in place once its owner arrived), then of page j.
     if (j > 0) {
       const int jo = j - 1;
-      ptx::named_barrier(kBarP + jo % 2, 256);
+      hand_sync<kBarP>(1 - c);
       if (stamp) STAMP(c, j / 2, 7);
       float r[2];
 #pragma unroll
       for (int ri = 0; ri < 2; ++ri) {
         // Past the last page nobody overwrites page jo's slots; before it, page j + 1's owner
         // may already have, and m_prev (read at the max hand-off) is the value.
-        const float m_o = mine ? m_prev[ri] : sm.xmax[(jo % 2) * kRows + r0 + 8 * ri];
+        float m_o = m_prev[ri];
+        if (!mine)  // volatile: not to be read speculatively on the other path (a race there)
+          m_o = *static_cast<volatile const float*>(&sm.xmax[(jo % 2) * kRows + r0 + 8 * ri]);
         r[ri] = page_rescale(st, ri, m_o, sm.xsig[(jo % 2) * kRows + r0 + 8 * ri], 0.f);
       }
       pv_page(o, r, sm, jo, c, 13, j / 2);
@@ -419,12 +432,15 @@ __global__ void __launch_bounds__(384, 1)
       wg::fence_operands(o);
       if (stamp) STAMP(c, j / 2, 9);
       wg::mbar_arrive(&sm.vt_empty[jo % kVtStages]);
-      if (j + 1 < nblk) ptx::named_barrier_arrive(kBarFree + jo % 2, 256);  // page j + 1's P' may go there
+      if (j + 1 < nblk) hand_arrive<kBarFree>(1 - c);  // page j + 1's P' may go there
     }
     if (mine) {
       float r[2];
 #pragma unroll
       for (int ri = 0; ri < 2; ++ri) r[ri] = page_rescale(st, ri, m_cur[ri], sig[ri], sum[ri]);
+      // All of this page's P' is written: for j > 0 the P(j - 1) sync above ordered this
+      // consumer's warps; page 0 has none before it.
+      if (j == 0) ptx::bar_sync<kBarOwn0, 128>();
       pv_page(o, r, sm, j, c, 15, j / 2);
     }
     if (stamp) STAMP(c, j / 2, 10);
