@@ -55,15 +55,10 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// The same with the id and count as immediates: ptxas then reserves only the barriers used (an
-// id in a register makes it reserve all 16).
+// A named barrier with the id and count as immediates.
 template <int kId, int kThreads>
 __device__ __forceinline__ void bar_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
-}
-template <int kId, int kThreads>
-__device__ __forceinline__ void bar_arrive() {
-  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
 
 }  // namespace snapmla::cuda::ptx
