@@ -19,7 +19,7 @@ case "$mode" in
     filter='GpuCacheOps*:GpuPlan*:*h16_sq1_w40*:*h64_sq3_w16*:GpuErrors*'
     compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/snapmla_gpu_tests" --gtest_filter="$filter" 2>&1 | tee "$out/memcheck.log" | tail -5
     echo "memcheck exit: ${PIPESTATUS[0]}"
-    compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/snapmla_gpu_tests" --gtest_filter='*h16_sq1_w40*:*h48_sq2_w4*' 2>&1 | tee "$out/racecheck.log" | tail -5
+    compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/snapmla_gpu_tests" --gtest_filter='*h16_sq1_w40*:*h48_sq2_w4*:*h128_sq2_w132*' 2>&1 | tee "$out/racecheck.log" | tail -5
     echo "racecheck exit: ${PIPESTATUS[0]}"
     ;;
   sass)
