@@ -216,7 +216,7 @@ __device__ __forceinline__ void transpose_page(const Smem& sm, int i, int tw, co
 }
 
 // o = o * r (per row) + P' V^T of page jj for output half c (issued and committed, not waited
-// for). P' of the pair's page jj % 2 is in its P buffer.
+// for); page jj's P' is in P buffer jj % 2. slot, sk: clock64 stamp slots (SNAPMLA_STAMPS builds).
 __device__ __forceinline__ void pv_page(float (&o)[32][4], const float (&r)[2], const Smem& sm, int jj, int c,
                                         int slot = -1, int sk = 0) {
   scale_rows(o, r);
@@ -322,7 +322,8 @@ __global__ void __launch_bounds__(384, 1)
   // Iteration j: the softmax of page j (if j < nblk), then the PVs of pages j - 1 (the other
   // consumer's) and j for this output half, then the QK of page j + 2. Every iteration issues
   // exactly one QK and waits for it (past the last page it repeats the last one, whose stage
-  // still holds it), so no wgmma sits under a condition ptxas cannot see is warpgroup-uniform.
+  // still holds it); the PVs depend only on j and nblk, and every wait is on all paths (ptxas
+  // serializes every wgmma when it cannot see a group retired before its registers are used).
   // Consumer c's last iteration is page nblk - 1 or nblk (the PV of the other's last page).
   const int jlast = nblk > 0 ? nblk : -1;
   if (nblk > 0) issue_qk(min(c, nblk - 1));
