@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # One round on the H200 (device tool): binaries built here are carried in .devbin/.
-#   scripts/h200_round.sh tests|sanitize|bench|quick|ncu [commit]
+#   scripts/h200_round.sh tests|sanitize|bench|quick|ncu|compare|stamps [commit]
+# compare: every .devbin/snapmla_<name> build (e.g. main and a branch) timed on b=128, 8K,
+# h=128/64/16, interleaved over $ROUNDS rounds (default 2) in this one run. stamps: every
+# .devbin/snapmla_st<name> build (configured with -DCMAKE_CUDA_FLAGS=-DSNAPMLA_STAMPS) prints one
+# CTA's clock64 stamps at each h.
 # Writes logs under $OUT (the device tool brings them back) or /tmp/h200 when run elsewhere.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -38,6 +42,23 @@ case "$mode" in
     ncu -i "$out/decode_fp8_$commit.ncu-rep" --page source --csv --print-source sass > "$out/ncu_source_$commit.csv" 2>&1
     rm -f "$out/decode_fp8_$commit.ncu-rep"
     grep -E "Duration|Executed Ipc Active|DRAM Throughput" "$out/ncu_decode_fp8_$commit.txt"
+    ;;
+  compare)
+    for r in $(seq "${ROUNDS:-2}"); do
+      for b in "$bin"/snapmla_*; do
+        case "$b" in *_st*|*gpu_tests*) continue ;; esac
+        echo "== ${b##*/} round $r"
+        "$b" bench --reps 10 --case 128,128,1,8192 --case 128,64,1,8192 --case 128,16,1,8192 2>&1 | grep -E "^ +128"
+      done
+    done 2>&1 | tee "$out/compare.log"
+    ;;
+  stamps)
+    for b in "$bin"/snapmla_st*; do
+      for h in 128 64 16; do
+        echo "== ${b##*/} h=$h"
+        "$b" bench --reps 3 --case 128,$h,1,8192 2>&1 | grep -E "role|^ +128"
+      done
+    done 2>&1 | tee "$out/stamps.log"
     ;;
   quick)
     "$bin/snapmla" bench --quick --reps 10 --commit "$commit" 2>&1 | tee "$out/bench_quick.log"
