@@ -1,5 +1,5 @@
 // Thin wrappers over the PTX the kernels use besides wgmma (wgmma.cuh): cp.async with
-// zero-fill, byte permutes and named barriers.
+// zero-fill, ldmatrix / stmatrix, byte permutes, shared stores and named barriers.
 #pragma once
 
 #include <cstdint>
