@@ -242,6 +242,7 @@ __global__ void __launch_bounds__(384, 1)
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   const int row0 = grid_row0(p);
   if (threadIdx.x == 0) {
+    CTA_STAMP(0);
     if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
     // A stage is read by its page's owner (QK, scales) and the transposers.
     sm.ring.init(128 + kTransposers, kLoaders);
@@ -452,6 +453,7 @@ __global__ void __launch_bounds__(384, 1)
   const bool fault = split_has_bad_page(p, w, nblk, lane);
   add_other_sums(st, sm.xl, c, r0, q);
   write_rows<true>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
+  if (t == 0 && c == 0) CTA_STAMP(1);
 }
 
 }  // namespace

@@ -1,14 +1,74 @@
 // Profiling aid (not built unless SNAPMLA_STAMPS is defined): clock64 stamps of chosen threads
-// in grid item 0, pairs kStampFirst .. kStampFirst + kStampPairs - 1, copied out by the host
-// function on its 8th call and printed to stderr.
+// in grid item 0, pairs kStampFirst .. kStampFirst + kStampPairs - 1, and every CTA's start and
+// end (global timer, ns) and SM, copied out by the host function on its 8th call and printed to
+// stderr (the CTA times as a summary: how long CTAs take and how they fill the SMs).
 #pragma once
+#include <algorithm>
 #include <cstdio>
+#include <vector>
 #include <cuda_runtime.h>
 
 namespace snapmla::cuda {
 #ifdef SNAPMLA_STAMPS
 constexpr int kStampFirst = 20, kStampPairs = 6, kStampSlots = 20, kStampRoles = 4;
 __device__ long long g_stamps[kStampRoles][kStampPairs][kStampSlots];
+constexpr int kMaxCtaStamps = 1 << 15;
+__device__ unsigned long long g_cta[kMaxCtaStamps][3];  // start ns, end ns, SM
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// slot 0: the CTA starts (thread 0), 1: it is done (the thread that calls it last).
+#define CTA_STAMP(slot)                                                                        \
+  do {                                                                                         \
+    if (blockIdx.x < kMaxCtaStamps) {                                                          \
+      g_cta[blockIdx.x][slot] = global_ns();                                                   \
+      if ((slot) == 0) {                                                                       \
+        unsigned sm;                                                                           \
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));                                        \
+        g_cta[blockIdx.x][2] = sm;                                                             \
+      }                                                                                        \
+    }                                                                                          \
+  } while (0)
+inline void dump_cta_times(const char* op) {
+  std::vector<unsigned long long> h(size_t(kMaxCtaStamps) * 3);
+  cudaMemcpyFromSymbol(h.data(), g_cta, h.size() * sizeof(h[0]));
+  unsigned long long t0 = ~0ull, t1 = 0;
+  std::vector<double> dur;
+  std::vector<double> busy(1024, 0.0);
+  std::vector<int> count(1024, 0);
+  for (int i = 0; i < kMaxCtaStamps; ++i) {
+    const unsigned long long* c = &h[size_t(i) * 3];
+    if (c[0] == 0 || c[1] < c[0]) continue;
+    t0 = std::min(t0, c[0]);
+    t1 = std::max(t1, c[1]);
+    dur.push_back(double(c[1] - c[0]) / 1e3);
+    busy[c[2] % 1024] += double(c[1] - c[0]) / 1e3;
+    count[c[2] % 1024]++;
+  }
+  if (dur.empty()) return;
+  std::vector<double> sorted = dur;
+  std::sort(sorted.begin(), sorted.end());
+  auto pct = [&](double f) { return sorted[size_t(f * double(sorted.size() - 1))]; };
+  const double span = double(t1 - t0) / 1e3;
+  int sms = 0, cmin = 1 << 30, cmax = 0;
+  double bmin = 1e30, bmax = 0, bsum = 0;
+  for (int s = 0; s < 1024; ++s)
+    if (count[s] > 0) {
+      ++sms;
+      cmin = std::min(cmin, count[s]);
+      cmax = std::max(cmax, count[s]);
+      bmin = std::min(bmin, busy[s]);
+      bmax = std::max(bmax, busy[s]);
+      bsum += busy[s];
+    }
+  std::fprintf(stderr,
+               "%s ctas: %zu on %d SMs (%d-%d each), span %.1f us; CTA us p0/10/50/90/100 %.1f %.1f %.1f %.1f "
+               "%.1f; SM busy us min/mean/max %.1f %.1f %.1f\n",
+               op, dur.size(), sms, cmin, cmax, span, pct(0), pct(0.1), pct(0.5), pct(0.9), pct(1), bmin,
+               bsum / sms, bmax);
+}
 #define STAMP(role, k, slot)                                                                   \
   do {                                                                                         \
     if (blockIdx.x == 0 && (k) >= kStampFirst && (k) < kStampFirst + kStampPairs)              \
@@ -16,7 +76,13 @@ __device__ long long g_stamps[kStampRoles][kStampPairs][kStampSlots];
   } while (0)
 inline void dump_stamps(const char* op) {
   static int calls = 0;
-  if (++calls != 8) return;
+  ++calls;
+  if (calls == 7) {  // the 8th call's CTAs start from a clean table
+    cudaDeviceSynchronize();
+    static std::vector<unsigned long long> zero(size_t(kMaxCtaStamps) * 3, 0);
+    cudaMemcpyToSymbol(g_cta, zero.data(), zero.size() * sizeof(zero[0]));
+  }
+  if (calls != 8) return;
   long long h[kStampRoles][kStampPairs][kStampSlots];
   cudaDeviceSynchronize();
   cudaMemcpyFromSymbol(h, g_stamps, sizeof(h));
@@ -28,8 +94,12 @@ inline void dump_stamps(const char* op) {
         std::fprintf(stderr, " %6lld", h[r][k][s] ? h[r][k][s] - base : -1LL);
       std::fprintf(stderr, "\n");
     }
+  dump_cta_times(op);
 }
 #else
+#define CTA_STAMP(slot) \
+  do {                  \
+  } while (0)
 #define STAMP(role, k, slot) \
   do {                       \
   } while (0)
