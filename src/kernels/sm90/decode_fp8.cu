@@ -65,7 +65,7 @@ __device__ __forceinline__ void hand_sync(int which) { ptx::named_barrier(kBase 
 template <int kBase>
 __device__ __forceinline__ void hand_arrive(int which) { ptx::named_barrier_arrive(kBase + which, 256); }
 constexpr int kVtBarBytes = 2 * kVtStages * 8;
-constexpr int kXchgBytes = 3 * 2 * kRows * 4;  // running maxima, sigmas (per page parity), l (per consumer)
+constexpr int kXchgBytes = 4 * 2 * kRows * 4;  // running maxima, (sigma, rho) (per page parity), l (per consumer)
 constexpr int kScaleBytes = kPageSize * 4;
 constexpr int kSmemBytes = kQnBytes + kStages * kStageBytes + kVtStages * 2 * kVtBytes + 2 * kPBytes +
                            kStages * kScaleBytes + Ring::kBytes + kVtBarBytes + kXchgBytes;
@@ -81,7 +81,7 @@ struct Smem {
   uint64_t* vt_full;   // [kVtStages]: kTransposers arrivals (V^T written)
   uint64_t* vt_empty;  // [kVtStages]: 256 consumer arrivals (PV done reading)
   float* xmax;         // [2][64]: the running max after page j, in slot j % 2
-  float* xsig;         // [2][64]: page j's sigma per row (0: nothing visible), in slot j % 2
+  float2* xsig;        // [2][64]: page j's (sigma, rho) per row (sigma 0: nothing visible), slot j % 2
   float* xl;           // [2][64]: each consumer's part of l, after the pages
   __device__ explicit Smem(uint8_t* base)
       : qn(base),
@@ -93,8 +93,8 @@ struct Smem {
         vt_full(reinterpret_cast<uint64_t*>(reinterpret_cast<uint8_t*>(scales + kStages * kPageSize) + Ring::kBytes)),
         vt_empty(vt_full + kVtStages),
         xmax(reinterpret_cast<float*>(vt_empty + kVtStages)),
-        xsig(xmax + 2 * kRows),
-        xl(xsig + 2 * kRows) {}
+        xsig(reinterpret_cast<float2*>(xmax + 2 * kRows)),
+        xl(reinterpret_cast<float*>(xsig + 2 * kRows)) {}
   __device__ uint8_t* kl(int s) const { return stage + s * kStageBytes; }
   __device__ uint8_t* kr(int s) const { return stage + s * kStageBytes + kKlBytes; }
   // P' / sigma of page j as e4m3 [64 rows x 64 slots] (K-major, in V^T's slot order).
@@ -335,7 +335,8 @@ __global__ void __launch_bounds__(384, 1)
     wg::wait<0>();
     wg::fence_operands(acc);
     if (stamp) STAMP(c, j / 2, 1);
-    float m_prev[2] = {-INFINITY, -INFINITY}, m_cur[2], sum[2] = {0.f, 0.f}, sig[2] = {0.f, 0.f};
+    float m_prev[2] = {-INFINITY, -INFINITY}, m_cur[2], sig[2] = {0.f, 0.f}, rho[2] = {0.f, 0.f};
+    float lsum[2] = {0.f, 0.f};
     if (mine) {
       const int s = j % kStages;
       const int blk = w.begin + j * kPageSize;
@@ -374,19 +375,22 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
           for (int hh = 0; hh < 4; ++hh) ptx::sts32(p_word(ri, hh), 0u);
       } else {
-        float pmax[2] = {0.f, 0.f};
+        float pmax[2] = {0.f, 0.f}, sum[2] = {0.f, 0.f};
         if (full) page_probs<false>(acc, m_cur, sm.scale(s), q, sum, pmax);
         else page_probs<true>(acc, m_cur, sm.scale(s), q, sum, pmax);
         sm.ring.release(j);  // QK operands and scales are read: the loader may refill the stage
+        // sigma = max(max P', 1e-10) / 448 and its inverse without branches, the inverse as
+        // MUFU.RCP and a multiply (2 ulp; the reference divides exactly - see
+        // docs/reference.md). Rows that saw nothing in this page: P' = 0, sigma 0.
         float inv[2];
 #pragma unroll
         for (int ri = 0; ri < 2; ++ri) {
-          inv[ri] = 0.f;  // a row that saw nothing in this page has P' = 0 there
-          if (mx[ri] != -INFINITY) {
-            const DevScale sc = device_token_scale(pmax[ri]);
-            sig[ri] = sc.scale;
-            inv[ri] = sc.inv_scale;
-          }
+          const bool seen = mx[ri] != -INFINITY;
+          const float a = fmaxf(pmax[ri], kMinAmax);
+          inv[ri] = seen ? __fdividef(kE4m3Max, a) : 0.f;
+          sig[ri] = seen ? a * (1.f / kE4m3Max) : 0.f;
+          rho[ri] = fast_exp(m_prev[ri] - m_cur[ri]) * inv[ri];  // alpha_j / sigma_j (0 on a row's first page)
+          lsum[ri] = sum[ri] * inv[ri];
         }
         if (stamp) STAMP(c, j / 2, 4);
         if (j >= 2) hand_sync<kBarFree>(c);  // the other's PV of page j - 2 is done
@@ -402,8 +406,8 @@ __global__ void __launch_bounds__(384, 1)
       }
       wg::fence_proxy_async();  // P written with st.shared, read by wgmma
       if (q == 0) {
-        sm.xsig[(j % 2) * kRows + r0] = sig[0];
-        sm.xsig[(j % 2) * kRows + r0 + 8] = sig[1];
+        sm.xsig[(j % 2) * kRows + r0] = make_float2(sig[0], rho[0]);
+        sm.xsig[(j % 2) * kRows + r0 + 8] = make_float2(sig[1], rho[1]);
       }
       hand_arrive<kBarP>(c);  // the other applies every page
       if (stamp) STAMP(c, j / 2, 6);
@@ -416,12 +420,8 @@ __global__ void __launch_bounds__(384, 1)
       float r[2];
 #pragma unroll
       for (int ri = 0; ri < 2; ++ri) {
-        // Past the last page nobody overwrites page jo's slots; before it, page j + 1's owner
-        // may already have, and m_prev (read at the max hand-off) is the value.
-        float m_o = m_prev[ri];
-        if (!mine)  // volatile: not to be read speculatively on the other path (a race there)
-          m_o = *static_cast<volatile const float*>(&sm.xmax[(jo % 2) * kRows + r0 + 8 * ri]);
-        r[ri] = page_rescale(st, ri, m_o, sm.xsig[(jo % 2) * kRows + r0 + 8 * ri], 0.f);
+        const float2 x = sm.xsig[(jo % 2) * kRows + r0 + 8 * ri];
+        r[ri] = apply_page(st, ri, x.x, x.y, 0.f);
       }
       pv_page(o, r, sm, jo, c, 13, j / 2);
       if (stamp) STAMP(c, j / 2, 8);
@@ -434,7 +434,7 @@ __global__ void __launch_bounds__(384, 1)
     if (mine) {
       float r[2];
 #pragma unroll
-      for (int ri = 0; ri < 2; ++ri) r[ri] = page_rescale(st, ri, m_cur[ri], sig[ri], sum[ri]);
+      for (int ri = 0; ri < 2; ++ri) r[ri] = apply_page(st, ri, sig[ri], rho[ri], lsum[ri]);
       // All of this page's P' is written: for j > 0 the P(j - 1) sync above ordered this
       // consumer's warps; page 0 has none before it.
       if (j == 0) ptx::bar_sync<kBarOwn0, 128>();
@@ -452,6 +452,13 @@ __global__ void __launch_bounds__(384, 1)
   wg::fence_operands(acc);
   const bool fault = split_has_bad_page(p, w, nblk, lane);
   add_other_sums(st, sm.xl, c, r0, q);
+  // l was kept over sigma; the running max after the last page (lse) is in its xmax slot (the
+  // barrier in add_other_sums made it visible to every thread).
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    st.l[ri] *= st.sigma[ri];
+    if (nblk > 0) st.m[ri] = sm.xmax[((nblk - 1) % 2) * kRows + r0 + 8 * ri];
+  }
   write_rows<true>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
   if (t == 0 && c == 0) CTA_STAMP(1);
 }

@@ -56,7 +56,7 @@ __device__ __forceinline__ void scale_rows(float (&o)[NT][4], const float (&r)[2
 // The FP8 softmax (decode_fp8): each consumer warpgroup holds the raw QK scores of a whole
 // 64-token page (m64n64 fragment: tokens 8 n + 2 q + {0, 1}). Pages are taken in the
 // reference's order with its per-page running max, m_j = max(m_{j-1}, max S_j), and P' is
-// quantized per row and page with the page's own sigma; step 3 (page_rescale) moves the output
+// quantized per row and page with the page's own sigma; step 3 (apply_page) moves the output
 // and l into each page's domain. decode_bf16 uses steps 1 and 2 with kScaled = false and
 // pair_alpha instead of step 3.
 
@@ -116,21 +116,17 @@ __device__ __forceinline__ void page_probs(float (&s)[8][4], const float (&m)[2]
 }
 
 // Step 3, decode_fp8's step per page, in page order, by both consumers (each applies every
-// page to its output half): the factor for the output before page j's PV and the state after
-// it, given the running max after page j and page j's sigma (0: the page showed the row
-// nothing, so the previous sigma stays, as the reference leaves such a block's state
-// untouched). `own_sum`: page j's row sum if this consumer computed its P, else 0 (each keeps
-// its own part of l; the same alpha applies to both).
-__device__ __forceinline__ float page_rescale(SoftmaxState& st, int ri, float m_new, float sig, float own_sum) {
-  if (m_new == -INFINITY) return 1.f;  // nothing visible to this row so far
-  const float alpha = fast_exp(st.m[ri] - m_new);
-  const float s1 = sig > 0.f ? sig : st.sigma[ri];
-  // Only the output's rescale factor: a 2-ulp quotient (MUFU.RCP and a multiply) is far below
-  // the e4m3 rounding of P'; sigma itself stays correctly rounded (it sets P's bytes).
-  const float r = alpha * __fdividef(st.sigma[ri], s1);
-  st.l[ri] = st.l[ri] * alpha + own_sum;
-  st.m[ri] = m_new;
-  st.sigma[ri] = s1;
+// page to its output half). The page's owner publishes sigma_j (0: the page showed the row
+// nothing, so the previous sigma stays, as the reference leaves such a block's state untouched)
+// and rho_j = alpha_j / sigma_j; the output's factor sigma_{j-1} alpha_j / sigma_j is then one
+// multiply (no exponential or division between a page's P hand-off and its PV). l is kept in
+// the sigma domain (l / sigma): it takes the same factor, plus `own_lsum` = the page's row sum /
+// sigma_j if this consumer computed the page's P, else 0 (each keeps its own part of l).
+__device__ __forceinline__ float apply_page(SoftmaxState& st, int ri, float sig, float rho, float own_lsum) {
+  const bool seen = sig > 0.f;
+  const float r = seen ? st.sigma[ri] * rho : 1.f;
+  st.l[ri] = st.l[ri] * r + own_lsum;
+  st.sigma[ri] = seen ? sig : st.sigma[ri];
   return r;
 }
 
