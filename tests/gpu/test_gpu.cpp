@@ -402,6 +402,45 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   expect_lse(G.lse.download(), want16.lse, 1e-6, 8.0 / 65536);
 }
 
+// decode_bf16 rounds P to bf16 for its PV product, as the reference does, but from its own
+// exp (MUFU.EX2, a few fp32 ulps from std::exp): where a p_t lies that close to a bf16 rounding
+// boundary the two round it to neighbouring bf16 values, 1 ulp <= 2^-7 p_t apart. That moves
+// output element d of the row by at most 2^-7 (p_t / l) |v_td| per such token; the chance is
+// ~2^-15 per token, so a row meets one now and then (seen: seed 13716751481664119492 exceeds the
+// plain FlashMLA bound by 7% on one element). Allowance per element: two such tokens at the
+// row's largest p_t / l * |v_td|, from the scores in double (causal rows, as the tests use).
+std::vector<float> bf16_p_rounding_allowance(const Batch& B) {
+  std::vector<float> allow(size_t(B.batch) * B.s_q * B.h * kLatentDim, 0.f);
+  std::vector<double> w;
+  for (int b = 0; b < B.batch; ++b) {
+    const int len = B.seqlens[b];
+    std::vector<float> kv(size_t(len) * kHeadDim);
+    for (size_t i = 0; i < kv.size(); ++i) kv[i] = to_float(B.kv[b][i]);
+    for (int r = 0; r < B.s_q * B.h; ++r) {
+      const int vis = std::max(0, len - B.s_q + r / B.h + 1);
+      if (vis == 0) continue;
+      const size_t row = size_t(b) * B.s_q * B.h + r;
+      std::vector<float> q(kHeadDim);
+      for (int d = 0; d < kHeadDim; ++d) q[d] = to_float(B.q[row * kHeadDim + d]);
+      w.assign(vis, 0.0);
+      double mx = -INFINITY, l = 0;
+      for (int t = 0; t < vis; ++t) {
+        double acc = 0;
+        for (int d = 0; d < kHeadDim; ++d) acc += double(q[d]) * kv[size_t(t) * kHeadDim + d];
+        w[t] = acc * B.softmax_scale;
+        mx = std::max(mx, w[t]);
+      }
+      for (int t = 0; t < vis; ++t) l += (w[t] = std::exp(w[t] - mx));
+      for (int d = 0; d < kLatentDim; ++d) {
+        double worst = 0;
+        for (int t = 0; t < vis; ++t) worst = std::max(worst, w[t] / l * std::fabs(kv[size_t(t) * kHeadDim + d]));
+        allow[row * kLatentDim + d] = float(2.0 * std::ldexp(worst, -7));
+      }
+    }
+  }
+  return allow;
+}
+
 // FlashMLA's tolerances (per element abs 8e-4 or rel 2/128; lse abs 1e-6 or rel 8/65536) on
 // FlashMLA's kind of data (every value N(0, 1)), for both kernels against their emulation.
 TEST(GpuDecodeGaussian, FlashMlaTolerances) {
@@ -418,14 +457,21 @@ TEST(GpuDecodeGaussian, FlashMlaTolerances) {
   decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), plan.options(B.softmax_scale));
   test::cuda_ok(cudaDeviceSynchronize(), "decode_bf16");
   const auto got16 = as_float(G.out.download());
-  size_t worst = 0;
+  const auto allow = bf16_p_rounding_allowance(B);
+  ASSERT_EQ(allow.size(), got16.size());
+  // FlashMLA's per-element bound, plus the P-rounding allowance above.
+  auto tol_of = [&](size_t i) { return std::max(8e-4, 2.0 / 128 * std::fabs(want16[i])) + allow[i]; };
+  size_t worst = 0, over_plain = 0;
   for (size_t i = 0; i < got16.size(); ++i) {
-    const double tol = std::max(8e-4, 2.0 / 128 * std::fabs(want16[i]));
-    if (std::fabs(got16[i] - want16[i]) / tol > std::fabs(got16[worst] - want16[worst]) / std::max(8e-4, 2.0 / 128 * std::fabs(want16[worst])))
-      worst = i;
-    ASSERT_LE(std::fabs(got16[i] - want16[i]), tol) << "bf16 element " << i;
+    const double err = std::fabs(got16[i] - want16[i]);
+    if (err / tol_of(i) > std::fabs(got16[worst] - want16[worst]) / tol_of(worst)) worst = i;
+    if (err > std::max(8e-4, 2.0 / 128 * std::fabs(want16[i]))) ++over_plain;
+    ASSERT_LE(err, tol_of(i)) << "bf16 element " << i << " (allowance for P rounding " << allow[i] << ")";
   }
-  std::printf("[ info ] decode_bf16 gaussian: worst element %zu: %.6f vs %.6f\n", worst, got16[worst], want16[worst]);
+  std::printf("[ info ] decode_bf16 gaussian: worst element %zu: %.6f vs %.6f (%.2f of its bound); %zu of %zu "
+              "elements past FlashMLA's plain bound (within the P-rounding allowance)\n",
+              worst, got16[worst], want16[worst], std::fabs(got16[worst] - want16[worst]) / tol_of(worst), over_plain,
+              got16.size());
   expect_lse(G.lse.download(), want16_lse, 1e-6, 8.0 / 65536);
   const auto r8 = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), cpu_opt);
   const auto want8 = bf16_rounded(r8.out);
