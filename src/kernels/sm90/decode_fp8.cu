@@ -1,4 +1,4 @@
-// decode_fp8 (version 10): TMA page pipeline, warp-specialized, ping-pong consumers.
+// decode_fp8 (version 15): TMA page pipeline, warp-specialized, ping-pong consumers.
 //
 // CTA = one split of one sequence x 64 query rows (one wgmma M tile), 3 warpgroups:
 //   WG0  producer. Warp 0 loads: the Q latent tile once (cp.async), then one thread streams
@@ -10,10 +10,11 @@
 //        tokens and rows: the rope product from Q registers, HGMMA m64n64k16, then QGMMA
 //        m64n64k32 over the latent), takes the running max after page j - 1 from the other
 //        consumer as soon as that one has its scores (the reference's per-page chain), turns
-//        its page into P' / sigma (e4m3, sigma per row) in the page's P buffer and releases the
-//        stage; then it adds PV of page j - 1 (the other's P') and of page j to its 256 output
-//        dims (QGMMA m64n256k32, P and V^T from shared memory), and issues the QK of page j + 2.
-//        The two run half a pair apart: one's softmax under the other's wgmmas.
+//        its page into P' / sigma (e4m3, sigma per row) in the page's P buffer, publishes sigma
+//        and alpha / sigma per row and releases the stage; then it adds PV of page j - 1 (the
+//        other's P') and of page j to its 256 output dims (QGMMA m64n256k32, P and V^T from
+//        shared memory; the factor before each is one multiply), and issues the QK of page
+//        j + 2. The two run half a pair apart: one's softmax under the other's wgmmas.
 // History, measurements and what bounds it: docs/kernels.md.
 #include <cuda.h>
 #include <cuda_runtime.h>
