@@ -12,9 +12,9 @@
 namespace snapmla::cuda {
 
 struct SoftmaxState {
-  float m[2] = {-INFINITY, -INFINITY};
-  float l[2] = {0.f, 0.f};
-  float sigma[2] = {1.f, 1.f};
+  float m[2] = {-INFINITY, -INFINITY};  // running max (decode_fp8 sets it once, after the pages)
+  float l[2] = {0.f, 0.f};              // running sum (decode_fp8: over sigma until the end)
+  float sigma[2] = {1.f, 1.f};          // decode_fp8: the output accumulator holds O / sigma
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
@@ -86,7 +86,7 @@ __device__ __forceinline__ void page_scores(float (&s)[8][4], const float (&fact
   for (int ri = 0; ri < 2; ++ri) mx[ri] = quad_max(mx[ri]);
 }
 
-// Step 2, given the pair's m: s <- P' = exp(s - m) * s_t (0 where not visible); sum: the row
+// Step 2, given the running max m: s <- P' = exp(s - m) * s_t (0 where not visible); sum: the row
 // sums of P = exp(s - m), pmax: the row max of P' (both quad-reduced; the caller zeroes them).
 // kScaled = false (decode_bf16): s <- P, and pmax is not needed.
 template <bool kMasked, bool kScaled = true>
