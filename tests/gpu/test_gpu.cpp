@@ -376,7 +376,7 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   const Fp8RowStats stats = fp8_row_stats(B);
   // Rows that fit the narrow tile run it by default; the 64-row tile is checked on the same
   // inputs too (SNAPMLA_FP8_TILE=64).
-  const bool narrow = c.h * c.s_q <= 16;
+  const bool narrow = c.h * c.s_q <= 32;
   for (const char* tile : narrow ? std::vector<const char*>{"16", "64"} : std::vector<const char*>{"64"}) {
     test::ScopedEnv force("SNAPMLA_FP8_TILE", tile);
     G.out.poison();
@@ -501,6 +501,7 @@ TEST(GpuDecodeGaussian, FlashMlaTolerances) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuDecode,
     ::testing::Values(Case{16, 1, {0, 1, 63, 64, 65, 1000}, 0}, Case{16, 1, {0, 1, 63, 64, 65, 3000}, 40},
+                      Case{16, 2, {0, 1, 2, 64, 65, 1500}, 0}, Case{32, 1, {1, 700, 129, 2100}, 12},
                       Case{32, 2, {2, 129, 64, 700}, 0}, Case{64, 1, {4096, 1, 100}, 64},
                       Case{64, 3, {5, 200, 1300}, 16}, Case{128, 1, {2048, 0, 777}, 0},
                       Case{128, 2, {1, 2, 3, 5000}, 132}, Case{128, 4, {65, 513}, 8},
@@ -659,8 +660,8 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
   q.num_heads = 24;
   EXPECT_ARG_ERROR(decode_fp8(q, G.fp8(), G.pages(), G.output(), test::options(B)), "q.num_heads");
   {
-    // Forcing the narrow tile on more rows than it holds (h = 16, s_q = 2: 32 rows).
-    Batch B2 = make_batch(rng, {100}, 2, 16);
+    // Forcing the narrow tile on more rows than it holds (h = 16, s_q = 3: 48 rows).
+    Batch B2 = make_batch(rng, {100}, 3, 16);
     GpuBatch G2(B2);
     test::ScopedEnv force("SNAPMLA_FP8_TILE", "16");
     EXPECT_ARG_ERROR(decode_fp8(G2.qq(), G2.fp8(), G2.pages(), G2.output(), test::options(B2)), "SNAPMLA_FP8_TILE");
