@@ -376,7 +376,7 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   const Fp8RowStats stats = fp8_row_stats(B);
   // Rows that fit the narrow tile run it by default; the 64-row tile is checked on the same
   // inputs too (SNAPMLA_FP8_TILE=64).
-  const bool narrow = c.h * c.s_q <= 32;
+  const bool narrow = c.h * c.s_q <= 16;
   for (const char* tile : narrow ? std::vector<const char*>{"16", "64"} : std::vector<const char*>{"64"}) {
     test::ScopedEnv force("SNAPMLA_FP8_TILE", tile);
     G.out.poison();
@@ -660,8 +660,8 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
   q.num_heads = 24;
   EXPECT_ARG_ERROR(decode_fp8(q, G.fp8(), G.pages(), G.output(), test::options(B)), "q.num_heads");
   {
-    // Forcing the narrow tile on more rows than it holds (h = 16, s_q = 3: 48 rows).
-    Batch B2 = make_batch(rng, {100}, 3, 16);
+    // Forcing the narrow tile on more rows than it holds (h = 16, s_q = 2: 32 rows).
+    Batch B2 = make_batch(rng, {100}, 2, 16);
     GpuBatch G2(B2);
     test::ScopedEnv force("SNAPMLA_FP8_TILE", "16");
     EXPECT_ARG_ERROR(decode_fp8(G2.qq(), G2.fp8(), G2.pages(), G2.output(), test::options(B2)), "SNAPMLA_FP8_TILE");

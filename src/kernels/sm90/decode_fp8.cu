@@ -453,14 +453,13 @@ bool use_narrow_tile(int rows) {
   const char* force = std::getenv("SNAPMLA_FP8_TILE");
   if (force != nullptr && std::strcmp(force, "64") == 0) return false;
   if (force != nullptr && std::strcmp(force, "16") == 0) {
-    if (rows > kNarrowMaxRows)
+    if (rows > kNarrowTileRows)
       detail::fail("decode_fp8", "SNAPMLA_FP8_TILE",
-                   "expected 64 or a call with at most " + std::to_string(kNarrowMaxRows) +
-                       " query rows (num_heads * seqlen_q) for 16 (the narrow tile), got " + std::to_string(rows) +
-                       " rows");
+                   "expected 64 or a call with at most 16 query rows (num_heads * seqlen_q) for 16 (the narrow "
+                   "tile), got " + std::to_string(rows) + " rows");
     return true;
   }
-  return rows <= kNarrowMaxRows;
+  return rows <= kNarrowTileRows;
 }
 
 }  // namespace

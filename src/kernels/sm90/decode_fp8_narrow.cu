@@ -1,7 +1,7 @@
-// decode_fp8, narrow tile: up to 32 query rows per CTA (h * s_q <= 32: DeepSeek-V3's 128 heads
-// over 8 GPUs, with or without one MTP token). The 64-row tile of decode_fp8.cu would pad such
-// rows to a wgmma M of 64 and pay the whole tile's chain per page; here the products are
-// transposed so that 16 rows are the wgmma N and the page's 64 tokens / 512 dims are M:
+// decode_fp8, narrow tile: up to 16 query rows per CTA (h * s_q <= 16: DeepSeek-V3's 128 heads
+// over 8 GPUs, Kimi-K2's 64 over 8). The 64-row tile of decode_fp8.cu would pad such rows to a
+// wgmma M of 64 and pay the whole tile's chain per page; here the products are transposed so
+// that the rows are the wgmma N (16) and the page's 64 tokens / 512 dims are M:
 //   S^T (64 tokens x 16 rows)  = K Q^T:    A = the page's latent and rope tiles as TMA wrote them
 //                                          (QGMMA m64n16k32 + HGMMA m64n16k16), B = the Q tiles;
 //   O^T (512 dims x 16 rows)  += V^T P'^T: A = V^T in registers (ldmatrix.trans of the same latent
@@ -10,12 +10,10 @@
 // wide tile's. CTA = one split x the rows, 3 warpgroups:
 //   WG0  producer: warp 0 loads the Q tiles (cp.async), then one thread streams the split's pages
 //        into a 4-stage ring with TMA (pipeline.cuh's load_fp8_page).
-//   WG1, WG2  consumers, with a full O^T (64 registers per thread) and no per-page hand-off:
-//        up to 16 rows (kRowSplit = false): consumer c runs the reference's loop (docs/reference.md)
-//        over pages c, c + 2, c + 4, ... with its own m, l, sigma, and the two are merged at the
-//        end as two splits of the sequence are (the result differs from one chain over all pages
-//        only by fp32 rounding);
-//        17..32 rows (kRowSplit = true): consumer c takes rows 16 c .. 16 c + 15 over every page.
+//   WG1, WG2  consumers: consumer c runs the reference's loop (docs/reference.md) over pages
+//        c, c + 2, c + 4, ... with its own m, l, sigma and a full O^T (64 registers per thread),
+//        and the two are merged at the end as two splits of the sequence are (the result differs
+//        from one chain over all pages only by fp32 rounding). No per-page hand-off between them.
 // A thread holds tokens 16 w + g, + 8 of S^T and the 4 rows 8 n + 2 q + {0, 1} (n = 0, 1); the
 // per-row max and the max of P' over the page's tokens are reduced over g with shuffles and over
 // the consumer's four warps through shared memory. History and measurements: docs/kernels.md.
@@ -37,18 +35,17 @@
 namespace snapmla::cuda {
 namespace {
 
-constexpr int kN = kNarrowTileRows;  // query rows per consumer: the wgmma N
+constexpr int kN = kNarrowTileRows;  // query rows per CTA: the wgmma N
 constexpr int kCols = kN / 4;        // rows (S^T / O^T columns) per thread: 8 n + 2 q + e
-constexpr int kStages = 4;           // page stages (without kRowSplit consumer c owns the stages s = c mod 2)
+constexpr int kStages = 4;           // page stages; consumer c owns the stages s = c (mod 2)
 constexpr int kMTiles = kLatentDim / 64;  // O^T's M tiles of 64 dims
 constexpr int kLoaders = 32;
 
 constexpr int kKlBytes = kPageSize * kLatentDim;    // 32 KB, four 8 KB TMA boxes
 constexpr int kKrBytes = kPageSize * kRopeDim * 2;  // 8 KB
 constexpr int kStageBytes = kKlBytes + kKrBytes;    // 1024-aligned (128-byte swizzle)
-constexpr int kQRows = 2 * kN;                      // the Q tiles hold both consumers' rows
-constexpr int kQnBytes = kQRows * kLatentDim;       // K-major no swizzle, SBO 8 x 512
-constexpr int kQrBytes = kQRows * kRopeDim * 2;     // K-major no swizzle, SBO 8 x 128
+constexpr int kQnBytes = kN * kLatentDim;           // K-major no swizzle, SBO 8 x 512
+constexpr int kQrBytes = kN * kRopeDim * 2;         // K-major no swizzle, SBO 8 x 128
 constexpr int kPBytes = kN * kPageSize;             // P' of one page, K-major, SBO 8 x 64
 constexpr int kScaleBytes = kPageSize * 4;
 constexpr int kRedBytes = 2 * 2 * 4 * kN * 4;           // [consumer][max, P' max][warp][row]
@@ -154,7 +151,6 @@ __device__ __forceinline__ void load_v(uint32_t (&a)[kMTiles][2][4], const uint8
   }
 }
 
-template <bool kRowSplit>
 __global__ void __launch_bounds__(384, 1)
     decode_fp8_narrow_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                              const __grid_constant__ CUtensorMap tm_rope) {
@@ -165,7 +161,7 @@ __global__ void __launch_bounds__(384, 1)
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
-    sm.ring.init(kRowSplit ? 256 : 128, kLoaders);  // a stage's readers: both consumers, or its owner
+    sm.ring.init(128, kLoaders);  // a stage is read by the consumer that owns it
   }
   __syncthreads();
 
@@ -175,8 +171,8 @@ __global__ void __launch_bounds__(384, 1)
     if (t >= kLoaders) return;
     const Work w = work_of(p, item);
     const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
-    load_q_latent<kLatentDim, kQRows>(sm.qn, p.q_nope, kLatentDim, p, w, 0, t, kLoaders);
-    load_q_latent<kRopeDim * 2, kQRows>(sm.qr, reinterpret_cast<const uint8_t*>(p.q_rope), kRopeDim * 2, p, w, 0, t,
+    load_q_latent<kLatentDim, kN>(sm.qn, p.q_nope, kLatentDim, p, w, 0, t, kLoaders);
+    load_q_latent<kRopeDim * 2, kN>(sm.qr, reinterpret_cast<const uint8_t*>(p.q_rope), kRopeDim * 2, p, w, 0, t,
                                     kLoaders);
     wg::cp_async_arrive(sm.ring.qbar);
     if (t == 0) {
@@ -199,12 +195,11 @@ __global__ void __launch_bounds__(384, 1)
   const int c = wg - 1;
   const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
   const int tok0 = 16 * warp + g;  // the thread's tokens in S^T: tok0, tok0 + 8
-  const int row0 = kRowSplit ? kN * c : 0;  // the consumer's first row
   int vis[kCols];
   float factor[kCols], m[kCols], l[kCols], sigma[kCols];
 #pragma unroll
   for (int i = 0; i < kCols; ++i) {
-    const int r = row0 + col_of(i, q);
+    const int r = col_of(i, q);
     const bool ok = r < p.rows;
     vis[i] = ok ? visible_end(p, w, r) : 0;
     factor[i] = p.softmax_scale * p.q_scale[int64_t(w.seq) * p.rows + (ok ? r : 0)];
@@ -218,11 +213,9 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
     for (int n = 0; n < 2; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
   wg::mbar_wait(sm.ring.qbar, 0);
-  const uint64_t qn = wg::desc(sm.qn + row0 * kLatentDim, 128, 8 * kLatentDim),
-                 qr = wg::desc(sm.qr + row0 * kRopeDim * 2, 128, 8 * kRopeDim * 2);
+  const uint64_t qn = wg::desc(sm.qn, 128, 8 * kLatentDim), qr = wg::desc(sm.qr, 128, 8 * kRopeDim * 2);
 
-  constexpr int kStride = kRowSplit ? 1 : 2;
-  for (int k = 0, j = kRowSplit ? 0 : c; j < nblk; ++k, j += kStride) {
+  for (int k = 0, j = c; j < nblk; ++k, j += 2) {
     const int s = j % kStages;
     const int blk = w.begin + j * kPageSize;
     const int ntok = min(kPageSize, w.end - blk);
@@ -349,9 +342,8 @@ __global__ void __launch_bounds__(384, 1)
     const int col = col_of(i, q);
     l[i] = (sm.red_at(c, 0, 0)[col] + sm.red_at(c, 0, 1)[col]) + (sm.red_at(c, 0, 2)[col] + sm.red_at(c, 0, 3)[col]);
   }
-  // Merge (without kRowSplit): consumer 1 hands its state and O^T over; consumer 0 writes the
-  // result. With kRowSplit each consumer writes its own rows.
-  if (!kRowSplit && c == 1) {
+  // Merge: consumer 1 hands its state and O^T over; consumer 0 writes the result.
+  if (c == 1) {
     if (t < 4)
 #pragma unroll
       for (int i = 0; i < kCols; ++i) {
@@ -370,29 +362,27 @@ __global__ void __launch_bounds__(384, 1)
     return;
   }
   const bool fault = split_has_bad_page(p, w, nblk, lane);
-  if (!kRowSplit) ptx::named_barrier(kBarMerge, 256);
+  ptx::named_barrier(kBarMerge, 256);
   // Both parts in the domain of the larger max: weight_c = sigma_c exp(m_c - M) (l_c and O^T_c
   // are kept over sigma_c), 0 for a part that saw nothing.
   float w0[kCols], w1[kCols], scale[kCols];
 #pragma unroll
   for (int i = 0; i < kCols; ++i) {
     const int col = col_of(i, q);
-    const float m1 = kRowSplit ? -INFINITY : sm.stat[col], l1 = kRowSplit ? 0.f : sm.stat[kN + col],
-                s1 = kRowSplit ? 1.f : sm.stat[2 * kN + col];
+    const float m1 = sm.stat[col], l1 = sm.stat[kN + col], s1 = sm.stat[2 * kN + col];
     const float mm = fmaxf(m[i], m1);
     w0[i] = m[i] == -INFINITY ? 0.f : sigma[i] * fast_exp(m[i] - mm);
     w1[i] = m1 == -INFINITY ? 0.f : s1 * fast_exp(m1 - mm);
     const float lt = l[i] * w0[i] + l1 * w1[i];
     const bool empty = lt == 0.f;
     scale[i] = fault ? NAN : (empty ? 0.f : __fdiv_rn(1.f, lt));
-    const int r = row0 + col;
-    if (warp == 0 && g == 0 && r < p.rows) {
+    if (warp == 0 && g == 0 && col < p.rows) {
       const float lse = fault ? NAN : (empty ? -INFINITY : mm + logf(lt));
       if (w.single) {
-        const int qi = r / p.num_heads, hh = r % p.num_heads;
+        const int qi = col / p.num_heads, hh = col % p.num_heads;
         p.lse[(int64_t(w.seq) * p.num_heads + hh) * p.seqlen_q + qi] = lse;
       } else {
-        p.partial_lse[int64_t(w.split) * p.rows + r] = lse;
+        p.partial_lse[int64_t(w.split) * p.rows + col] = lse;
       }
     }
   }
@@ -401,15 +391,15 @@ __global__ void __launch_bounds__(384, 1)
   for (int n = 0; n < 2; ++n)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int i = 2 * n + e, r = row0 + col_of(i, q);
-      if (r >= p.rows) continue;
-      const int64_t row = int64_t(r) * kLatentDim + d0;
+      const int i = 2 * n + e, col = col_of(i, q);
+      if (col >= p.rows) continue;
+      const int64_t row = int64_t(col) * kLatentDim + d0;
       uint16_t* out = p.out + int64_t(w.seq) * p.rows * kLatentDim + row;
       float* part = p.partial_out + int64_t(w.split) * p.rows * kLatentDim + row;
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) {
-        const float x1 = kRowSplit ? 0.f : sm.xfer[((mt * 2 + n) * 4 + e) * 128 + t];
-        const float y1 = kRowSplit ? 0.f : sm.xfer[((mt * 2 + n) * 4 + e + 2) * 128 + t];
+        const float x1 = sm.xfer[((mt * 2 + n) * 4 + e) * 128 + t];
+        const float y1 = sm.xfer[((mt * 2 + n) * 4 + e + 2) * 128 + t];
         // 0 * NaN cannot happen here: a fault sets the scale itself to NaN.
         const float v0 = (o[mt][n][e] * w0[i] + x1 * w1[i]) * scale[i];
         const float v1 = (o[mt][n][e + 2] * w0[i] + y1 * w1[i]) * scale[i];
@@ -425,10 +415,7 @@ __global__ void __launch_bounds__(384, 1)
 
 void launch_decode_fp8_narrow(const DecodeParams& p, const CUtensorMap& tm_latent, const CUtensorMap& tm_rope,
                               const DecodeOptions& options) {
-  if (p.rows <= kN)
-    launch_decode("decode_fp8", decode_fp8_narrow_kernel<false>, kSmemBytes, p, options, tm_latent, tm_rope);
-  else
-    launch_decode("decode_fp8", decode_fp8_narrow_kernel<true>, kSmemBytes, p, options, tm_latent, tm_rope);
+  launch_decode("decode_fp8", decode_fp8_narrow_kernel, kSmemBytes, p, options, tm_latent, tm_rope);
 }
 
 }  // namespace snapmla::cuda
