@@ -375,9 +375,14 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   const auto want = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), cpu_opt);
   const Fp8RowStats stats = fp8_row_stats(B);
   // Rows that fit the narrow tile run it by default; the 64-row tile is checked on the same
-  // inputs too (SNAPMLA_FP8_TILE=64).
+  // inputs too (SNAPMLA_FP8_TILE=64). SNAPMLA_FP8_TILE set for the whole run (e.g. to put one
+  // kernel under a sanitizer) tests that tile only.
   const bool narrow = c.h * c.s_q <= 16;
-  for (const char* tile : narrow ? std::vector<const char*>{"16", "64"} : std::vector<const char*>{"64"}) {
+  std::vector<std::string> tiles = narrow ? std::vector<std::string>{"16", "64"} : std::vector<std::string>{"64"};
+  if (const char* forced = std::getenv("SNAPMLA_FP8_TILE"); forced != nullptr && (narrow || std::string(forced) == "64"))
+    tiles = {forced};
+  for (const std::string& tile_name : tiles) {
+    const char* tile = tile_name.c_str();
     test::ScopedEnv force("SNAPMLA_FP8_TILE", tile);
     G.out.poison();
     G.lse.poison();
