@@ -15,6 +15,8 @@
 //        other's P') and of page j to its 256 output dims (QGMMA m64n256k32, P and V^T from
 //        shared memory; the factor before each is one multiply), and issues the QK of page
 //        j + 2. The two run half a pair apart: one's softmax under the other's wgmmas.
+// Calls whose rows all fit 16 (h * s_q <= 16) run the narrow tile instead (decode_fp8_narrow.cu,
+// chosen by use_narrow_tile below).
 // History, measurements and what bounds it: docs/kernels.md.
 #include <cuda.h>
 #include <cuda_runtime.h>
