@@ -25,6 +25,9 @@ case "$mode" in
     echo "memcheck exit: ${PIPESTATUS[0]}"
     compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/snapmla_gpu_tests" --gtest_filter='*h16_sq1_w40*:*h48_sq2_w4*:*h128_sq2_w132*' 2>&1 | tee "$out/racecheck.log" | tail -5
     echo "racecheck exit: ${PIPESTATUS[0]}"
+    # The narrow tile alone, on splits of up to 24 pages.
+    SNAPMLA_FP8_TILE=16 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/snapmla_gpu_tests" --gtest_filter='*h16_sq1*' 2>&1 | tee "$out/racecheck_narrow.log" | tail -5
+    echo "racecheck (narrow tile) exit: ${PIPESTATUS[0]}"
     ;;
   sass)
     cuobjdump --dump-sass "$bin/snapmla_gpu_tests" > "$out/sass.txt" 2>&1

@@ -11,6 +11,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "snapmla/reference.hpp"
@@ -174,6 +175,28 @@ struct OwnedPlan {
     plan = {offsets.data(), begins.data(), int(begins.size()), pages.batch, Device::cpu(), order.data()};
     plan_splits(pages, workers, plan);
   }
+};
+
+// Sets an environment variable for a scope and restores it (the GPU tests force decode_fp8's
+// tile with SNAPMLA_FP8_TILE).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) ::setenv(name_.c_str(), old_.c_str(), 1);
+    else ::unsetenv(name_.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
 };
 
 inline double rel_l2(const std::vector<float>& a, const std::vector<double>& b) {

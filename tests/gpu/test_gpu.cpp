@@ -373,22 +373,36 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
     cpu_opt.plan = &host_plan.plan;
   }
   const auto want = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), cpu_opt);
-  decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), gpu_opt);
-  test::cuda_ok(cudaDeviceSynchronize(), "decode_fp8");
-  const Diff d = compare(as_float(G.out.download()), bf16_rounded(want.out));
-  const auto got_lse = G.lse.download();
-  double lse_err = 0;
-  for (size_t i = 0; i < got_lse.size(); ++i)
-    if (std::isfinite(want.lse[i])) lse_err = std::max(lse_err, double(std::fabs(got_lse[i] - want.lse[i])));
-  std::printf("[ info ] decode_fp8 h=%d s_q=%d b=%d plan=%d: rel-L2 %.2e, max |err| %.2e, max |lse err| %.2e\n", c.h,
-              c.s_q, B.batch, c.workers, d.rel_l2, d.max_abs, lse_err);
-  EXPECT_EQ(d.nonfinite, 0u);
-  EXPECT_LE(d.rel_l2, 1e-2);
   const Fp8RowStats stats = fp8_row_stats(B);
-  const double lse_ratio = expect_fp8_lse(stats, got_lse, want.lse);
-  const double row_ratio = expect_fp8_rows(B, stats, as_float(G.out.download()), bf16_rounded(want.out));
-  std::printf("[ info ]   fp8 max |lse err| / score magnitude = 2^%.1f, worst row error / bound = %.2f\n",
-              std::log2(std::max(lse_ratio, 1e-30)), row_ratio);
+  // Rows that fit the narrow tile run it by default; the 64-row tile is checked on the same
+  // inputs too (SNAPMLA_FP8_TILE=64). SNAPMLA_FP8_TILE set for the whole run (e.g. to put one
+  // kernel under a sanitizer) tests that tile only.
+  const bool narrow = c.h * c.s_q <= 16;
+  std::vector<std::string> tiles = narrow ? std::vector<std::string>{"16", "64"} : std::vector<std::string>{"64"};
+  if (const char* forced = std::getenv("SNAPMLA_FP8_TILE"); forced != nullptr && (narrow || std::string(forced) == "64"))
+    tiles = {forced};
+  for (const std::string& tile_name : tiles) {
+    const char* tile = tile_name.c_str();
+    test::ScopedEnv force("SNAPMLA_FP8_TILE", tile);
+    G.out.poison();
+    G.lse.poison();
+    decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), gpu_opt);
+    test::cuda_ok(cudaDeviceSynchronize(), "decode_fp8");
+    const Diff d = compare(as_float(G.out.download()), bf16_rounded(want.out));
+    const auto got_lse = G.lse.download();
+    double lse_err = 0;
+    for (size_t i = 0; i < got_lse.size(); ++i)
+      if (std::isfinite(want.lse[i])) lse_err = std::max(lse_err, double(std::fabs(got_lse[i] - want.lse[i])));
+    std::printf("[ info ] decode_fp8 (tile %s) h=%d s_q=%d b=%d plan=%d: rel-L2 %.2e, max |err| %.2e, max |lse err| "
+                "%.2e\n",
+                tile, c.h, c.s_q, B.batch, c.workers, d.rel_l2, d.max_abs, lse_err);
+    EXPECT_EQ(d.nonfinite, 0u);
+    EXPECT_LE(d.rel_l2, 1e-2);
+    const double lse_ratio = expect_fp8_lse(stats, got_lse, want.lse);
+    const double row_ratio = expect_fp8_rows(B, stats, as_float(G.out.download()), bf16_rounded(want.out));
+    std::printf("[ info ]   fp8 max |lse err| / score magnitude = 2^%.1f, worst row error / bound = %.2f\n",
+                std::log2(std::max(lse_ratio, 1e-30)), row_ratio);
+  }
 
   const auto want16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), cpu_opt);
   decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), gpu_opt);
@@ -492,6 +506,7 @@ TEST(GpuDecodeGaussian, FlashMlaTolerances) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, GpuDecode,
     ::testing::Values(Case{16, 1, {0, 1, 63, 64, 65, 1000}, 0}, Case{16, 1, {0, 1, 63, 64, 65, 3000}, 40},
+                      Case{16, 2, {0, 1, 2, 64, 65, 1500}, 0}, Case{32, 1, {1, 700, 129, 2100}, 12},
                       Case{32, 2, {2, 129, 64, 700}, 0}, Case{64, 1, {4096, 1, 100}, 64},
                       Case{64, 3, {5, 200, 1300}, 16}, Case{128, 1, {2048, 0, 777}, 0},
                       Case{128, 2, {1, 2, 3, 5000}, 132}, Case{128, 4, {65, 513}, 8},
@@ -590,10 +605,12 @@ TEST(GpuGraph, CapturedDecodeStepReplaysWithNewSeqlens) {
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
   // Cache filled for the longest lengths; the graph (plan + decode + combine) is captured
-  // once and replayed after cache_seqlens change in place.
-  Batch B = make_batch(rng, {3000, 900, 64, 2000}, 1, 64);
+  // once and replayed after cache_seqlens change in place. h = 64 runs the 64-row tile, h = 16
+  // the narrow one.
+  for (const int h : {64, 16}) {
+  Batch B = make_batch(rng, {3000, 900, 64, 2000}, 1, h);
   GpuBatch G(B);
-  GpuPlan plan(G.pages(), 24, 1, 64);
+  GpuPlan plan(G.pages(), 24, 1, h);
   DecodeOptions opt = plan.options(B.softmax_scale);
   cudaStream_t stream;
   test::cuda_ok(cudaStreamCreate(&stream), "stream");
@@ -630,6 +647,7 @@ TEST(GpuGraph, CapturedDecodeStepReplaysWithNewSeqlens) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+  }
 }
 
 TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
@@ -646,6 +664,13 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
   QuantizedQuery q = G.qq();
   q.num_heads = 24;
   EXPECT_ARG_ERROR(decode_fp8(q, G.fp8(), G.pages(), G.output(), test::options(B)), "q.num_heads");
+  {
+    // Forcing the narrow tile on more rows than it holds (h = 16, s_q = 2: 32 rows).
+    Batch B2 = make_batch(rng, {100}, 2, 16);
+    GpuBatch G2(B2);
+    test::ScopedEnv force("SNAPMLA_FP8_TILE", "16");
+    EXPECT_ARG_ERROR(decode_fp8(G2.qq(), G2.fp8(), G2.pages(), G2.output(), test::options(B2)), "SNAPMLA_FP8_TILE");
+  }
   // The debug checks read the device tables and name the bad entry.
   EXPECT_NO_THROW(check_page_table(G.pages(), B.num_pages));
   EXPECT_EQ(recommended_num_workers(kGpu, 1, 128), 132 / 2) << "132 SMs, two 64-row tiles";

@@ -172,4 +172,43 @@ __device__ __forceinline__ void mma_64x256x32_e4m3_ss(float (&d)[32][4], uint64_
       : "l"(a), "l"(b));
 }
 
+// S^T[64 x 16] = A[64 x 16] * B[16 x 16] (scale-d off: starts a product), bf16, both from shared
+// memory, both K-major (decode_fp8's narrow tile: A = the page's rope, B = the Q rope tile).
+__device__ __forceinline__ void mma_64x16x16_bf16_ss_zero(float (&d)[2][4], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : "=f"(d[0][0]), "=f"(d[0][1]), "=f"(d[0][2]), "=f"(d[0][3]), "=f"(d[1][0]), "=f"(d[1][1]), "=f"(d[1][2]), "=f"(d[1][3])
+      : "l"(a), "l"(b));
+}
+
+// S^T[64 x 16] += A[64 x 16] * B[16 x 16], bf16, both from shared memory, both K-major.
+__device__ __forceinline__ void mma_64x16x16_bf16_ss(float (&d)[2][4], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+      : "l"(a), "l"(b));
+}
+
+// S^T[64 x 16] += A[64 x 32] * B[32 x 16], e4m3, both from shared memory (K-major).
+__device__ __forceinline__ void mma_64x16x32_e4m3_ss(float (&d)[2][4], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+      : "l"(a), "l"(b));
+}
+
+// O^T[64 x 16] += A[64 x 32] * B[32 x 16], e4m3, A from registers (the m16n8k32 8-bit fragment
+// per warp: a0 = row g, k 4q..4q+3; a1 = row g + 8; a2, a3 = the same at k + 16), B from shared
+// memory (K-major).
+__device__ __forceinline__ void mma_64x16x32_e4m3_rs(float (&d)[2][4], const uint32_t (&a)[4], uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
 }  // namespace snapmla::cuda::wg

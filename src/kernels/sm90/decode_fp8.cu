@@ -15,9 +15,14 @@
 //        other's P') and of page j to its 256 output dims (QGMMA m64n256k32, P and V^T from
 //        shared memory; the factor before each is one multiply), and issues the QK of page
 //        j + 2. The two run half a pair apart: one's softmax under the other's wgmmas.
+// Calls whose rows all fit 16 (h * s_q <= 16) run the narrow tile instead (decode_fp8_narrow.cu,
+// chosen by use_narrow_tile below).
 // History, measurements and what bounds it: docs/kernels.md.
 #include <cuda.h>
 #include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include "../common/check.cuh"
 #include "../common/ptx.cuh"
@@ -25,6 +30,7 @@
 #include "../kernels.hpp"
 #include "decode/epilogue.cuh"
 #include "decode/launch.hpp"
+#include "decode/narrow.hpp"
 #include "decode/pipeline.cuh"
 #include "decode/scheduler.cuh"
 #include "decode/softmax.cuh"
@@ -110,29 +116,6 @@ struct Smem {
     }
   }
 };
-
-// Loader (one thread): cache page `page` into stage s: four TMA boxes of latent (64 tokens x
-// 128 bytes each, 128-byte swizzle), one of rope, and the 64 scales as a bulk copy, all
-// completing on the stage's `full` barrier with their byte count. An out-of-range page index
-// loads nothing (the stage keeps stale data): the consumers check every index of the split at
-// the end and turn their rows into NaN. Tokens past the split end are loaded as they are in the
-// cache; the transposer zeroes them in V^T and the softmax masks them.
-__device__ __forceinline__ void load_page(const DecodeParams& p, const CUtensorMap* tm_latent,
-                                          const CUtensorMap* tm_rope, int32_t page, const Smem& sm,
-                                          int s) {
-  uint64_t* bar = &sm.ring.full[s];
-  if (!page_ok(p, page)) {  // nothing to copy: complete the phase with the arrival alone
-    wg::mbar_arrive_expect_tx(bar, 0);
-    return;
-  }
-  const int y = page * kPageSize;
-  wg::mbar_arrive_expect_tx(bar, kKlBytes + kKrBytes + kScaleBytes);
-#pragma unroll
-  for (int b = 0; b < kLatentDim / kLatentBox; ++b)
-    wg::tma_load_2d(sm.kl(s) + b * (kPageSize * kLatentBox), tm_latent, b * kLatentBox, y, bar);
-  wg::tma_load_2d(sm.kr(s), tm_rope, 0, y, bar);
-  wg::bulk_load(sm.scale(s), p.k_scale + int64_t(page) * kPageSize, kScaleBytes, bar);
-}
 
 // The latent of one page (64 tokens x 512 dims, K-major) -> V^T for PV: two halves of 256 dims
 // x 64 token slots, K-major, slot 16 h + 4 q + j of 32-token chunk k holding token
@@ -275,7 +258,8 @@ __global__ void __launch_bounds__(384, 1)
         STAMP(3, j / 2, (j % 2) * 2);
         sm.ring.acquire(j);
         STAMP(3, j / 2, (j % 2) * 2 + 1);
-        load_page(p, &tm_latent, &tm_rope, page, sm, j % kStages);
+        load_fp8_page(p, &tm_latent, &tm_rope, page, sm.kl(j % kStages), sm.kr(j % kStages), sm.scale(j % kStages),
+                      &sm.ring.full[j % kStages]);
         page = next;
       }
     }
@@ -464,6 +448,22 @@ __global__ void __launch_bounds__(384, 1)
   if (t == 0 && c == 0) CTA_STAMP(1);
 }
 
+// The tile a call runs: the narrow one (decode_fp8_narrow.cu) when all of a sequence's query
+// rows fit it, else the 64-row one. SNAPMLA_FP8_TILE=64 / 16 forces one (benchmarks and tests
+// compare the two on the same inputs; 16 with more rows than the narrow tile holds is an error).
+bool use_narrow_tile(int rows) {
+  const char* force = std::getenv("SNAPMLA_FP8_TILE");
+  if (force != nullptr && std::strcmp(force, "64") == 0) return false;
+  if (force != nullptr && std::strcmp(force, "16") == 0) {
+    if (rows > kNarrowTileRows)
+      detail::fail("decode_fp8", "SNAPMLA_FP8_TILE",
+                   "expected 64 or a call with at most 16 query rows (num_heads * seqlen_q) for 16 (the narrow "
+                   "tile), got " + std::to_string(rows) + " rows");
+    return true;
+  }
+  return rows <= kNarrowTileRows;
+}
+
 }  // namespace
 
 void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
@@ -478,6 +478,10 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
   const int64_t rows = cache.num_pages * kPageSize;
   const CUtensorMap tm_latent = plane_map(cache.latent, rows, kLatentDim, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1);
   const CUtensorMap tm_rope = plane_map(cache.rope, rows, kRopeDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
+  if (use_narrow_tile(p.rows)) {
+    launch_decode_fp8_narrow(p, tm_latent, tm_rope, options);
+    return;
+  }
   launch_decode("decode_fp8", decode_fp8_kernel, kSmemBytes, p, options, tm_latent, tm_rope);
   dump_stamps("decode_fp8");
 }

@@ -4,9 +4,12 @@
 // signalled on `full` mbarriers; readers release a stage on its `empty` mbarrier).
 #pragma once
 
+#include <cuda.h>
+
 #include "../../common/wgmma.cuh"
 #include "params.hpp"
 #include "scheduler.cuh"
+#include "tensor_map.hpp"
 
 namespace snapmla::cuda {
 
@@ -23,14 +26,14 @@ __device__ __forceinline__ bool page_ok(const DecodeParams& p, int32_t page) {
   return page >= 0 && page < p.num_pages;
 }
 
-// The Q tile's latent part, K-major no swizzle (kRowBytes per row), by `threads` threads from
+// A Q tile of kRows rows (kRowBytes each), K-major no swizzle, by `threads` threads from
 // thread t with cp.async (completion: cp_async_arrive); rows past the query rows are zero.
 // src: the batch's first query row, rows `stride` bytes apart.
-template <int kRowBytes>
+template <int kRowBytes, int kRows = kTileRows>
 __device__ __forceinline__ void load_q_latent(uint8_t* dst, const uint8_t* src, int64_t stride, const DecodeParams& p,
                                               const Work& w, int row0, int t, int threads) {
   constexpr int kChunks = kRowBytes / 16;
-  for (int c = t; c < kTileRows * kChunks; c += threads) {
+  for (int c = t; c < kRows * kChunks; c += threads) {
     const int r = c / kChunks, part = c % kChunks;
     const bool ok = row0 + r < p.rows;
     const int64_t row = int64_t(w.seq) * p.rows + (ok ? row0 + r : 0);
@@ -59,6 +62,30 @@ __device__ __forceinline__ void load_q_rows(const DecodeParams& p, const Work& w
       qa[ks][2 + ri] = ok ? qr[8 * ks + 4 + q] : 0u;
     }
   }
+}
+
+// One page of the FP8 cache into shared memory, by one thread: four TMA boxes of latent (64
+// tokens x 128 bytes each, 128-byte swizzle) into kl, one of rope into kr, and the 64 scales
+// as a bulk copy, all completing on `bar` with their byte count. An out-of-range page index
+// loads nothing (the stage keeps stale data): the consumers check every index of the split at
+// the end and turn their rows into NaN. Tokens past the split end are loaded as they are in the
+// cache (the kernels mask them).
+__device__ __forceinline__ void load_fp8_page(const DecodeParams& p, const CUtensorMap* tm_latent,
+                                              const CUtensorMap* tm_rope, int32_t page, uint8_t* kl, uint8_t* kr,
+                                              float* scales, uint64_t* bar) {
+  constexpr int kLatentBytes = kPageSize * kLatentDim, kRopeBytes = kPageSize * kRopeDim * 2;
+  constexpr int kScaleBytes = kPageSize * 4;
+  if (!page_ok(p, page)) {  // nothing to copy: complete the phase with the arrival alone
+    wg::mbar_arrive_expect_tx(bar, 0);
+    return;
+  }
+  const int y = page * kPageSize;
+  wg::mbar_arrive_expect_tx(bar, kLatentBytes + kRopeBytes + kScaleBytes);
+#pragma unroll
+  for (int b = 0; b < kLatentDim / kTmaBoxBytes; ++b)
+    wg::tma_load_2d(kl + b * (kPageSize * kTmaBoxBytes), tm_latent, b * kTmaBoxBytes, y, bar);
+  wg::tma_load_2d(kr, tm_rope, 0, y, bar);
+  wg::bulk_load(scales, p.k_scale + int64_t(page) * kPageSize, kScaleBytes, bar);
 }
 
 // Whether any page index of the split is out of range (its stage was never filled: the rows

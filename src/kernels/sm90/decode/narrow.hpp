@@ -1,0 +1,18 @@
+// decode_fp8's narrow tile (decode_fp8_narrow.cu): CTAs of up to 16 query rows computed as
+// S^T / O^T, for h * s_q <= 16. Which tile a call uses: decode_fp8.cu's `use_narrow_tile`.
+#pragma once
+
+#include <cuda.h>
+
+#include "params.hpp"
+#include "snapmla/formats.hpp"
+
+namespace snapmla::cuda {
+
+inline constexpr int kNarrowTileRows = 16;
+
+// The narrow kernel plus the combine of split sequences (p.rows <= kNarrowTileRows).
+void launch_decode_fp8_narrow(const DecodeParams& p, const CUtensorMap& tm_latent, const CUtensorMap& tm_rope,
+                              const DecodeOptions& options);
+
+}  // namespace snapmla::cuda

@@ -1,0 +1,421 @@
+// decode_fp8, narrow tile: up to 16 query rows per CTA (h * s_q <= 16: DeepSeek-V3's 128 heads
+// over 8 GPUs, Kimi-K2's 64 over 8). The 64-row tile of decode_fp8.cu would pad such rows to a
+// wgmma M of 64 and pay the whole tile's chain per page; here the products are transposed so
+// that the rows are the wgmma N (16) and the page's 64 tokens / 512 dims are M:
+//   S^T (64 tokens x 16 rows)  = K Q^T:    A = the page's latent and rope tiles as TMA wrote them
+//                                          (QGMMA m64n16k32 + HGMMA m64n16k16), B = the Q tiles;
+//   O^T (512 dims x 16 rows)  += V^T P'^T: A = V^T in registers (ldmatrix.trans of the same latent
+//                                          tile + byte permutes), B = P' (16 rows x 64 tokens).
+// Nothing is transposed through shared memory and the tensor work per page is a quarter of the
+// wide tile's. CTA = one split x the rows, 3 warpgroups:
+//   WG0  producer: warp 0 loads the Q tiles (cp.async), then one thread streams the split's pages
+//        into a 4-stage ring with TMA (pipeline.cuh's load_fp8_page).
+//   WG1, WG2  consumers: consumer c runs the reference's loop (docs/reference.md) over pages
+//        c, c + 2, c + 4, ... with its own m, l, sigma and a full O^T (64 registers per thread),
+//        and the two are merged at the end as two splits of the sequence are (the result differs
+//        from one chain over all pages only by fp32 rounding). No per-page hand-off between them.
+// A thread holds tokens 16 w + g, + 8 of S^T and the 4 rows 8 n + 2 q + {0, 1} (n = 0, 1); the
+// per-row max and the max of P' over the page's tokens are reduced over g with shuffles and over
+// the consumer's four warps through shared memory. History and measurements: docs/kernels.md.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "../common/check.cuh"
+#include "../common/numeric.cuh"
+#include "../common/ptx.cuh"
+#include "../common/wgmma.cuh"
+#include "../kernels.hpp"
+#include "decode/launch.hpp"
+#include "decode/narrow.hpp"
+#include "decode/pipeline.cuh"
+#include "decode/scheduler.cuh"
+#include "decode/softmax.cuh"
+#include "decode/tensor_map.hpp"
+
+namespace snapmla::cuda {
+namespace {
+
+constexpr int kN = kNarrowTileRows;  // query rows per CTA: the wgmma N
+constexpr int kCols = kN / 4;        // rows (S^T / O^T columns) per thread: 8 n + 2 q + e
+constexpr int kStages = 4;           // page stages; consumer c owns the stages s = c (mod 2)
+constexpr int kMTiles = kLatentDim / 64;  // O^T's M tiles of 64 dims
+constexpr int kLoaders = 32;
+
+constexpr int kKlBytes = kPageSize * kLatentDim;    // 32 KB, four 8 KB TMA boxes
+constexpr int kKrBytes = kPageSize * kRopeDim * 2;  // 8 KB
+constexpr int kStageBytes = kKlBytes + kKrBytes;    // 1024-aligned (128-byte swizzle)
+constexpr int kQnBytes = kN * kLatentDim;           // K-major no swizzle, SBO 8 x 512
+constexpr int kQrBytes = kN * kRopeDim * 2;         // K-major no swizzle, SBO 8 x 128
+constexpr int kPBytes = kN * kPageSize;             // P' of one page, K-major, SBO 8 x 64
+constexpr int kScaleBytes = kPageSize * 4;
+constexpr int kRedBytes = 2 * 2 * 4 * kN * 4;           // [consumer][max, P' max][warp][row]
+constexpr int kXferBytes = 128 * kMTiles * 2 * 4 * 4;   // consumer 1's O^T, thread-major
+constexpr int kStatBytes = 3 * kN * 4;                  // consumer 1's m, l, sigma per row
+using Ring = PageRing<kStages>;
+constexpr int kSmemBytes = kStages * kStageBytes + kQnBytes + kQrBytes + 4 * kPBytes + kStages * kScaleBytes +
+                           kRedBytes + kXferBytes + kStatBytes + Ring::kBytes;
+static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
+
+// Named barriers: 1 + c among consumer c's warps (the reductions and its P' tile), kBarMerge
+// over both consumers at the end.
+constexpr int kBarMerge = 3;
+
+struct Smem {
+  uint8_t* stage;
+  uint8_t* qn;
+  uint8_t* qr;
+  uint8_t* pbuf;  // [consumer][2]: P' / sigma of the consumer's current and previous page
+  float* scales;  // [kStages][64]
+  float* red;     // [consumer][2][warp][kN]
+  float* xfer;    // [kMTiles * 8][128]
+  float* stat;    // [3][kN]
+  Ring ring;
+  __device__ explicit Smem(uint8_t* base)
+      : stage(base),
+        qn(stage + kStages * kStageBytes),
+        qr(qn + kQnBytes),
+        pbuf(qr + kQrBytes),
+        scales(reinterpret_cast<float*>(pbuf + 4 * kPBytes)),
+        red(scales + kStages * kPageSize),
+        xfer(red + kRedBytes / 4),
+        stat(xfer + kXferBytes / 4),
+        ring(stat + 3 * kN) {}
+  __device__ uint8_t* kl(int s) const { return stage + s * kStageBytes; }
+  __device__ uint8_t* kr(int s) const { return stage + s * kStageBytes + kKlBytes; }
+  __device__ float* scale(int s) const { return scales + s * kPageSize; }
+  __device__ uint8_t* p_tile(int c, int k) const { return pbuf + (2 * c + k % 2) * kPBytes; }
+  __device__ float* red_at(int c, int kind, int warp) const { return red + ((2 * c + kind) * 4 + warp) * kN; }
+};
+
+// Row (S^T column) of a thread's column slot i: 8 n + 2 q + e with i = 2 n + e.
+__device__ __forceinline__ int col_of(int i, int q) { return 8 * (i / 2) + 2 * q + i % 2; }
+
+// The per-row maximum over the page's 64 tokens: over the thread's two tokens (done by the
+// caller), the warp's eight g (shuffles), then the consumer's four warps (shared memory).
+__device__ __forceinline__ void rows_max(float (&v)[kCols], const Smem& sm, int c, int kind, int warp, int lane) {
+#pragma unroll
+  for (int i = 0; i < kCols; ++i)
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) v[i] = fmaxf(v[i], __shfl_xor_sync(0xffffffffu, v[i], o));
+  if (lane < 4)
+#pragma unroll
+    for (int i = 0; i < kCols; ++i) sm.red_at(c, kind, warp)[col_of(i, lane)] = v[i];
+  ptx::named_barrier(1 + c, 128);
+  const int q = lane % 4;
+#pragma unroll
+  for (int i = 0; i < kCols; ++i) {
+    const int col = col_of(i, q);
+    v[i] = fmaxf(fmaxf(sm.red_at(c, kind, 0)[col], sm.red_at(c, kind, 1)[col]),
+                 fmaxf(sm.red_at(c, kind, 2)[col], sm.red_at(c, kind, 3)[col]));
+  }
+}
+
+// V^T of the page for all 512 dims as wgmma A fragments (m64 x k32 per M tile mt and K step
+// ks). Per warp and fragment, 16 dims (chunk 4 (mt % 2) + w of box mt / 2) x 32 tokens: lane
+// 8 m + r gives the row of token 32 ks + 16 (m / 2) + 2 (m % 2) + 4 (r / 2) + r % 2, so that
+// ldmatrix.trans hands thread (g, q) dims 2g, 2g + 1 of tokens 4q, 4q + 1 (matrix 0), 4q + 2,
+// 4q + 3 (matrix 1) and the same at + 16 (matrices 2, 3); the permutes make one word per dim over
+// four consecutive tokens. M row g is dim 2g, row g + 8 dim 2g + 1; K slot k is token 32 ks + k
+// (the P' tile holds tokens in order). Tokens at or past ntok are zeroed (P' is 0 there, but the
+// cache slot may hold NaN).
+__device__ __forceinline__ void load_v(uint32_t (&a)[kMTiles][2][4], const uint8_t* kl, int w, int lane, int ntok) {
+  const int m = lane / 8, r = lane % 8, q = lane % 4;
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    const int t = 32 * ks + 16 * (m / 2) + 2 * (m % 2) + 4 * (r / 2) + r % 2;
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) {
+      const int box = mt / 2, chunk = 4 * (mt % 2) + w;
+      uint32_t v[4];
+      ptx::ldsm_x4_trans(kl + box * (kPageSize * kTmaBoxBytes) + t * kTmaBoxBytes + ((chunk ^ (t % 8)) * 16), v);
+      a[mt][ks][0] = ptx::prmt(v[0], v[1], 0x6420u);
+      a[mt][ks][1] = ptx::prmt(v[0], v[1], 0x7531u);
+      a[mt][ks][2] = ptx::prmt(v[2], v[3], 0x6420u);
+      a[mt][ks][3] = ptx::prmt(v[2], v[3], 0x7531u);
+    }
+  }
+  if (ntok < kPageSize) {
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int t0 = 32 * ks + 16 * h + 4 * q;
+        const uint32_t keep = (t0 < ntok ? 0xFFu : 0u) | (t0 + 1 < ntok ? 0xFF00u : 0u) |
+                              (t0 + 2 < ntok ? 0xFF0000u : 0u) | (t0 + 3 < ntok ? 0xFF000000u : 0u);
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          a[mt][ks][2 * h] &= keep;
+          a[mt][ks][2 * h + 1] &= keep;
+        }
+      }
+  }
+}
+
+__global__ void __launch_bounds__(384, 1)
+    decode_fp8_narrow_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
+                             const __grid_constant__ CUtensorMap tm_rope) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const int item = grid_item(p);
+  if (!has_work(p, item)) return;
+  const Smem sm(smem_raw);
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  if (threadIdx.x == 0) {
+    if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
+    sm.ring.init(128, kLoaders);  // a stage is read by the consumer that owns it
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // The launch gives every thread 168 registers: producer P and consumers C need P + 2 C <= 504.
+    wg::setmaxnreg_dec<40>();
+    if (t >= kLoaders) return;
+    const Work w = work_of(p, item);
+    const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
+    load_q_latent<kLatentDim, kN>(sm.qn, p.q_nope, kLatentDim, p, w, 0, t, kLoaders);
+    load_q_latent<kRopeDim * 2, kN>(sm.qr, reinterpret_cast<const uint8_t*>(p.q_rope), kRopeDim * 2, p, w, 0, t,
+                                    kLoaders);
+    wg::cp_async_arrive(sm.ring.qbar);
+    if (t == 0) {
+      int32_t page = nblk > 0 ? page_of(p, w, w.begin) : 0;
+      for (int j = 0; j < nblk; ++j) {
+        // The next page's index is read before waiting for a free stage, off the critical path.
+        const int32_t next = j + 1 < nblk ? page_of(p, w, w.begin + (j + 1) * kPageSize) : 0;
+        sm.ring.acquire(j);
+        const int s = j % kStages;
+        load_fp8_page(p, &tm_latent, &tm_rope, page, sm.kl(s), sm.kr(s), sm.scale(s), &sm.ring.full[s]);
+        page = next;
+      }
+    }
+    return;
+  }
+
+  wg::setmaxnreg_inc<232>();
+  const Work w = work_of(p, item);
+  const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
+  const int c = wg - 1;
+  const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+  const int tok0 = 16 * warp + g;  // the thread's tokens in S^T: tok0, tok0 + 8
+  int vis[kCols];
+  float factor[kCols], m[kCols], l[kCols], sigma[kCols];
+#pragma unroll
+  for (int i = 0; i < kCols; ++i) {
+    const int r = col_of(i, q);
+    const bool ok = r < p.rows;
+    vis[i] = ok ? visible_end(p, w, r) : 0;
+    factor[i] = p.softmax_scale * p.q_scale[int64_t(w.seq) * p.rows + (ok ? r : 0)];
+    m[i] = -INFINITY;
+    l[i] = 0.f;  // this thread's tokens' part of l / sigma (reduced at the end)
+    sigma[i] = 1.f;
+  }
+  float o[kMTiles][2][4];  // O^T / sigma: dims 64 mt + 16 warp + {2g, 2g + 1} x this thread's rows
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int n = 0; n < 2; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+  wg::mbar_wait(sm.ring.qbar, 0);
+  const uint64_t qn = wg::desc(sm.qn, 128, 8 * kLatentDim), qr = wg::desc(sm.qr, 128, 8 * kRopeDim * 2);
+
+  for (int k = 0, j = c; j < nblk; ++k, j += 2) {
+    const int s = j % kStages;
+    const int blk = w.begin + j * kPageSize;
+    const int ntok = min(kPageSize, w.end - blk);
+    sm.ring.wait(j);
+    // S^T of page j: the bf16 rope product first (it starts the accumulator), then the FP8
+    // latent. Waited for together with the PV of this consumer's previous page.
+    float acc[2][4];
+    wg::fence();
+    {
+      const uint64_t kr = wg::desc_sw128(sm.kr(s)), kl = wg::desc_sw128(sm.kl(s));
+      wg::mma_64x16x16_bf16_ss_zero(acc, kr, qr);
+#pragma unroll
+      for (int ks = 1; ks < 4; ++ks) wg::mma_64x16x16_bf16_ss(acc, wg::desc_add(kr, ks * 32), wg::desc_add(qr, ks * 256));
+#pragma unroll
+      for (int kk = 0; kk < 16; ++kk)
+        wg::mma_64x16x32_e4m3_ss(acc, wg::desc_add(kl, (kk / 4) * (kPageSize * kTmaBoxBytes) + (kk % 4) * 32),
+                                 wg::desc_add(qn, kk * 256));
+    }
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_operands(acc);
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) wg::fence_operands(o[mt]);
+
+    // Scores (the reference's rounding: (raw * (softmax_scale * s_q)) * s_t), masked to -inf past
+    // each row's visible end; the per-row max over the page.
+    const float ks[2] = {sm.scale(s)[tok0], sm.scale(s)[tok0 + 8]};
+    float mx[kCols];
+#pragma unroll
+    for (int i = 0; i < kCols; ++i) mx[i] = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 2 * n + e % 2, h = e / 2;
+        const float raw = __fmul_rn(acc[n][e], factor[i]);
+        const float sc = blk + tok0 + 8 * h < vis[i] ? __fmul_rn(raw, ks[h]) : -INFINITY;
+        acc[n][e] = sc;
+        mx[i] = fmaxf(mx[i], sc);
+      }
+    rows_max(mx, sm, c, 0, warp, lane);
+    // P = exp(s - m_new), P' = P * s_t, and the max of P' over the page.
+    float m_new[kCols], sum[kCols], pmax[kCols];
+#pragma unroll
+    for (int i = 0; i < kCols; ++i) {
+      m_new[i] = fmaxf(m[i], mx[i]);
+      sum[i] = 0.f;
+      pmax[i] = 0.f;
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = 2 * n + e % 2, h = e / 2;
+        const bool seen = acc[n][e] != -INFINITY;  // masked tokens' scales may be anything
+        const float pe = seen ? ex2(fmaf(acc[n][e], kLog2e, -m_new[i] * kLog2e)) : 0.f;
+        sum[i] += pe;
+        const float pv = seen ? __fmul_rn(pe, ks[h]) : 0.f;
+        pmax[i] = fmaxf(pmax[i], pv);
+        acc[n][e] = pv;
+      }
+    rows_max(pmax, sm, c, 1, warp, lane);
+    // sigma_b = max(max P', 1e-10) / 448 and its inverse (MUFU.RCP and a multiply, as decode_fp8.cu;
+    // docs/reference.md), the output's factor alpha sigma / sigma_b, and l over sigma.
+    float inv[kCols], r[kCols];
+#pragma unroll
+    for (int i = 0; i < kCols; ++i) {
+      const bool seen = mx[i] != -INFINITY;
+      const float a = fmaxf(pmax[i], kMinAmax);
+      inv[i] = seen ? __fdividef(kE4m3Max, a) : 0.f;
+      const float rho = fast_exp(m[i] - m_new[i]) * inv[i];
+      r[i] = seen ? sigma[i] * rho : 1.f;
+      l[i] = l[i] * r[i] + sum[i] * inv[i];
+      sigma[i] = seen ? a * (1.f / kE4m3Max) : sigma[i];
+      m[i] = m_new[i];
+    }
+    // P' / sigma_b as e4m3 into this page's P' tile (row-major over tokens: the PV's B operand).
+    uint8_t* pt = sm.p_tile(c, k);
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint16_t b2 = e4m3x2(__fmul_rn(acc[n][2 * h], inv[2 * n]), __fmul_rn(acc[n][2 * h + 1], inv[2 * n + 1]));
+        const int tok = tok0 + 8 * h;
+        pt[km_offset(8 * n + 2 * q, tok, kPageSize)] = uint8_t(b2 & 0xFF);
+        pt[km_offset(8 * n + 2 * q + 1, tok, kPageSize)] = uint8_t(b2 >> 8);
+      }
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        o[mt][n][0] *= r[2 * n];
+        o[mt][n][1] *= r[2 * n + 1];
+        o[mt][n][2] *= r[2 * n];
+        o[mt][n][3] *= r[2 * n + 1];
+      }
+    uint32_t a[kMTiles][2][4];
+    load_v(a, sm.kl(s), warp, lane, ntok);
+    sm.ring.release(j);  // the QK retired and V is in registers
+    wg::fence_proxy_async();  // P' written with st.shared, read by wgmma
+    ptx::named_barrier(1 + c, 128);
+    wg::fence();
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int kk = 0; kk < 2; ++kk) wg::mma_64x16x32_e4m3_rs(o[mt], a[mt][kk], wg::desc(pt + 256 * kk, 128, 512));
+    wg::commit();
+  }
+  wg::wait<0>();
+#pragma unroll
+  for (int mt = 0; mt < kMTiles; ++mt) wg::fence_operands(o[mt]);
+
+  // l over the consumer's 64 tokens per page: the warp's g, then its four warps.
+#pragma unroll
+  for (int i = 0; i < kCols; ++i)
+#pragma unroll
+    for (int s = 4; s < 32; s <<= 1) l[i] += __shfl_xor_sync(0xffffffffu, l[i], s);
+  if (lane < 4)
+#pragma unroll
+    for (int i = 0; i < kCols; ++i) sm.red_at(c, 0, warp)[col_of(i, lane)] = l[i];
+  ptx::named_barrier(1 + c, 128);
+#pragma unroll
+  for (int i = 0; i < kCols; ++i) {
+    const int col = col_of(i, q);
+    l[i] = (sm.red_at(c, 0, 0)[col] + sm.red_at(c, 0, 1)[col]) + (sm.red_at(c, 0, 2)[col] + sm.red_at(c, 0, 3)[col]);
+  }
+  // Merge: consumer 1 hands its state and O^T over; consumer 0 writes the result.
+  if (c == 1) {
+    if (t < 4)
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) {
+        const int col = col_of(i, q);
+        sm.stat[col] = m[i];
+        sm.stat[kN + col] = l[i];
+        sm.stat[2 * kN + col] = sigma[i];
+      }
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sm.xfer[((mt * 2 + n) * 4 + e) * 128 + t] = o[mt][n][e];
+    ptx::named_barrier(kBarMerge, 256);
+    return;
+  }
+  const bool fault = split_has_bad_page(p, w, nblk, lane);
+  ptx::named_barrier(kBarMerge, 256);
+  // Both parts in the domain of the larger max: weight_c = sigma_c exp(m_c - M) (l_c and O^T_c
+  // are kept over sigma_c), 0 for a part that saw nothing.
+  float w0[kCols], w1[kCols], scale[kCols];
+#pragma unroll
+  for (int i = 0; i < kCols; ++i) {
+    const int col = col_of(i, q);
+    const float m1 = sm.stat[col], l1 = sm.stat[kN + col], s1 = sm.stat[2 * kN + col];
+    const float mm = fmaxf(m[i], m1);
+    w0[i] = m[i] == -INFINITY ? 0.f : sigma[i] * fast_exp(m[i] - mm);
+    w1[i] = m1 == -INFINITY ? 0.f : s1 * fast_exp(m1 - mm);
+    const float lt = l[i] * w0[i] + l1 * w1[i];
+    const bool empty = lt == 0.f;
+    scale[i] = fault ? NAN : (empty ? 0.f : __fdiv_rn(1.f, lt));
+    if (warp == 0 && g == 0 && col < p.rows) {
+      const float lse = fault ? NAN : (empty ? -INFINITY : mm + logf(lt));
+      if (w.single) {
+        const int qi = col / p.num_heads, hh = col % p.num_heads;
+        p.lse[(int64_t(w.seq) * p.num_heads + hh) * p.seqlen_q + qi] = lse;
+      } else {
+        p.partial_lse[int64_t(w.split) * p.rows + col] = lse;
+      }
+    }
+  }
+  const int d0 = 16 * warp + 2 * g;
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int i = 2 * n + e, col = col_of(i, q);
+      if (col >= p.rows) continue;
+      const int64_t row = int64_t(col) * kLatentDim + d0;
+      uint16_t* out = p.out + int64_t(w.seq) * p.rows * kLatentDim + row;
+      float* part = p.partial_out + int64_t(w.split) * p.rows * kLatentDim + row;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        const float x1 = sm.xfer[((mt * 2 + n) * 4 + e) * 128 + t];
+        const float y1 = sm.xfer[((mt * 2 + n) * 4 + e + 2) * 128 + t];
+        // 0 * NaN cannot happen here: a fault sets the scale itself to NaN.
+        const float v0 = (o[mt][n][e] * w0[i] + x1 * w1[i]) * scale[i];
+        const float v1 = (o[mt][n][e + 2] * w0[i] + y1 * w1[i]) * scale[i];
+        if (w.single)
+          *reinterpret_cast<uint32_t*>(out + 64 * mt) = bf16x2_bits(v0, v1);
+        else
+          *reinterpret_cast<float2*>(part + 64 * mt) = make_float2(v0, v1);
+      }
+    }
+}
+
+}  // namespace
+
+void launch_decode_fp8_narrow(const DecodeParams& p, const CUtensorMap& tm_latent, const CUtensorMap& tm_rope,
+                              const DecodeOptions& options) {
+  launch_decode("decode_fp8", decode_fp8_narrow_kernel, kSmemBytes, p, options, tm_latent, tm_rope);
+}
+
+}  // namespace snapmla::cuda
