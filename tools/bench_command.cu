@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <ctime>
 #include <fstream>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -70,11 +71,11 @@ double time_us(Fn&& fn, int warmup, int reps) {
   static DeviceBuffer<uint8_t>* const flush = new DeviceBuffer<uint8_t>(size_t(256) << 20);  // kept to exit
   std::vector<cudaEvent_t> ev(2 * size_t(reps));
   for (auto& e : ev) cuda_ok(cudaEventCreate(&e), "event");
-  for (int i = 0; i < warmup; ++i) fn();
+  for (int i = 0; i < warmup; ++i) fn(i);
   for (int i = 0; i < reps; ++i) {
     cuda_ok(cudaMemsetAsync(flush->get(), i & 0xFF, flush->size()), "L2 flush");
     cuda_ok(cudaEventRecord(ev[2 * i]), "record");
-    fn();
+    fn(i);
     cuda_ok(cudaEventRecord(ev[2 * i + 1]), "record");
   }
   cuda_ok(cudaEventSynchronize(ev.back()), "sync");
@@ -85,6 +86,69 @@ double time_us(Fn&& fn, int warmup, int reps) {
   return median(ms) * 1000.0;
 }
 
+// One input set of a case: its own shuffled page pool, FP8 and BF16 caches (filled through
+// append, every slot) and queries, over the case's lengths. The timings rotate over kInputSets
+// of them, so that neither L2 nor one placement of the pages in memory decides a median.
+constexpr int kInputSets = 2;
+struct InputSet {
+  DeviceBuffer<e4m3> latent;
+  DeviceBuffer<float> scale;
+  DeviceBuffer<bf16> rope, cache16, q, qr;
+  DeviceBuffer<e4m3> qn;
+  DeviceBuffer<float> qs;
+  DeviceBuffer<int32_t> table;
+  PagedFp8Cache fp8;
+  PagedBf16Cache c16;
+  QueryBf16 q16;
+  QuantizedQuery qq;
+  PageTable pages;
+
+  InputSet(const Case& c, const std::vector<int32_t>& lens, const int32_t* glens, int max_pages,
+           int64_t total_pages, std::mt19937_64& rng)
+      : latent(size_t(total_pages) * kPageSize * kLatentDim),
+        scale(size_t(total_pages) * kPageSize),
+        rope(size_t(total_pages) * kPageSize * kRopeDim),
+        cache16(size_t(total_pages) * kPageSize * kHeadDim),
+        q(size_t(c.b) * c.s_q * c.h * kHeadDim),
+        qr(size_t(c.b) * c.s_q * c.h * kRopeDim),
+        qn(size_t(c.b) * c.s_q * c.h * kLatentDim),
+        qs(size_t(c.b) * c.s_q * c.h),
+        table(size_t(c.b) * max_pages) {
+    const Device gpu = Device::cuda(0);
+    // Pages of all sequences in one shuffled pool.
+    std::vector<int32_t> perm(total_pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    std::vector<int32_t> host_table(size_t(c.b) * max_pages, 0);
+    int64_t next = 0;
+    for (int i = 0; i < c.b; ++i)
+      for (int j = 0; j < (lens[i] + kPageSize - 1) / kPageSize; ++j)
+        host_table[size_t(i) * max_pages + j] = perm[next++];
+    table.upload(host_table);
+    fp8 = {latent.get(), scale.get(), rope.get(), total_pages, gpu};
+    c16 = {cache16.get(), total_pages, gpu};
+    // Fill every page through append, in chunks of pages (all slots: also the tails of pages).
+    const int64_t chunk_pages = 8192;
+    DeviceBuffer<bf16> kv(size_t(chunk_pages) * kPageSize * kHeadDim);
+    DeviceBuffer<int32_t> slots(size_t(chunk_pages) * kPageSize);
+    for (int64_t p0 = 0; p0 < total_pages; p0 += chunk_pages) {
+      const int64_t np = std::min(chunk_pages, total_pages - p0), n = np * kPageSize;
+      fill_kv_kernel<<<1024, 256>>>(reinterpret_cast<uint16_t*>(kv.get()), n, uint64_t(p0) * 7919 + rng());
+      std::vector<int32_t> s(chunk_pages * kPageSize);
+      std::iota(s.begin(), s.begin() + n, int32_t(p0 * kPageSize));
+      slots.upload(s);
+      append(fp8, {kv.get(), n, gpu}, {slots.get(), n, gpu});
+      append(c16, {kv.get(), n, gpu}, {slots.get(), n, gpu});
+    }
+    const int rows = c.s_q * c.h;
+    fill_kv_kernel<<<256, 256>>>(reinterpret_cast<uint16_t*>(q.get()), int64_t(c.b) * rows, rng(), 0.01f);
+    q16 = {q.get(), c.b, c.s_q, c.h, gpu};
+    qq = {qn.get(), qr.get(), qs.get(), c.b, c.s_q, c.h, gpu};
+    quantize_query(q16, qq);
+    pages = {table.get(), glens, c.b, max_pages, gpu};
+  }
+};
+
 Result run_case(const Case& c, int reps, std::mt19937_64& rng) {
   const Device gpu = Device::cuda(0);
   std::vector<int32_t> lens(c.b, c.s_k);
@@ -94,45 +158,13 @@ Result run_case(const Case& c, int reps, std::mt19937_64& rng) {
   const int max_pages = (max_len + kPageSize - 1) / kPageSize;
   int64_t total_pages = 0;
   for (int l : lens) total_pages += (l + kPageSize - 1) / kPageSize;
-  // Pages of all sequences in one shuffled pool.
-  std::vector<int32_t> perm(total_pages);
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), rng);
-  std::vector<int32_t> table(size_t(c.b) * max_pages, 0);
-  int64_t next = 0;
-  for (int i = 0; i < c.b; ++i)
-    for (int j = 0; j < (lens[i] + kPageSize - 1) / kPageSize; ++j) table[size_t(i) * max_pages + j] = perm[next++];
-
-  DeviceBuffer<e4m3> latent(size_t(total_pages) * kPageSize * kLatentDim);
-  DeviceBuffer<float> scale(size_t(total_pages) * kPageSize);
-  DeviceBuffer<bf16> rope(size_t(total_pages) * kPageSize * kRopeDim);
-  DeviceBuffer<bf16> cache16(size_t(total_pages) * kPageSize * kHeadDim);
-  PagedFp8Cache fp8{latent.get(), scale.get(), rope.get(), total_pages, gpu};
-  PagedBf16Cache c16{cache16.get(), total_pages, gpu};
-  // Fill every page through append, in chunks of pages (all slots: also the tails of pages).
-  const int64_t chunk_pages = 8192;
-  DeviceBuffer<bf16> kv(size_t(chunk_pages) * kPageSize * kHeadDim);
-  DeviceBuffer<int32_t> slots(size_t(chunk_pages) * kPageSize);
-  for (int64_t p0 = 0; p0 < total_pages; p0 += chunk_pages) {
-    const int64_t np = std::min(chunk_pages, total_pages - p0), n = np * kPageSize;
-    fill_kv_kernel<<<1024, 256>>>(reinterpret_cast<uint16_t*>(kv.get()), n, uint64_t(p0) * 7919 + rng());
-    std::vector<int32_t> s(chunk_pages * kPageSize);
-    std::iota(s.begin(), s.begin() + n, int32_t(p0 * kPageSize));
-    slots.upload(s);
-    append(fp8, {kv.get(), n, gpu}, {slots.get(), n, gpu});
-    append(c16, {kv.get(), n, gpu}, {slots.get(), n, gpu});
-  }
+  DeviceBuffer<int32_t> glens(lens);
+  std::vector<std::unique_ptr<InputSet>> sets;
+  for (int k = 0; k < kInputSets; ++k)
+    sets.push_back(std::make_unique<InputSet>(c, lens, glens.get(), max_pages, total_pages, rng));
   const int rows = c.s_q * c.h;
-  DeviceBuffer<bf16> q(size_t(c.b) * rows * kHeadDim);
-  fill_kv_kernel<<<256, 256>>>(reinterpret_cast<uint16_t*>(q.get()), int64_t(c.b) * rows, rng(), 0.01f);
-  DeviceBuffer<e4m3> qn(size_t(c.b) * rows * kLatentDim);
-  DeviceBuffer<bf16> qr(size_t(c.b) * rows * kRopeDim), out(size_t(c.b) * rows * kLatentDim);
-  DeviceBuffer<float> qs(size_t(c.b) * rows), lse(size_t(c.b) * rows);
-  QueryBf16 q16{q.get(), c.b, c.s_q, c.h, gpu};
-  QuantizedQuery qq{qn.get(), qr.get(), qs.get(), c.b, c.s_q, c.h, gpu};
-  quantize_query(q16, qq);
-  DeviceBuffer<int32_t> gtable(table), glens(lens);
-  PageTable pages{gtable.get(), glens.get(), c.b, max_pages, gpu};
+  DeviceBuffer<bf16> out(size_t(c.b) * rows * kLatentDim);
+  DeviceBuffer<float> lse(size_t(c.b) * rows);
   const int workers = recommended_num_workers(gpu, c.s_q, c.h);
   const int cap = split_plan_capacity(c.b, workers);
   DeviceBuffer<int32_t> off(c.b + 1), beg(cap), ord(cap);
@@ -148,10 +180,12 @@ Result run_case(const Case& c, int reps, std::mt19937_64& rng) {
   Result r{c, 0, 0, double(std::accumulate(lens.begin(), lens.end(), 0.0))};
   // Interleave the two so both see the same clocks and thermal state.
   double f = 0, g = 0;
-  plan_splits(pages, workers, plan);  // depends on the lengths only: once per step
+  plan_splits(sets[0]->pages, workers, plan);  // depends on the lengths only: once per step
   for (int round = 0; round < 2; ++round) {
-    f += time_us([&] { decode_fp8(qq, fp8, pages, o, opt); }, 3, reps);
-    g += time_us([&] { decode_bf16(q16, c16, pages, o, opt); }, 3, reps);
+    f += time_us([&](int i) { const InputSet& s = *sets[i % kInputSets]; decode_fp8(s.qq, s.fp8, s.pages, o, opt); },
+                 3, reps);
+    g += time_us([&](int i) { const InputSet& s = *sets[i % kInputSets]; decode_bf16(s.q16, s.c16, s.pages, o, opt); },
+                 3, reps);
   }
   r.fp8_us = f / 2;
   r.bf16_us = g / 2;
@@ -242,7 +276,7 @@ int bench_command(const std::vector<std::string>& args) {
   // Copy bandwidth (read + write) of a 4 GiB buffer: the memory ceiling for everything below.
   const size_t copy_bytes = only.empty() ? size_t(2) << 30 : size_t(256) << 20;
   DeviceBuffer<uint8_t> a(copy_bytes), b(copy_bytes);
-  const double copy_us = time_us([&] { cuda_ok(cudaMemcpyAsync(b.get(), a.get(), copy_bytes, cudaMemcpyDeviceToDevice), "copy"); }, 3, 10);
+  const double copy_us = time_us([&](int) { cuda_ok(cudaMemcpyAsync(b.get(), a.get(), copy_bytes, cudaMemcpyDeviceToDevice), "copy"); }, 3, 10);
   const double copy_tbs = 2.0 * copy_bytes / (copy_us * 1e-6) / 1e12;
   std::printf("GPU: %s, %d SMs; device copy %.2f TB/s (read + write)\n\n", prop.name, prop.multiProcessorCount, copy_tbs);
 
@@ -261,8 +295,8 @@ int bench_command(const std::vector<std::string>& args) {
     std::shuffle(s.begin(), s.end(), rng);
     DeviceBuffer<int32_t> slots(s);
     PagedFp8Cache cache{lat.get(), sc.get(), ro.get(), pages, gpu};
-    const double app = time_us([&] { append(cache, {kv.get(), n, gpu}, {slots.get(), n, gpu}); }, 3, 20);
-    const double gat = time_us([&] { gather_dequant(cache, {slots.get(), n, gpu}, {back.get(), n, gpu}); }, 3, 20);
+    const double app = time_us([&](int) { append(cache, {kv.get(), n, gpu}, {slots.get(), n, gpu}); }, 3, 20);
+    const double gat = time_us([&](int) { gather_dequant(cache, {slots.get(), n, gpu}, {back.get(), n, gpu}); }, 3, 20);
     const double bytes = double(n) * (1152 + 644);
     append_tbs = bytes / (app * 1e-6) / 1e12;
     gather_tbs = bytes / (gat * 1e-6) / 1e12;
@@ -314,7 +348,8 @@ int bench_command(const std::vector<std::string>& args) {
     std::ofstream f(md);
     f << "# decode on one " << prop.name << " (" << iso_date() << ", commit " << commit << ")\n\n"
       << "`snapmla bench`: median of " << reps << " CUDA-event timings x 2 interleaved rounds per kernel, "
-      << "decode + combine per call (the plan is made once per step, untimed), each call after a 256 MB L2 clear as "
+      << "decode + combine per call (the plan is made once per step, untimed), calls rotating over " << kInputSets
+      << " input sets (page pools, caches, queries), each call after a 256 MB L2 clear as "
       << "triton.do_bench does (the interval holds the GPU work, not the host's launch work), pages shuffled, random "
       << "data. Device copy " << copy_tbs
       << " TB/s. Floor = max(bytes / copy bandwidth, FLOPs at the measured GEMM rates: fp8 1228, bf16 665 TF).\n\n"
