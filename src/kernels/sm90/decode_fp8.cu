@@ -228,6 +228,8 @@ __global__ void __launch_bounds__(384, 1)
   if (threadIdx.x == 0) {
     CTA_STAMP(0);
     if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
+    wg::prefetch_tensormap(&tm_latent);
+    wg::prefetch_tensormap(&tm_rope);
     // A stage is read by its page's owner (QK, scales) and the transposers.
     sm.ring.init(128 + kTransposers, kLoaders);
     sm.init_vt();

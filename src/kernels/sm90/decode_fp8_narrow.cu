@@ -161,6 +161,8 @@ __global__ void __launch_bounds__(384, 1)
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   if (threadIdx.x == 0) {
     if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
+    wg::prefetch_tensormap(&tm_latent);
+    wg::prefetch_tensormap(&tm_rope);
     sm.ring.init(128, kLoaders);  // a stage is read by the consumer that owns it
   }
   __syncthreads();

@@ -27,21 +27,36 @@ __device__ __forceinline__ bool has_work(const DecodeParams& p, int item) {
   return item < (p.split_offsets == nullptr ? p.batch : p.split_offsets[p.batch]);
 }
 
+// The last sequence seq in [0, batch) with offsets[seq] <= item (offsets non-decreasing,
+// offsets[0] = 0), found by the whole calling warp: each round loads 32 offsets at a stride and
+// keeps the last one <= item, so up to 1024 sequences take two rounds of loads, not the ~10
+// dependent ones of a binary search - they stand between a CTA's start and its first page.
+// Every caller is a whole warp (the decode kernels look their work up per warpgroup).
+__device__ __forceinline__ int seq_of_split(const int32_t* offsets, int batch, int item) {
+  const int lane = int(threadIdx.x % 32);
+  int lo = 0, n = batch;  // the answer is in [lo, lo + n)
+  while (n > 1) {
+    const int stride = (n + 31) / 32;
+    const bool le = lane * stride < n && offsets[lo + lane * stride] <= item;
+    const unsigned m = __ballot_sync(0xffffffffu, le);
+    const int last = m == 0 ? 0 : 31 - __clz(int(m));  // lane 0 holds offsets[lo] <= item
+    lo += last * stride;
+    n = min(stride, n - last * stride);
+  }
+  return lo;
+}
+
 // The work of a grid item for which has_work holds (returned by value, so that it stays in
-// registers). With a launch order, grid item k runs split split_order[k] (longest first); an
-// entry out of range (a plan not made by plan_splits) is clamped.
+// registers), looked up by a whole warp (seq_of_split). With a launch order, grid item k runs
+// split split_order[k] (longest first); an entry out of range (a plan not made by plan_splits)
+// is clamped.
 __device__ __forceinline__ Work work_of(const DecodeParams& p, int item) {
   Work w;
   if (p.split_offsets == nullptr) {
     w.seq = item;
   } else {
     if (p.split_order != nullptr) item = min(max(p.split_order[item], 0), p.split_offsets[p.batch] - 1);
-    int lo = 0, hi = p.batch - 1;  // last seq with split_offsets[seq] <= item
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (p.split_offsets[mid] <= item) lo = mid; else hi = mid - 1;
-    }
-    w.seq = lo;
+    w.seq = seq_of_split(p.split_offsets, p.batch, item);
   }
   // Lengths beyond the block table are clamped (the host validates them where it can).
   const int cap = p.max_pages * kPageSize;
