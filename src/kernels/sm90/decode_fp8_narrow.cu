@@ -1,5 +1,5 @@
 // decode_fp8, narrow tile: up to 16 query rows per CTA (h * s_q <= 16: DeepSeek-V3's 128 heads
-// over 8 GPUs, Kimi-K2's 64 over 8). The 64-row tile of decode_fp8.cu would pad such rows to a
+// over 8 GPUs, one query token). The 64-row tile of decode_fp8.cu would pad such rows to a
 // wgmma M of 64 and pay the whole tile's chain per page; here the products are transposed so
 // that the rows are the wgmma N (16) and the page's 64 tokens / 512 dims are M:
 //   S^T (64 tokens x 16 rows)  = K Q^T:    A = the page's latent and rope tiles as TMA wrote them
