@@ -671,6 +671,10 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
     test::ScopedEnv force("SNAPMLA_FP8_TILE", "16");
     EXPECT_ARG_ERROR(decode_fp8(G2.qq(), G2.fp8(), G2.pages(), G2.output(), test::options(B2)), "SNAPMLA_FP8_TILE");
   }
+  {
+    test::ScopedEnv force("SNAPMLA_FP8_TILE", "32");  // not a tile
+    EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), "SNAPMLA_FP8_TILE");
+  }
   // The debug checks read the device tables and name the bad entry.
   EXPECT_NO_THROW(check_page_table(G.pages(), B.num_pages));
   EXPECT_EQ(recommended_num_workers(kGpu, 1, 128), 132 / 2) << "132 SMs, two 64-row tiles";

@@ -455,6 +455,8 @@ __global__ void __launch_bounds__(384, 1)
 // compare the two on the same inputs; 16 with more rows than the narrow tile holds is an error).
 bool use_narrow_tile(int rows) {
   const char* force = std::getenv("SNAPMLA_FP8_TILE");
+  if (force != nullptr && *force != '\0' && std::strcmp(force, "64") != 0 && std::strcmp(force, "16") != 0)
+    detail::fail("decode_fp8", "SNAPMLA_FP8_TILE", std::string("expected 16, 64 or unset, got '") + force + "'");
   if (force != nullptr && std::strcmp(force, "64") == 0) return false;
   if (force != nullptr && std::strcmp(force, "16") == 0) {
     if (rows > kNarrowTileRows)
