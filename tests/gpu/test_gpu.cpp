@@ -608,45 +608,45 @@ TEST(GpuGraph, CapturedDecodeStepReplaysWithNewSeqlens) {
   // once and replayed after cache_seqlens change in place. h = 64 runs the 64-row tile, h = 16
   // the narrow one.
   for (const int h : {64, 16}) {
-  Batch B = make_batch(rng, {3000, 900, 64, 2000}, 1, h);
-  GpuBatch G(B);
-  GpuPlan plan(G.pages(), 24, 1, h);
-  DecodeOptions opt = plan.options(B.softmax_scale);
-  cudaStream_t stream;
-  test::cuda_ok(cudaStreamCreate(&stream), "stream");
-  opt.stream = stream;
-  DeviceBuffer<bf16> out_graph(G.out.size());
-  DeviceBuffer<float> lse_graph(G.lse.size());
-  cudaGraph_t graph;
-  test::cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
-  plan_splits(G.pages(), 24, plan.plan, stream);
-  decode_fp8(G.qq(), G.fp8(), G.pages(), {out_graph.get(), lse_graph.get(), kGpu}, opt);
-  test::cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
-  cudaGraphExec_t exec;
-  test::cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-  for (const std::vector<int32_t>& lens : {std::vector<int32_t>{3000, 900, 64, 2000}, {17, 900, 0, 1999}, {2500, 1, 64, 70}}) {
-    G.seqlens.upload(lens);
-    out_graph.poison();
-    lse_graph.poison();
-    test::cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");
-    test::cuda_ok(cudaStreamSynchronize(stream), "sync");
+    Batch B = make_batch(rng, {3000, 900, 64, 2000}, 1, h);
+    GpuBatch G(B);
+    GpuPlan plan(G.pages(), 24, 1, h);
+    DecodeOptions opt = plan.options(B.softmax_scale);
+    cudaStream_t stream;
+    test::cuda_ok(cudaStreamCreate(&stream), "stream");
+    opt.stream = stream;
+    DeviceBuffer<bf16> out_graph(G.out.size());
+    DeviceBuffer<float> lse_graph(G.lse.size());
+    cudaGraph_t graph;
+    test::cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
     plan_splits(G.pages(), 24, plan.plan, stream);
-    decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), opt);
-    test::cuda_ok(cudaStreamSynchronize(stream), "sync");
-    const auto a = out_graph.download(), b = G.out.download();
-    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 2)) << "lens " << lens[0] << "," << lens[1];
-    const auto la = lse_graph.download(), lb = G.lse.download();
-    EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * 4));
-    // And the replay is right, not just repeatable: against the reference at these lengths.
-    Batch C = B;
-    C.seqlens = lens;
-    test::OwnedPlan hp(C.pages(), 24);
-    const auto want = ref::decode_fp8_f32(C.qq(), C.fp8(), C.pages(), test::options(C, &hp.plan));
-    expect_fp8_rows(C, fp8_row_stats(C), as_float(a), bf16_rounded(want.out));
-  }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+    decode_fp8(G.qq(), G.fp8(), G.pages(), {out_graph.get(), lse_graph.get(), kGpu}, opt);
+    test::cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
+    cudaGraphExec_t exec;
+    test::cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    for (const std::vector<int32_t>& lens : {std::vector<int32_t>{3000, 900, 64, 2000}, {17, 900, 0, 1999}, {2500, 1, 64, 70}}) {
+      G.seqlens.upload(lens);
+      out_graph.poison();
+      lse_graph.poison();
+      test::cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");
+      test::cuda_ok(cudaStreamSynchronize(stream), "sync");
+      plan_splits(G.pages(), 24, plan.plan, stream);
+      decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), opt);
+      test::cuda_ok(cudaStreamSynchronize(stream), "sync");
+      const auto a = out_graph.download(), b = G.out.download();
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 2)) << "lens " << lens[0] << "," << lens[1];
+      const auto la = lse_graph.download(), lb = G.lse.download();
+      EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * 4));
+      // And the replay is right, not just repeatable: against the reference at these lengths.
+      Batch C = B;
+      C.seqlens = lens;
+      test::OwnedPlan hp(C.pages(), 24);
+      const auto want = ref::decode_fp8_f32(C.qq(), C.fp8(), C.pages(), test::options(C, &hp.plan));
+      expect_fp8_rows(C, fp8_row_stats(C), as_float(a), bf16_rounded(want.out));
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
   }
 }
 

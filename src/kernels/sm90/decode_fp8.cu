@@ -22,7 +22,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdlib>
-#include <cstring>
+#include <string>
 
 #include "../common/check.cuh"
 #include "../common/ptx.cuh"
@@ -454,18 +454,16 @@ __global__ void __launch_bounds__(384, 1)
 // rows fit it, else the 64-row one. SNAPMLA_FP8_TILE=64 / 16 forces one (benchmarks and tests
 // compare the two on the same inputs; 16 with more rows than the narrow tile holds is an error).
 bool use_narrow_tile(int rows) {
-  const char* force = std::getenv("SNAPMLA_FP8_TILE");
-  if (force != nullptr && *force != '\0' && std::strcmp(force, "64") != 0 && std::strcmp(force, "16") != 0)
-    detail::fail("decode_fp8", "SNAPMLA_FP8_TILE", std::string("expected 16, 64 or unset, got '") + force + "'");
-  if (force != nullptr && std::strcmp(force, "64") == 0) return false;
-  if (force != nullptr && std::strcmp(force, "16") == 0) {
-    if (rows > kNarrowTileRows)
-      detail::fail("decode_fp8", "SNAPMLA_FP8_TILE",
-                   "expected 64 or a call with at most 16 query rows (num_heads * seqlen_q) for 16 (the narrow "
-                   "tile), got " + std::to_string(rows) + " rows");
-    return true;
-  }
-  return rows <= kNarrowTileRows;
+  const char* env = std::getenv("SNAPMLA_FP8_TILE");
+  const std::string force = env != nullptr ? env : "";
+  if (force.empty()) return rows <= kNarrowTileRows;
+  if (force == "64") return false;
+  if (force != "16") detail::fail("decode_fp8", "SNAPMLA_FP8_TILE", "expected 16, 64 or unset, got '" + force + "'");
+  if (rows > kNarrowTileRows)
+    detail::fail("decode_fp8", "SNAPMLA_FP8_TILE",
+                 "expected 64 or a call with at most 16 query rows (num_heads * seqlen_q) for 16 (the narrow tile), "
+                 "got " + std::to_string(rows) + " rows");
+  return true;
 }
 
 }  // namespace

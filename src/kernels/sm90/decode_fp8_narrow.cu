@@ -25,6 +25,7 @@
 #include "../common/ptx.cuh"
 #include "../common/wgmma.cuh"
 #include "../kernels.hpp"
+#include "decode/epilogue.cuh"
 #include "decode/launch.hpp"
 #include "decode/narrow.hpp"
 #include "decode/pipeline.cuh"
@@ -378,15 +379,7 @@ __global__ void __launch_bounds__(384, 1)
     const float lt = l[i] * w0[i] + l1 * w1[i];
     const bool empty = lt == 0.f;
     scale[i] = fault ? NAN : (empty ? 0.f : __fdiv_rn(1.f, lt));
-    if (warp == 0 && g == 0 && col < p.rows) {
-      const float lse = fault ? NAN : (empty ? -INFINITY : mm + logf(lt));
-      if (w.single) {
-        const int qi = col / p.num_heads, hh = col % p.num_heads;
-        p.lse[(int64_t(w.seq) * p.num_heads + hh) * p.seqlen_q + qi] = lse;
-      } else {
-        p.partial_lse[int64_t(w.split) * p.rows + col] = lse;
-      }
-    }
+    if (warp == 0 && g == 0 && col < p.rows) store_lse(p, w, col, fault ? NAN : (empty ? -INFINITY : mm + logf(lt)));
   }
   const int d0 = 16 * warp + 2 * g;
 #pragma unroll

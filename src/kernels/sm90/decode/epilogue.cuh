@@ -10,6 +10,17 @@
 
 namespace snapmla::cuda {
 
+// Row r's lse: into lse ([b, h, s_q], r = i * h + head) for a sequence with one split, else
+// into the split's partial lse for the combine.
+__device__ __forceinline__ void store_lse(const DecodeParams& p, const Work& w, int r, float lse) {
+  if (w.single) {
+    const int i = r / p.num_heads, h = r % p.num_heads;
+    p.lse[(int64_t(w.seq) * p.num_heads + h) * p.seqlen_q + i] = lse;
+  } else {
+    p.partial_lse[int64_t(w.split) * p.rows + r] = lse;
+  }
+}
+
 // o: NT n-tiles of 8 dims starting at dim0; rows row0 + g and row0 + g + 8.
 template <bool kFp8, int NT>
 __device__ __forceinline__ void write_rows(const DecodeParams& p, const Work& w,
@@ -32,10 +43,7 @@ __device__ __forceinline__ void write_rows(const DecodeParams& p, const Work& w,
         *reinterpret_cast<uint32_t*>(dst + 8 * n) =
             uint32_t(float_to_bf16_bits(a)) | (uint32_t(float_to_bf16_bits(b)) << 16);
       }
-      if (write_lse && q == 0) {
-        const int i = r / p.num_heads, h = r % p.num_heads;
-        p.lse[(int64_t(w.seq) * p.num_heads + h) * p.seqlen_q + i] = lse;
-      }
+      if (write_lse && q == 0) store_lse(p, w, r, lse);
     } else {
       float* dst = p.partial_out + (int64_t(w.split) * p.rows + r) * kLatentDim + dim0 + 2 * q;
 #pragma unroll
@@ -44,7 +52,7 @@ __device__ __forceinline__ void write_rows(const DecodeParams& p, const Work& w,
         const float b = empty && !fault ? 0.f : o[n][2 * ri + 1] * scale;
         *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(a, b);
       }
-      if (write_lse && q == 0) p.partial_lse[int64_t(w.split) * p.rows + r] = lse;
+      if (write_lse && q == 0) store_lse(p, w, r, lse);
     }
   }
 }
