@@ -692,5 +692,36 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
   EXPECT_ARG_ERROR(check_page_table(G.pages(), B.num_pages), "block_table");
 }
 
+// The loader records an out-of-range page index as it meets it: the sequence's rows (all splits,
+// through the combine) come out NaN on both tiles, wherever the page sits, and the other
+// sequences are untouched. Also checked by decode_bf16, which reads the table again at the end.
+TEST(GpuErrors, BadPageInTheMiddleTurnsOnlyItsSequenceNaN) {
+  REQUIRE_GPU();
+  auto rng = make_rng();
+  for (int h : {16, 64})
+    for (bool split : {false, true}) {
+      SCOPED_TRACE("h=" + std::to_string(h) + (split ? " split" : " one split per sequence"));
+      Batch B = make_batch(rng, {640, 300}, 1, h);  // 10 and 5 pages
+      GpuBatch G(B);
+      std::vector<int32_t> bad = B.block_table;
+      bad[5] = int32_t(B.num_pages + 7);  // sequence 0, page 5
+      G.table.upload(bad);
+      GpuPlan plan(G.pages(), 8, 1, h);
+      const DecodeOptions opt = split ? plan.options(B.softmax_scale) : test::options(B);
+      const size_t row = size_t(h) * kLatentDim;  // one sequence's output (s_q = 1)
+      for (bool fp8 : {true, false}) {
+        if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), opt);
+        else decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), opt);
+        test::cuda_ok(cudaDeviceSynchronize(), "decode with a bad page");
+        const auto o = G.out.download();
+        int nan0 = 0, finite1 = 0;
+        for (size_t i = 0; i < row; ++i) nan0 += std::isnan(to_float(o[i]));
+        for (size_t i = row; i < 2 * row; ++i) finite1 += std::isfinite(to_float(o[i]));
+        EXPECT_EQ(nan0, int(row)) << (fp8 ? "decode_fp8" : "decode_bf16") << ": sequence 0 rows not all NaN";
+        EXPECT_EQ(finite1, int(row)) << (fp8 ? "decode_fp8" : "decode_bf16") << ": sequence 1 rows not all finite";
+      }
+    }
+}
+
 }  // namespace
 }  // namespace snapmla

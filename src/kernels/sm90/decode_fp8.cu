@@ -1,11 +1,12 @@
 // decode_fp8 (version 15): TMA page pipeline, warp-specialized, ping-pong consumers.
 //
 // CTA = one split of one sequence x 64 query rows (one wgmma M tile), 3 warpgroups:
-//   WG0  producer. Warp 0 loads: the Q latent tile once (cp.async), then one thread streams
-//        pages into a 3-stage ring with TMA (latent and rope as 64 x 128-byte boxes with 128-byte
-//        swizzle, the 64 scales as a bulk copy), completing on the stage's mbarrier; page indices
-//        are read one page ahead. Warps 1-3 transpose each landed page's latent into a 2-stage
-//        V^T ring (ldmatrix.trans, byte permutes, stmatrix), zeroing tokens past the split end.
+//   WG0  producer. One thread requests the first pages, the warpgroup loads the Q latent tile
+//        (cp.async), then that thread streams the rest into a 3-stage ring with TMA (latent and
+//        rope as 64 x 128-byte boxes with 128-byte swizzle, the 64 scales as a bulk copy),
+//        completing on the stage's mbarrier; page indices are read one page ahead. Warps 1-3
+//        transpose each landed page's latent into a 2-stage V^T ring (ldmatrix.trans, byte
+//        permutes, stmatrix), zeroing tokens past the split end.
 //   WG1, WG2  consumers. Consumer c owns pages j = c (mod 2): it computes S of page j (all 64
 //        tokens and rows: the rope product from Q registers, HGMMA m64n64k16, then QGMMA
 //        m64n64k32 over the latent), takes the running max after page j - 1 from the other
@@ -44,7 +45,7 @@ constexpr int kStages = 3;    // pages in flight (K-major latent, rope, scales)
 constexpr int kVtStages = 2;  // transposed latents (V^T) ready for PV
 constexpr int kRows = kTileRows;
 // The producer warpgroup's two roles, so that loads never wait on the transposition: warp 0
-// loads (the Q tile, then one thread streams pages into the ring as fast as it frees up);
+// loads (one thread streams pages into the ring as fast as it frees up);
 // warps 1-3 turn each landed page's latent into V^T (stage i % kVtStages, once PV of the page
 // that used it is done) and then count as readers of the page's stage.
 constexpr int kLoaders = 32, kTransposerWarps = 3, kTransposers = 32 * kTransposerWarps;
@@ -231,7 +232,7 @@ __global__ void __launch_bounds__(384, 1)
     wg::prefetch_tensormap(&tm_latent);
     wg::prefetch_tensormap(&tm_rope);
     // A stage is read by its page's owner (QK, scales) and the transposers.
-    sm.ring.init(128 + kTransposers, kLoaders);
+    sm.ring.init(128 + kTransposers, 128);
     sm.init_vt();
   }
   __syncthreads();
@@ -242,6 +243,13 @@ __global__ void __launch_bounds__(384, 1)
     wg::setmaxnreg_dec<56>();
     const Work w = work_of(p, item);
     const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
+    // The first pages are requested before anything else, then the whole warpgroup loads the Q
+    // latent tile (K-major; rows past the query rows are zero): both stand between the CTA's
+    // start and its first QK.
+    const int first = min(kStages, nblk);
+    if (t == 0) sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, 0, first);
+    load_q_latent<kLatentDim>(sm.qn, p.q_nope, kLatentDim, p, w, row0, t, 128);
+    wg::cp_async_arrive(sm.ring.qbar);
     if (t >= kLoaders) {
       const int tw = (t - kLoaders) / 32;
       const TransposeLanes tl(tw, t % 32);
@@ -249,22 +257,7 @@ __global__ void __launch_bounds__(384, 1)
         transpose_page(sm, i, tw, tl, min(kPageSize, w.end - (w.begin + i * kPageSize)));
       return;
     }
-    // The Q latent tile, K-major; rows past the query rows are zero.
-    load_q_latent<kLatentDim>(sm.qn, p.q_nope, kLatentDim, p, w, row0, t, kLoaders);
-    wg::cp_async_arrive(sm.ring.qbar);
-    if (t == 0 && nblk > 0) {
-      int32_t page = page_of(p, w, w.begin);
-      for (int j = 0; j < nblk; ++j) {
-        // The next page's index is read before waiting for a free stage, off the critical path.
-        const int32_t next = j + 1 < nblk ? page_of(p, w, w.begin + (j + 1) * kPageSize) : 0;
-        STAMP(3, j / 2, (j % 2) * 2);
-        sm.ring.acquire(j);
-        STAMP(3, j / 2, (j % 2) * 2 + 1);
-        load_fp8_page(p, &tm_latent, &tm_rope, page, sm.kl(j % kStages), sm.kr(j % kStages), sm.scale(j % kStages),
-                      &sm.ring.full[j % kStages]);
-        page = next;
-      }
-    }
+    if (t == 0) sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, first, nblk);
     return;
   }
 
@@ -437,8 +430,8 @@ __global__ void __launch_bounds__(384, 1)
   }
   wg::wait<0>();
   wg::fence_operands(acc);
-  const bool fault = split_has_bad_page(p, w, nblk, lane);
   add_other_sums(st, sm.xl, c, r0, q);
+  const bool fault = sm.ring.faulted();  // every page was acquired before add_other_sums' barrier
   // l was kept over sigma; the running max after the last page (lse) is in its xmax slot (the
   // barrier in add_other_sums made it visible to every thread).
 #pragma unroll

@@ -8,8 +8,9 @@
 //                                          tile + byte permutes), B = P' (16 rows x 64 tokens).
 // Nothing is transposed through shared memory and the tensor work per page is a quarter of the
 // wide tile's. CTA = one split x the rows, 3 warpgroups:
-//   WG0  producer: warp 0 loads the Q tiles (cp.async), then one thread streams the split's pages
-//        into a 4-stage ring with TMA (pipeline.cuh's load_fp8_page).
+//   WG0  producer: one thread requests the first pages, the warpgroup loads the Q tiles
+//        (cp.async), then that thread streams the split's pages into a 4-stage ring with TMA
+//        (pipeline.cuh's PageRing::stream).
 //   WG1, WG2  consumers: consumer c runs the reference's loop (docs/reference.md) over pages
 //        c, c + 2, c + 4, ... with its own m, l, sigma and a full O^T (64 registers per thread),
 //        and the two are merged at the end as two splits of the sequence are (the result differs
@@ -40,7 +41,6 @@ constexpr int kN = kNarrowTileRows;  // query rows per CTA: the wgmma N
 constexpr int kCols = kN / 4;        // rows (S^T / O^T columns) per thread: 8 n + 2 q + e
 constexpr int kStages = 4;           // page stages; consumer c owns the stages s = c (mod 2)
 constexpr int kMTiles = kLatentDim / 64;  // O^T's M tiles of 64 dims
-constexpr int kLoaders = 32;
 
 constexpr int kKlBytes = kPageSize * kLatentDim;    // 32 KB, four 8 KB TMA boxes
 constexpr int kKrBytes = kPageSize * kRopeDim * 2;  // 8 KB
@@ -164,31 +164,24 @@ __global__ void __launch_bounds__(384, 1)
     if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
     wg::prefetch_tensormap(&tm_latent);
     wg::prefetch_tensormap(&tm_rope);
-    sm.ring.init(128, kLoaders);  // a stage is read by the consumer that owns it
+    sm.ring.init(128, 128);  // a stage is read by the consumer that owns it
   }
   __syncthreads();
 
   if (wg == 0) {
     // The launch gives every thread 168 registers: producer P and consumers C need P + 2 C <= 504.
     wg::setmaxnreg_dec<40>();
-    if (t >= kLoaders) return;
     const Work w = work_of(p, item);
     const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
-    load_q_latent<kLatentDim, kN>(sm.qn, p.q_nope, kLatentDim, p, w, 0, t, kLoaders);
+    // The first pages are requested before anything else, then the whole warpgroup loads the Q
+    // tiles: both stand between the CTA's start and its first QK.
+    const int first = min(kStages, nblk);
+    if (t == 0) sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, 0, first);
+    load_q_latent<kLatentDim, kN>(sm.qn, p.q_nope, kLatentDim, p, w, 0, t, 128);
     load_q_latent<kRopeDim * 2, kN>(sm.qr, reinterpret_cast<const uint8_t*>(p.q_rope), kRopeDim * 2, p, w, 0, t,
-                                    kLoaders);
+                                    128);
     wg::cp_async_arrive(sm.ring.qbar);
-    if (t == 0) {
-      int32_t page = nblk > 0 ? page_of(p, w, w.begin) : 0;
-      for (int j = 0; j < nblk; ++j) {
-        // The next page's index is read before waiting for a free stage, off the critical path.
-        const int32_t next = j + 1 < nblk ? page_of(p, w, w.begin + (j + 1) * kPageSize) : 0;
-        sm.ring.acquire(j);
-        const int s = j % kStages;
-        load_fp8_page(p, &tm_latent, &tm_rope, page, sm.kl(s), sm.kr(s), sm.scale(s), &sm.ring.full[s]);
-        page = next;
-      }
-    }
+    if (t == 0) sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, first, nblk);
     return;
   }
 
@@ -364,8 +357,8 @@ __global__ void __launch_bounds__(384, 1)
     ptx::named_barrier(kBarMerge, 256);
     return;
   }
-  const bool fault = split_has_bad_page(p, w, nblk, lane);
   ptx::named_barrier(kBarMerge, 256);
+  const bool fault = sm.ring.faulted();  // every page was acquired before the merge barrier
   // Both parts in the domain of the larger max: weight_c = sigma_c exp(m_c - M) (l_c and O^T_c
   // are kept over sigma_c), 0 for a part that saw nothing.
   float w0[kCols], w1[kCols], scale[kCols];

@@ -67,15 +67,17 @@ __device__ __forceinline__ void load_q_rows(const DecodeParams& p, const Work& w
 // One page of the FP8 cache into shared memory, by one thread: four TMA boxes of latent (64
 // tokens x 128 bytes each, 128-byte swizzle) into kl, one of rope into kr, and the 64 scales
 // as a bulk copy, all completing on `bar` with their byte count. An out-of-range page index
-// loads nothing (the stage keeps stale data): the consumers check every index of the split at
-// the end and turn their rows into NaN. Tokens past the split end are loaded as they are in the
-// cache (the kernels mask them).
+// loads nothing (the stage keeps stale data) and sets *bad before the arrival: the consumers,
+// which acquire every page through its barrier, read the flag at the end and turn their rows
+// into NaN. Tokens past the split end are loaded as they are in the cache (the kernels mask
+// them).
 __device__ __forceinline__ void load_fp8_page(const DecodeParams& p, const CUtensorMap* tm_latent,
                                               const CUtensorMap* tm_rope, int32_t page, uint8_t* kl, uint8_t* kr,
-                                              float* scales, uint64_t* bar) {
+                                              float* scales, uint64_t* bar, volatile uint32_t* bad) {
   constexpr int kLatentBytes = kPageSize * kLatentDim, kRopeBytes = kPageSize * kRopeDim * 2;
   constexpr int kScaleBytes = kPageSize * 4;
   if (!page_ok(p, page)) {  // nothing to copy: complete the phase with the arrival alone
+    *bad = 1u;
     wg::mbar_arrive_expect_tx(bar, 0);
     return;
   }
@@ -90,24 +92,28 @@ __device__ __forceinline__ void load_fp8_page(const DecodeParams& p, const CUten
 
 // Whether any page index of the split is out of range (its stage was never filled: the rows
 // become NaN). Checked once, after the pages, a warp's lanes splitting them; warp-uniform.
+// (decode_bf16; the decode_fp8 kernels' loader records it as it loads: PageRing::faulted.)
 __device__ __forceinline__ bool split_has_bad_page(const DecodeParams& p, const Work& w, int nblk, int lane) {
   bool bad = false;
   for (int i = lane; i < nblk; i += 32) bad |= !page_ok(p, page_of(p, w, w.begin + i * kPageSize));
   return __any_sync(0xffffffffu, bad);
 }
 
-// decode_fp8's ring: mbarriers of kStages page stages filled by TMA, plus one for the Q tile.
+// decode_fp8's ring: mbarriers of kStages page stages filled by TMA, plus one for the Q tile, and
+// the split's fault flag (an out-of-range page index met by the loader).
 template <int kStages>
 struct PageRing {
   uint64_t* full;   // [kStages]: the loader's arrival with the page's bytes
   uint64_t* empty;  // [kStages]: one arrival per thread that reads the stage
   uint64_t* qbar;   // one arrival per Q loading thread (cp.async completion)
-  static constexpr int kBytes = (2 * kStages + 1) * 8;
+  uint32_t* bad;    // set by load_fp8_page before the page's arrival
+  static constexpr int kBytes = (2 * kStages + 2) * 8;
 
   __device__ explicit PageRing(void* at) {
     full = static_cast<uint64_t*>(at);
     empty = full + kStages;
     qbar = empty + kStages;
+    bad = reinterpret_cast<uint32_t*>(qbar + 1);
   }
   // One thread, before a __syncthreads.
   __device__ void init(uint32_t readers, uint32_t q_loaders) const {
@@ -116,7 +122,11 @@ struct PageRing {
       wg::mbar_init(&empty[s], readers);
     }
     wg::mbar_init(qbar, q_loaders);
+    *bad = 0u;
   }
+  // Whether the split met an out-of-range page index (warp-uniform). Call after a barrier that
+  // follows every page's acquisition by some thread of the barrier.
+  __device__ bool faulted() const { return *static_cast<volatile uint32_t*>(bad) != 0u; }
   // Producer: wait until page j's stage is free.
   __device__ void acquire(int j) const {
     if (j >= kStages) wg::mbar_wait(&empty[j % kStages], ((j / kStages) & 1) ^ 1);
@@ -125,6 +135,23 @@ struct PageRing {
   __device__ void wait(int j) const { wg::mbar_wait(&full[j % kStages], (j / kStages) & 1); }
   // Readers: done reading page j's stage.
   __device__ void release(int j) const { wg::mbar_arrive(&empty[j % kStages]); }
+
+  // The loader thread: pages [from, to) of the split, each as soon as its stage is free (the
+  // first kStages need no wait), the next page's index read before waiting. Stages: anything with
+  // kl(s), kr(s), scale(s) (the kernels' shared-memory layouts).
+  template <typename Stages>
+  __device__ void stream(const DecodeParams& p, const Work& w, const CUtensorMap* tm_latent, const CUtensorMap* tm_rope,
+                         const Stages& st, int from, int to) const {
+    if (from >= to) return;
+    int32_t page = page_of(p, w, w.begin + from * kPageSize);
+    for (int j = from; j < to; ++j) {
+      const int32_t next = j + 1 < to ? page_of(p, w, w.begin + (j + 1) * kPageSize) : 0;
+      acquire(j);
+      const int s = j % kStages;
+      load_fp8_page(p, tm_latent, tm_rope, page, st.kl(s), st.kr(s), st.scale(s), &full[s], bad);
+      page = next;
+    }
+  }
 };
 
 }  // namespace snapmla::cuda
