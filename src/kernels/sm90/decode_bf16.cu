@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(384, 1)
   if (wg == 0) {
     wg::setmaxnreg_dec<40>();
     const Work w = work_of(p, item);
-    const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
+    const int nblk = w.pages();
     // The Q latent tile, K-major; rows past the query rows are zero.
     load_q_latent<kLatentDim * 2>(sm.qn, reinterpret_cast<const uint8_t*>(p.q_bf16), kHeadDim * 2, p, w, row0, t,
                                   128);
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(384, 1)
 
   wg::setmaxnreg_inc<232>();
   const Work w = work_of(p, item);
-  const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
+  const int nblk = w.pages();
   const bool partial_last = nblk > 0 && w.end - (w.begin + (nblk - 1) * kPageSize) < kPageSize;
   const int c = wg - 1;  // owns page 2 k + c of each pair; output half c
   const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;

@@ -242,7 +242,7 @@ __global__ void __launch_bounds__(384, 1)
   if (wg == 0) {
     wg::setmaxnreg_dec<56>();
     const Work w = work_of(p, item);
-    const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
+    const int nblk = w.pages();
     // The first pages are requested before anything else, then the whole warpgroup loads the Q
     // latent tile (K-major; rows past the query rows are zero): both stand between the CTA's
     // start and its first QK.
@@ -263,7 +263,7 @@ __global__ void __launch_bounds__(384, 1)
 
   wg::setmaxnreg_inc<224>();
   const Work w = work_of(p, item);
-  const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
+  const int nblk = w.pages();
   const int c = wg - 1;  // owns pages j = c (mod 2); output half c
   const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
   const int r0 = 16 * warp + g;  // the thread's first row in the tile (and r0 + 8)

@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(384, 1)
     // The launch gives every thread 168 registers: producer P and consumers C need P + 2 C <= 504.
     wg::setmaxnreg_dec<40>();
     const Work w = work_of(p, item);
-    const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
+    const int nblk = w.pages();
     // The first pages are requested before anything else, then the whole warpgroup loads the Q
     // tiles: both stand between the CTA's start and its first QK.
     const int first = min(kStages, nblk);
@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(384, 1)
 
   wg::setmaxnreg_inc<232>();
   const Work w = work_of(p, item);
-  const int nblk = (w.end - w.begin + kPageSize - 1) / kPageSize;
+  const int nblk = w.pages();
   const int c = wg - 1;
   const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
   const int tok0 = 16 * warp + g;  // the thread's tokens in S^T: tok0, tok0 + 8

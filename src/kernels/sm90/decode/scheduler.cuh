@@ -14,6 +14,8 @@ struct Work {
   bool single = true; // the sequence has one split: write the final output directly
   int begin = 0, end = 0;  // tokens [begin, end) of this split
   int len = 0;             // tokens in the sequence
+  // Pages (of kPageSize tokens) the split covers; the last one may be partial.
+  __device__ int pages() const { return (end - begin + kPageSize - 1) / kPageSize; }
 };
 
 // The grid is 1-D, row tile fastest: the row tiles of one split are neighbours in launch order,
