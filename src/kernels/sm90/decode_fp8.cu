@@ -52,7 +52,7 @@ constexpr int kLoaders = 32, kTransposerWarps = 3, kTransposers = 32 * kTranspos
 
 // Byte sizes of the shared-memory tiles (K-major, 8 x 16 B core matrices, 128 B each). The Q
 // rope part lives in the consumers' registers (wgmma A operand), which pays for the P buffers.
-constexpr int kQnBytes = kRows * kLatentDim;       // 32 KB, SBO 4096
+constexpr int kQnBytes = kRows * kLatentDim;       // 32 KB, as a page's latent (TMA, 128-byte swizzle)
 constexpr int kKlBytes = kPageSize * kLatentDim;   // 32 KB
 constexpr int kKrBytes = kPageSize * kRopeDim * 2; // 8 KB
 constexpr int kStageBytes = kKlBytes + kKrBytes;  // 1024-aligned tiles (128-byte swizzle)
@@ -219,7 +219,7 @@ __device__ __forceinline__ void pv_page(float (&o)[32][4], const float (&r)[2], 
 
 __global__ void __launch_bounds__(384, 1)
     decode_fp8_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
-                      const __grid_constant__ CUtensorMap tm_rope) {
+                      const __grid_constant__ CUtensorMap tm_rope, const __grid_constant__ CUtensorMap tm_q) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const int item = grid_item(p);
   if (!has_work(p, item)) return;
@@ -231,8 +231,10 @@ __global__ void __launch_bounds__(384, 1)
     if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
     wg::prefetch_tensormap(&tm_latent);
     wg::prefetch_tensormap(&tm_rope);
-    // A stage is read by its page's owner (QK, scales) and the transposers.
-    sm.ring.init(128 + kTransposers, 128);
+    wg::prefetch_tensormap(&tm_q);
+    // A stage is read by its page's owner (QK, scales) and the transposers; the Q tile comes
+    // with one arrival and its bytes.
+    sm.ring.init(128 + kTransposers, 1);
     sm.init_vt();
   }
   __syncthreads();
@@ -243,13 +245,6 @@ __global__ void __launch_bounds__(384, 1)
     wg::setmaxnreg_dec<56>();
     const Work w = work_of(p, item);
     const int nblk = w.pages();
-    // The first pages are requested before anything else, then the whole warpgroup loads the Q
-    // latent tile (K-major; rows past the query rows are zero): both stand between the CTA's
-    // start and its first QK.
-    const int first = min(kStages, nblk);
-    if (t == 0) sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, 0, first);
-    load_q_latent<kLatentDim>(sm.qn, p.q_nope, kLatentDim, p, w, row0, t, 128);
-    wg::cp_async_arrive(sm.ring.qbar);
     if (t >= kLoaders) {
       const int tw = (t - kLoaders) / 32;
       const TransposeLanes tl(tw, t % 32);
@@ -257,7 +252,12 @@ __global__ void __launch_bounds__(384, 1)
         transpose_page(sm, i, tw, tl, min(kPageSize, w.end - (w.begin + i * kPageSize)));
       return;
     }
-    if (t == 0) sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, first, nblk);
+    // The Q latent tile first (one TMA request; it needs no page index), then the pages: both
+    // stand between the CTA's start and its first QK.
+    if (t == 0) {
+      load_q_tile(&tm_q, sm.qn, int(int64_t(w.seq) * p.rows + row0), sm.ring.qbar);
+      sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, 0, nblk);
+    }
     return;
   }
 
@@ -281,7 +281,7 @@ __global__ void __launch_bounds__(384, 1)
   // S of page j (this warpgroup's) into acc: issued behind the PVs of the previous iteration,
   // waited for at the top of the next.
   float acc[8][4];
-  const uint64_t qn = wg::desc(sm.qn, 128, 4096);
+  const uint64_t qn = wg::desc_sw128(sm.qn);
   auto issue_qk = [&](int j) {
     const int s = j % kStages;
     sm.ring.wait(j);
@@ -296,7 +296,7 @@ __global__ void __launch_bounds__(384, 1)
     for (int ks = 1; ks < 4; ++ks) wg::mma_64x64x16_bf16_rs(acc, qa[ks], wg::desc_add(kr, ks * 32));
 #pragma unroll
     for (int kk = 0; kk < 16; ++kk)
-      wg::mma_64x64x32_e4m3_ss(acc, wg::desc_add(qn, kk * 256),
+      wg::mma_64x64x32_e4m3_ss(acc, wg::desc_add(qn, (kk / 4) * (kRows * kLatentBox) + (kk % 4) * 32),
                                wg::desc_add(kl, (kk / 4) * (kPageSize * kLatentBox) + (kk % 4) * 32));
     wg::commit();
   };
@@ -439,7 +439,10 @@ __global__ void __launch_bounds__(384, 1)
     st.l[ri] *= st.sigma[ri];
     if (nblk > 0) st.m[ri] = sm.xmax[((nblk - 1) % 2) * kRows + r0 + 8 * ri];
   }
-  write_rows<true>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
+  // The page stages are free now (every page was consumed; the other consumer's last QK, a
+  // repeat whose result is dropped, may still read one): each warp stages its 8 KB of bf16 there.
+  if (w.single) write_rows_staged(p, w, st, o, sm.stage + (4 * c + warp) * 8192, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
+  else write_rows<true>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
   if (t == 0 && c == 0) CTA_STAMP(1);
 }
 
@@ -477,7 +480,9 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
     launch_decode_fp8_narrow(p, tm_latent, tm_rope, options);
     return;
   }
-  launch_decode("decode_fp8", decode_fp8_kernel, kSmemBytes, p, options, tm_latent, tm_rope);
+  // The query latent as one more plane: [batch * rows, 512] bytes, a tile's 64 rows per box row.
+  const CUtensorMap tm_q = plane_map(q.nope, int64_t(q.batch) * p.rows, kLatentDim, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1);
+  launch_decode("decode_fp8", decode_fp8_kernel, kSmemBytes, p, options, tm_latent, tm_rope, tm_q);
   dump_stamps("decode_fp8");
 }
 

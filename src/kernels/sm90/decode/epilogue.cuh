@@ -4,6 +4,7 @@
 #pragma once
 
 #include "../../common/numeric.cuh"
+#include "../../common/ptx.cuh"
 #include "params.hpp"
 #include "scheduler.cuh"
 #include "softmax.cuh"
@@ -54,6 +55,52 @@ __device__ __forceinline__ void write_rows(const DecodeParams& p, const Work& w,
       }
       if (write_lse && q == 0) store_lse(p, w, r, lse);
     }
+  }
+}
+
+// write_rows for a sequence with one split (bf16 into `out`), by a whole warp, through `stage`
+// (8 KB of shared memory of its own): the warp's 16 rows x NT = 32 n-tiles go there with stmatrix
+// (four 8 x 8 tiles per instruction; 16-byte chunk x of a 128-byte row r stored at x ^ (r % 8), so
+// the eight rows of a tile fall in eight bank groups) and back out as whole 128-byte row segments,
+// one 16-byte store per lane. The fragment's own 4-byte stores write 16 bytes per row and
+// instruction: eight times the write requests, which made a CTA's last stores take 4-8 us (stamps,
+// session 10).
+__device__ __forceinline__ void write_rows_staged(const DecodeParams& p, const Work& w, const SoftmaxState& st,
+                                                  const float (&o)[32][4], uint8_t* stage, int row0, int dim0,
+                                                  int lane, bool write_lse, bool fault) {
+  const int q = lane % 4;
+  float scale[2];
+  bool empty[2];
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int r = row0 + lane / 4 + 8 * ri;
+    empty[ri] = st.l[ri] == 0.f && !fault;
+    scale[ri] = fault ? NAN : (empty[ri] ? 0.f : __fdiv_rn(st.sigma[ri], st.l[ri]));
+    if (write_lse && q == 0 && r < p.rows) {
+      const float lse = fault ? NAN : (st.l[ri] == 0.f ? -INFINITY : st.m[ri] + logf(st.l[ri]));
+      store_lse(p, w, r, lse);
+    }
+  }
+  auto v = [&](int n, int e) {
+    const int ri = e / 2;
+    return empty[ri] ? 0.f : o[n][e] * scale[ri];
+  };
+  // Lane l addresses row l % 8 of tile l / 8: rows 8 (tile % 2) + l % 8, n-tile n + tile / 2.
+  const int tile = lane / 8, i = lane % 8, rw = 8 * (tile % 2) + i;
+#pragma unroll
+  for (int n = 0; n < 32; n += 2) {
+    const int nn = n + tile / 2;
+    ptx::stsm_x4(stage + (nn / 8) * 2048 + rw * 128 + (((nn % 8) ^ i) * 16), bf16x2_bits(v(n, 0), v(n, 1)),
+                 bf16x2_bits(v(n, 2), v(n, 3)), bf16x2_bits(v(n + 1, 0), v(n + 1, 1)),
+                 bf16x2_bits(v(n + 1, 2), v(n + 1, 3)));
+  }
+  __syncwarp();
+  uint16_t* out = p.out + (int64_t(w.seq) * p.rows + row0) * kLatentDim + dim0;
+#pragma unroll
+  for (int it = 0; it < 16; ++it) {
+    const int k = it * 32 + lane, bb = k / 128, r = (k % 128) / 8, x = k % 8;
+    const uint4 val = *reinterpret_cast<const uint4*>(stage + bb * 2048 + r * 128 + ((x ^ (r % 8)) * 16));
+    if (row0 + r < p.rows) *reinterpret_cast<uint4*>(out + int64_t(r) * kLatentDim + bb * 64 + x * 8) = val;
   }
 }
 

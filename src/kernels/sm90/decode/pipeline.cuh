@@ -91,6 +91,18 @@ __device__ __forceinline__ void load_fp8_page(const DecodeParams& p, const CUten
   wg::bulk_load(scales, p.k_scale + int64_t(page) * kPageSize, kScaleBytes, bar);
 }
 
+// decode_fp8's Q latent tile (64 rows x 512 bytes) by one thread: four TMA boxes of 64 rows x
+// 128 bytes with the 128-byte swizzle (the pages' latent layout, so the QK reads both operands the
+// same way) from row `row` of the [batch * rows, 512] query plane, completing on `bar` with their
+// bytes. Rows past the plane's end arrive as zeros; rows past the sequence's query rows hold the
+// next sequence's queries, which no token is visible to (their scores are masked).
+__device__ __forceinline__ void load_q_tile(const CUtensorMap* tm_q, uint8_t* dst, int row, uint64_t* bar) {
+  wg::mbar_arrive_expect_tx(bar, kTileRows * kLatentDim);
+#pragma unroll
+  for (int b = 0; b < kLatentDim / kTmaBoxBytes; ++b)
+    wg::tma_load_2d(dst + b * (kTileRows * kTmaBoxBytes), tm_q, b * kTmaBoxBytes, row, bar);
+}
+
 // Whether any page index of the split is out of range (its stage was never filled: the rows
 // become NaN). Checked once, after the pages, a warp's lanes splitting them; warp-uniform.
 // (decode_bf16; the decode_fp8 kernels' loader records it as it loads: PageRing::faulted.)
@@ -138,21 +150,24 @@ struct PageRing {
   __device__ void release(int j) const { wg::mbar_arrive(&empty[j % kStages]); }
 
   // The loader thread: pages [from, to) of the split, each as soon as its stage is free (the
-  // first kStages need no wait), the next page's index read before waiting. Stages: anything with
-  // kl(s), kr(s), scale(s) (the kernels' shared-memory layouts).
+  // first kStages need no wait), the indices read two pages ahead, so that the first requests
+  // wait for one global load, not one each. Stages: anything with kl(s), kr(s), scale(s) (the
+  // kernels' shared-memory layouts).
   template <typename Stages>
   __device__ void stream(const DecodeParams& p, const Work& w, const CUtensorMap* tm_latent, const CUtensorMap* tm_rope,
                          const Stages& st, int from, int to) const {
     if (from >= to) return;
     int32_t page = page_of(p, w, w.begin + from * kPageSize);
+    int32_t next = from + 1 < to ? page_of(p, w, w.begin + (from + 1) * kPageSize) : 0;
     for (int j = from; j < to; ++j) {
-      const int32_t next = j + 1 < to ? page_of(p, w, w.begin + (j + 1) * kPageSize) : 0;
+      const int32_t after = j + 2 < to ? page_of(p, w, w.begin + (j + 2) * kPageSize) : 0;
       STAMP(3, j / 2, (j % 2) * 2);  // role 3: the loader's wait for a free stage (SNAPMLA_STAMPS)
       acquire(j);
       STAMP(3, j / 2, (j % 2) * 2 + 1);
       const int s = j % kStages;
       load_fp8_page(p, tm_latent, tm_rope, page, st.kl(s), st.kr(s), st.scale(s), &full[s], bad);
       page = next;
+      next = after;
     }
   }
 };
