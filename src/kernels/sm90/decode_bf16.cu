@@ -4,8 +4,8 @@
 // MN-major straight from the page; no P' scales).
 //
 // CTA = one split of one sequence x 64 query rows, 3 warpgroups:
-//   WG0  producer. All 128 threads load the Q latent tile once (cp.async); then one thread
-//        streams pages into a 2-stage ring with TMA, each page as 9 boxes of 64 tokens x 64
+//   WG0  producer. One thread requests the Q latent tile (TMA, eight 64 x 64 boxes, the pages'
+//        layout), then streams pages into a 2-stage ring with TMA, each page as 9 boxes of 64 tokens x 64
 //        dims (128-byte swizzle) in three groups with their own full / empty barriers: the rope
 //        box, V half 0 (dims 0-255) and V half 1. Then the warpgroup zeroes the tokens past the
 //        split end of a partial last page (cache slots there may hold anything, and 0 x NaN is
@@ -49,7 +49,7 @@ constexpr int kBoxBytes = kPageSize * kTmaBoxBytes;  // 8 KB: 64 tokens x 64 dim
 constexpr int kBoxes = kHeadDim * 2 / kTmaBoxBytes;  // 9: latent dims 64 b .. 64 b + 63, then rope
 constexpr int kRopeBox = kBoxes - 1;
 constexpr int kStageBytes = kBoxes * kBoxBytes;      // 72 KB
-constexpr int kQnBytes = kRows * kLatentDim * 2;     // 64 KB, K-major no swizzle, SBO 8 KB
+constexpr int kQnBytes = kRows * kLatentDim * 2;     // 64 KB: 8 boxes of 64 rows x 64 dims, as a page's
 // Load groups of a stage: 0 the rope box, 1 + h the latent boxes 4 h .. 4 h + 3 (V half h).
 constexpr int kGroups = 3;
 constexpr int kBarBytes = (2 * 2 * kGroups + 2) * 8;  // full, empty per stage and group; Q; tail
@@ -62,7 +62,7 @@ struct Smem {
   uint8_t* stages;
   uint64_t* full;   // [2][kGroups]: the producer's arrival with the group's bytes
   uint64_t* empty;  // [2][kGroups]: one arrival per warp of its readers (rope box and P: both)
-  uint64_t* qbar;   // 128 arrivals (the producer warpgroup's Q copies)
+  uint64_t* qbar;   // one arrival with the Q tile's bytes
   uint64_t* tail;   // 128 arrivals: the partial last page's excess tokens are zero
   float* xmax;      // [2][64]: each consumer's running max after its page; [2][64]: row sums
   __device__ explicit Smem(uint8_t* base)
@@ -81,7 +81,7 @@ struct Smem {
       wg::mbar_init(&full[i], 1);
       wg::mbar_init(&empty[i], i % kGroups == 0 ? 8 : 4);  // the rope box (then P): both consumers
     }
-    wg::mbar_init(qbar, 128);
+    wg::mbar_init(qbar, 1);
     wg::mbar_init(tail, 128);
   }
 };
@@ -125,7 +125,8 @@ __device__ __forceinline__ void pv_page(float (&o)[32][4], const uint8_t* pt, co
 }
 
 __global__ void __launch_bounds__(384, 1)
-    decode_bf16_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_kv) {
+    decode_bf16_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_kv,
+                       const __grid_constant__ CUtensorMap tm_q) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const int item = grid_item(p);
   if (!has_work(p, item)) return;
@@ -142,11 +143,15 @@ __global__ void __launch_bounds__(384, 1)
     wg::setmaxnreg_dec<40>();
     const Work w = work_of(p, item);
     const int nblk = w.pages();
-    // The Q latent tile, K-major; rows past the query rows are zero.
-    load_q_latent<kLatentDim * 2>(sm.qn, reinterpret_cast<const uint8_t*>(p.q_bf16), kHeadDim * 2, p, w, row0, t,
-                                  128);
-    wg::cp_async_arrive(sm.qbar);
     if (t == 0) {
+      // The Q latent tile first: eight boxes of the [batch * rows, 576] query plane (the rope part
+      // goes to the consumers' registers). Rows past the sequence's query rows hold the next
+      // sequence's queries, which see no token (masked), or zeros past the plane's end.
+      wg::mbar_arrive_expect_tx(sm.qbar, kQnBytes);
+      const int qrow = int(int64_t(w.seq) * p.rows + row0);
+#pragma unroll
+      for (int b = 0; b < kLatentDim * 2 / kTmaBoxBytes; ++b)
+        wg::tma_load_2d(sm.qn + b * kBoxBytes, &tm_q, b * (kTmaBoxBytes / 2), qrow, sm.qbar);
       for (int a = 0; a < nblk; a += 2) {
         const int b = a + 1;
         const int32_t pa = page_of(p, w, w.begin + a * kPageSize);
@@ -207,14 +212,13 @@ __global__ void __launch_bounds__(384, 1)
   // S of page j into acc, in two commit groups: the rope box and this consumer's V half (the
   // groups that come free first), then the other half.
   float acc[8][4];
-  const uint64_t qn = wg::desc(sm.qn, 128, 8 * kLatentDim * 2);
   auto qk_half = [&](int j, int h) {
 #pragma unroll
     for (int b = 4 * h; b < 4 * h + 4; ++b) {
-      const uint64_t kb = wg::desc_sw128(sm.box(j, b));
+      const uint64_t qb = wg::desc_sw128(sm.qn + b * kBoxBytes), kb = wg::desc_sw128(sm.box(j, b));
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
-        wg::mma_64x64x16_bf16_ss(acc, wg::desc_add(qn, (4 * b + kk) * 256), wg::desc_add(kb, kk * 32));
+        wg::mma_64x64x16_bf16_ss(acc, wg::desc_add(qb, kk * 32), wg::desc_add(kb, kk * 32));
     }
   };
   // `real`: the product is used. A discarded one (see below) waits for nothing: it may read a
@@ -338,7 +342,10 @@ __global__ void __launch_bounds__(384, 1)
   const bool fault = split_has_bad_page(p, w, nblk, lane);
   // (In a separate area: the other consumer may still be reading this one's last max.)
   add_other_sums(st, sm.xmax + 2 * kRows, c, r0, q);
-  write_rows<false>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
+  // Past add_other_sums' barrier no wgmma is in flight: each warp stages its 8 KB of output in
+  // the Q tile.
+  if (w.single) write_rows_staged(p, w, st, o, sm.qn + (4 * c + warp) * 8192, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
+  else write_rows<false>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
 }
 
 }  // namespace
@@ -351,7 +358,8 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
   p.num_pages = cache.num_pages;
   const CUtensorMap tm_kv =
       plane_map(cache.data, cache.num_pages * kPageSize, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
-  launch_decode("decode_bf16", decode_bf16_kernel, kSmemBytes, p, options, tm_kv);
+  const CUtensorMap tm_q = plane_map(q.data, int64_t(q.batch) * p.rows, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
+  launch_decode("decode_bf16", decode_bf16_kernel, kSmemBytes, p, options, tm_kv, tm_q);
 }
 
 }  // namespace snapmla::cuda
