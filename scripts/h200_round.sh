@@ -67,6 +67,6 @@ case "$mode" in
     "$bin/snapmla" bench --quick --reps 10 --commit "$commit" 2>&1 | tee "$out/bench_quick.log"
     ;;
   bench)
-    "$bin/snapmla" bench --commit "$commit" --json "$out/h200.json" --md "$out/h200.md" 2>&1 | tee "$out/bench.log"
+    "$bin/snapmla" bench --passes "${PASSES:-3}" --commit "$commit" --json "$out/h200.json" --md "$out/h200.md" 2>&1 | tee "$out/bench.log"
     ;;
 esac
