@@ -1,10 +1,10 @@
 // decode_fp8 (version 15): TMA page pipeline, warp-specialized, ping-pong consumers.
 //
 // CTA = one split of one sequence x 64 query rows (one wgmma M tile), 3 warpgroups:
-//   WG0  producer. One thread requests the first pages, the warpgroup loads the Q latent tile
-//        (cp.async), then that thread streams the rest into a 3-stage ring with TMA (latent and
-//        rope as 64 x 128-byte boxes with 128-byte swizzle, the 64 scales as a bulk copy),
-//        completing on the stage's mbarrier; page indices are read one page ahead. Warps 1-3
+//   WG0  producer. One thread requests the Q latent tile (TMA, the pages' swizzled layout), then
+//        streams pages into a 3-stage ring with TMA (latent and rope as 64 x 128-byte boxes with
+//        128-byte swizzle, the 64 scales as a bulk copy), completing on the stage's mbarrier;
+//        page indices are read two pages ahead. Warps 1-3
 //        transpose each landed page's latent into a 2-stage V^T ring (ldmatrix.trans, byte
 //        permutes, stmatrix), zeroing tokens past the split end.
 //   WG1, WG2  consumers. Consumer c owns pages j = c (mod 2): it computes S of page j (all 64
@@ -15,7 +15,9 @@
 //        and alpha / sigma per row and releases the stage; then it adds PV of page j - 1 (the
 //        other's P') and of page j to its 256 output dims (QGMMA m64n256k32, P and V^T from
 //        shared memory; the factor before each is one multiply), and issues the QK of page
-//        j + 2. The two run half a pair apart: one's softmax under the other's wgmmas.
+//        j + 2. The two run half a pair apart: one's softmax under the other's wgmmas. After
+//        the pages, a sequence with one split writes its bf16 output through shared memory as
+//        whole 128-byte rows (epilogue.cuh).
 // Calls whose rows all fit 16 (h * s_q <= 16) run the narrow tile instead (decode_fp8_narrow.cu,
 // chosen by use_narrow_tile below).
 // History, measurements and what bounds it: docs/kernels.md.

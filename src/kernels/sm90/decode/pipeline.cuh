@@ -118,7 +118,7 @@ template <int kStages>
 struct PageRing {
   uint64_t* full;   // [kStages]: the loader's arrival with the page's bytes
   uint64_t* empty;  // [kStages]: one arrival per thread that reads the stage
-  uint64_t* qbar;   // one arrival per Q loading thread (cp.async completion)
+  uint64_t* qbar;   // the Q tile: one arrival per cp.async loading thread, or one with the TMA bytes
   uint32_t* bad;    // set by load_fp8_page before the page's arrival
   static constexpr int kBytes = (2 * kStages + 2) * 8;
 
