@@ -1,6 +1,10 @@
 // combine: merge the fp32 partial results of split sequences (docs/reference.md, "Splits and
-// combine"). One warp per query row; sequences with a single split were written directly by
-// the decode kernel and are skipped here.
+// combine"). One warp per query row and quarter of the 512 dims (a lane takes 4 dims, one 16-byte
+// load per split): a sequence split over the whole GPU (b = 1: ~66 splits per row tile) has few
+// rows, and a warp per whole row left most SMs idle while each warp walked its splits one load
+// latency at a time. The splits' lse are reduced across the lanes, and the partial rows are
+// loaded kUnroll splits at a time before they are summed. Sequences with a single split were
+// written directly by the decode kernel and are skipped here.
 #include <cuda_runtime.h>
 
 #include "../common/check.cuh"
@@ -11,57 +15,74 @@ namespace snapmla::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
+constexpr int kQuarters = 4;  // warps per row: 128 dims each
+constexpr int kUnroll = 8;    // splits whose partial rows are in flight at once
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
 
 __global__ void combine_kernel(CombineParams p) {
   const int b = blockIdx.x;
-  const int r = blockIdx.y * kWarpsPerBlock + threadIdx.x / 32;
+  const int wq = blockIdx.y * kWarpsPerBlock + threadIdx.x / 32;  // (row, quarter)
+  const int r = wq / kQuarters, quarter = wq % kQuarters;
   const int lane = threadIdx.x % 32;
   if (r >= p.rows) return;
   const int lo = p.split_offsets[b], hi = p.split_offsets[b + 1];
   if (hi - lo <= 1) return;
+  const float* lse_of = p.partial_lse + r;  // split k's at k * rows
   float m = -INFINITY;
-  for (int k = lo; k < hi; ++k) m = fmaxf(m, p.partial_lse[int64_t(k) * p.rows + r]);
+  for (int k = lo + lane; k < hi; k += 32) m = fmaxf(m, lse_of[int64_t(k) * p.rows]);
+  m = warp_max(m);
   const int i = r / p.num_heads, h = r % p.num_heads;
   float* lse_out = p.lse + (int64_t(b) * p.num_heads + h) * p.seqlen_q + i;
-  uint16_t* out = p.out + (int64_t(b) * p.rows + r) * kLatentDim;
+  const int d0 = quarter * (kLatentDim / kQuarters) + 4 * lane;
+  uint2* out = reinterpret_cast<uint2*>(p.out + (int64_t(b) * p.rows + r) * kLatentDim + d0);
   if (m == -INFINITY) {
-    for (int d = lane; d < kLatentDim; d += 32) out[d] = 0;
-    if (lane == 0) *lse_out = -INFINITY;
+    *out = make_uint2(0u, 0u);
+    if (quarter == 0 && lane == 0) *lse_out = -INFINITY;
     return;
   }
   float sum = 0.f;
-  for (int k = lo; k < hi; ++k) sum += expf(p.partial_lse[int64_t(k) * p.rows + r] - m);
-  const float total = m + logf(sum);
-  float acc[16] = {};
-  for (int k = lo; k < hi; ++k) {
-    const float w = expf(p.partial_lse[int64_t(k) * p.rows + r] - total);
-    if (w == 0.f) continue;
-    const float4* src =
-        reinterpret_cast<const float4*>(p.partial_out + (int64_t(k) * p.rows + r) * kLatentDim) + lane * 4;
+  for (int k = lo + lane; k < hi; k += 32) sum += expf(lse_of[int64_t(k) * p.rows] - m);
+  const float total = m + logf(warp_sum(sum));
+  const float* src = p.partial_out + int64_t(r) * kLatentDim + d0;  // split k's at k * rows * 512
+  const int64_t split_stride = int64_t(p.rows) * kLatentDim;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int k0 = lo; k0 < hi; k0 += kUnroll) {
+    float w[kUnroll];
+    float4 v[kUnroll];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float4 v = src[j];
-      acc[4 * j] += w * v.x;
-      acc[4 * j + 1] += w * v.y;
-      acc[4 * j + 2] += w * v.z;
-      acc[4 * j + 3] += w * v.w;
+    for (int u = 0; u < kUnroll; ++u) {
+      const int k = k0 + u;
+      w[u] = k < hi ? expf(lse_of[int64_t(k) * p.rows] - total) : 0.f;
+      v[u] = k < hi ? *reinterpret_cast<const float4*>(src + k * split_stride) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (w[u] == 0.f) continue;  // an empty split (lse -inf) adds nothing
+      acc.x += w[u] * v[u].x;
+      acc.y += w[u] * v[u].y;
+      acc.z += w[u] * v[u].z;
+      acc.w += w[u] * v[u].w;
     }
   }
-  uint32_t o[8];
-#pragma unroll
-  for (int j = 0; j < 8; ++j)
-    o[j] = uint32_t(float_to_bf16_bits(acc[2 * j])) | (uint32_t(float_to_bf16_bits(acc[2 * j + 1])) << 16);
-  uint4* dst = reinterpret_cast<uint4*>(out + lane * 16);
-  dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
-  dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
-  if (lane == 0) *lse_out = total;
+  *out = make_uint2(bf16x2_bits(acc.x, acc.y), bf16x2_bits(acc.z, acc.w));
+  if (quarter == 0 && lane == 0) *lse_out = total;
 }
 
 }  // namespace
 
 void combine(const CombineParams& p, cudaStream_t stream) {
   if (p.batch == 0) return;
-  const dim3 grid(p.batch, (p.rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  const dim3 grid(p.batch, (p.rows * kQuarters + kWarpsPerBlock - 1) / kWarpsPerBlock);
   combine_kernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
   check_launch("combine_kernel");
 }
