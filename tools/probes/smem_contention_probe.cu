@@ -21,16 +21,11 @@
 #include <cstdio>
 
 #include "kernels/common/wgmma.cuh"
+#include "probe_clock.cuh"
 
 namespace {
 
 namespace wg = snapmla::cuda::wg;
-
-__device__ __forceinline__ long long clock_now() {
-  long long t;
-  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
-  return t;
-}
 
 // S[64 x 64] += A[64 x 32] * B[32 x 64], e4m3, A from registers (the QK with Q held in registers).
 __device__ __forceinline__ void mma_64x64x32_e4m3_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b) {

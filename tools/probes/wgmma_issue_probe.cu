@@ -18,16 +18,11 @@
 #include <cstdio>
 
 #include "kernels/common/wgmma.cuh"
+#include "probe_clock.cuh"
 
 namespace {
 
 namespace wg = snapmla::cuda::wg;
-
-__device__ __forceinline__ long long clock_now() {
-  long long t;
-  asm volatile("mov.u64 %0, %%clock64;" : "=l"(t)::"memory");
-  return t;
-}
 
 template <int N, bool kWide>
 __device__ __forceinline__ void batch(float (&s)[8][4], float (&o)[32][4], uint64_t a, uint64_t b, long long* t) {
