@@ -441,8 +441,8 @@ __global__ void __launch_bounds__(384, 1)
     st.l[ri] *= st.sigma[ri];
     if (nblk > 0) st.m[ri] = sm.xmax[((nblk - 1) % 2) * kRows + r0 + 8 * ri];
   }
-  // The page stages are free now (every page was consumed; the other consumer's last QK, a
-  // repeat whose result is dropped, may still read one): each warp stages its 8 KB of bf16 there.
+  // Past add_other_sums' barrier no wgmma is in flight and every page was consumed: each warp
+  // stages its 8 KB of bf16 in the page stages.
   if (w.single) write_rows_staged(p, w, st, o, sm.stage + (4 * c + warp) * 8192, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
   else write_rows<true>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
   if (t == 0 && c == 0) CTA_STAMP(1);

@@ -1,4 +1,5 @@
-// Host side: TMA tensor maps over the cache planes the decode kernels stream pages from.
+// Host side: TMA tensor maps over the cache planes the decode kernels stream pages from, and
+// over the queries' latent (the 64-row kernels' Q tile).
 #pragma once
 
 #include <cuda.h>
@@ -35,9 +36,10 @@ inline EncodeTiled encode_tiled() {
   return fn;
 }
 
-// A 2-D map over one cache plane seen as [rows, row_bytes] of `elem_bytes`-wide elements, boxes
-// of 64 rows x 128 bytes. A plane with no pages gets an unused dummy (no page index is valid,
-// so the loader never issues a copy).
+// A 2-D map over one plane seen as [rows, row_bytes] of `elem_bytes`-wide elements, boxes of 64
+// rows x 128 bytes: a cache plane (64 rows = one page), or the queries' latent (64 rows = one
+// row tile). A plane with no rows gets an unused dummy (no page index is valid, so the loader
+// never issues a copy).
 inline CUtensorMap plane_map(const void* base, int64_t rows, int row_bytes, CUtensorMapDataType type,
                              int elem_bytes) {
   CUtensorMap m{};
