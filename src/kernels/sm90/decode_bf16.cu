@@ -145,13 +145,8 @@ __global__ void __launch_bounds__(384, 1)
     const int nblk = w.pages();
     if (t == 0) {
       // The Q latent tile first: eight boxes of the [batch * rows, 576] query plane (the rope part
-      // goes to the consumers' registers). Rows past the sequence's query rows hold the next
-      // sequence's queries, which see no token (masked), or zeros past the plane's end.
-      wg::mbar_arrive_expect_tx(sm.qbar, kQnBytes);
-      const int qrow = int(int64_t(w.seq) * p.rows + row0);
-#pragma unroll
-      for (int b = 0; b < kLatentDim * 2 / kTmaBoxBytes; ++b)
-        wg::tma_load_2d(sm.qn + b * kBoxBytes, &tm_q, b * (kTmaBoxBytes / 2), qrow, sm.qbar);
+      // goes to the consumers' registers).
+      load_q_tile<kLatentDim * 2, 2>(&tm_q, sm.qn, int(int64_t(w.seq) * p.rows + row0), sm.qbar);
       for (int a = 0; a < nblk; a += 2) {
         const int b = a + 1;
         const int32_t pa = page_of(p, w, w.begin + a * kPageSize);
@@ -345,7 +340,7 @@ __global__ void __launch_bounds__(384, 1)
   // Past add_other_sums' barrier no wgmma is in flight: each warp stages its 8 KB of output in
   // the Q tile.
   if (w.single) write_rows_staged(p, w, st, o, sm.qn + (4 * c + warp) * 8192, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
-  else write_rows<false>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
+  else write_partials(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
 }
 
 }  // namespace

@@ -257,7 +257,7 @@ __global__ void __launch_bounds__(384, 1)
     // The Q latent tile first (one TMA request; it needs no page index), then the pages: both
     // stand between the CTA's start and its first QK.
     if (t == 0) {
-      load_q_tile(&tm_q, sm.qn, int(int64_t(w.seq) * p.rows + row0), sm.ring.qbar);
+      load_q_tile<kLatentDim, 1>(&tm_q, sm.qn, int(int64_t(w.seq) * p.rows + row0), sm.ring.qbar);
       sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, 0, nblk);
     }
     return;
@@ -444,7 +444,7 @@ __global__ void __launch_bounds__(384, 1)
   // Past add_other_sums' barrier no wgmma is in flight and every page was consumed: each warp
   // stages its 8 KB of bf16 in the page stages.
   if (w.single) write_rows_staged(p, w, st, o, sm.stage + (4 * c + warp) * 8192, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
-  else write_rows<true>(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
+  else write_partials(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
   if (t == 0 && c == 0) CTA_STAMP(1);
 }
 

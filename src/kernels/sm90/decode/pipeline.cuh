@@ -91,16 +91,18 @@ __device__ __forceinline__ void load_fp8_page(const DecodeParams& p, const CUten
   wg::bulk_load(scales, p.k_scale + int64_t(page) * kPageSize, kScaleBytes, bar);
 }
 
-// decode_fp8's Q latent tile (64 rows x 512 bytes) by one thread: four TMA boxes of 64 rows x
-// 128 bytes with the 128-byte swizzle (the pages' latent layout, so the QK reads both operands the
-// same way) from row `row` of the [batch * rows, 512] query plane, completing on `bar` with their
-// bytes. Rows past the plane's end arrive as zeros; rows past the sequence's query rows hold the
-// next sequence's queries, which no token is visible to (their scores are masked).
+// A 64-row tile's Q latent by one thread: kLatentBytes / 128 TMA boxes of 64 rows x 128 bytes with
+// the 128-byte swizzle (the pages' layout, so the QK reads both operands the same way) from row
+// `row` of the query plane (elements of kElemBytes: e4m3 for decode_fp8, bf16 for decode_bf16),
+// completing on `bar` with their bytes. Rows past the plane's end arrive as zeros; rows past the
+// sequence's query rows hold the next sequence's queries, which no token is visible to (their
+// scores are masked).
+template <int kLatentBytes, int kElemBytes>
 __device__ __forceinline__ void load_q_tile(const CUtensorMap* tm_q, uint8_t* dst, int row, uint64_t* bar) {
-  wg::mbar_arrive_expect_tx(bar, kTileRows * kLatentDim);
+  wg::mbar_arrive_expect_tx(bar, kTileRows * kLatentBytes);
 #pragma unroll
-  for (int b = 0; b < kLatentDim / kTmaBoxBytes; ++b)
-    wg::tma_load_2d(dst + b * (kTileRows * kTmaBoxBytes), tm_q, b * kTmaBoxBytes, row, bar);
+  for (int b = 0; b < kLatentBytes / kTmaBoxBytes; ++b)
+    wg::tma_load_2d(dst + b * (kTileRows * kTmaBoxBytes), tm_q, b * (kTmaBoxBytes / kElemBytes), row, bar);
 }
 
 // Whether any page index of the split is out of range (its stage was never filled: the rows
