@@ -18,17 +18,6 @@ constexpr int kWarpsPerBlock = 8;
 constexpr int kQuarters = 4;  // warps per row: 128 dims each
 constexpr int kUnroll = 8;    // splits whose partial rows are in flight at once
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 __global__ void combine_kernel(CombineParams p) {
   const int b = blockIdx.x;
   const int wq = blockIdx.y * kWarpsPerBlock + threadIdx.x / 32;  // (row, quarter)
