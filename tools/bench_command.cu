@@ -19,6 +19,7 @@
 
 #include "../tests/gpu/device_buffer.hpp"
 #include "commands.hpp"
+#include "gpu_monitor.hpp"
 #include "snapmla/snapmla.hpp"
 
 namespace snapmla::cli {
@@ -53,6 +54,7 @@ struct Case {
 struct Result {
   Case c;
   double fp8_us, bf16_us, tokens;
+  GpuMonitor::Stats fp8_gpu, bf16_gpu;  // SM clock while each kernel's calls ran (NVML; 0 samples without)
 };
 
 double median(std::vector<float> v) {
@@ -149,7 +151,7 @@ struct InputSet {
   }
 };
 
-Result run_case(const Case& c, int reps, std::mt19937_64& rng) {
+Result run_case(const Case& c, int reps, std::mt19937_64& rng, GpuMonitor& mon) {
   const Device gpu = Device::cuda(0);
   std::vector<int32_t> lens(c.b, c.s_k);
   if (c.random_lengths)
@@ -181,11 +183,29 @@ Result run_case(const Case& c, int reps, std::mt19937_64& rng) {
   // Interleave the two so both see the same clocks and thermal state.
   double f = 0, g = 0;
   plan_splits(sets[0]->pages, workers, plan);  // depends on the lengths only: once per step
+  // The clock of each kernel's timed calls: samples between the start of its enqueueing and the
+  // end of its synchronization (the GPU runs the calls in that window; the host waits).
+  auto sampled = [&](GpuMonitor::Stats& acc, auto&& timed) {
+    const size_t m = mon.mark();
+    const double us = timed();
+    const GpuMonitor::Stats s = mon.stats_since(m);
+    const int n = acc.samples + s.samples;
+    if (n > 0) {
+      acc.sm_mhz = (acc.sm_mhz * acc.samples + s.sm_mhz * s.samples) / n;
+      acc.power_capped = (acc.power_capped * acc.samples + s.power_capped * s.samples) / n;
+    }
+    acc.samples = n;
+    return us;
+  };
   for (int round = 0; round < 2; ++round) {
-    f += time_us([&](int i) { const InputSet& s = *sets[i % kInputSets]; decode_fp8(s.qq, s.fp8, s.pages, o, opt); },
-                 3, reps);
-    g += time_us([&](int i) { const InputSet& s = *sets[i % kInputSets]; decode_bf16(s.q16, s.c16, s.pages, o, opt); },
-                 3, reps);
+    f += sampled(r.fp8_gpu, [&] {
+      return time_us([&](int i) { const InputSet& s = *sets[i % kInputSets]; decode_fp8(s.qq, s.fp8, s.pages, o, opt); },
+                     3, reps);
+    });
+    g += sampled(r.bf16_gpu, [&] {
+      return time_us([&](int i) { const InputSet& s = *sets[i % kInputSets]; decode_bf16(s.q16, s.c16, s.pages, o, opt); },
+                     3, reps);
+    });
   }
   r.fp8_us = f / 2;
   r.bf16_us = g / 2;
@@ -226,6 +246,11 @@ const Anchor* anchor_for(const Case& c) {
   for (const Anchor& a : kAnchors)
     if (a.b == c.b && a.h == c.h && a.s_q == c.s_q && a.s_k == c.s_k) return &a;
   return nullptr;
+}
+
+// The mean SM clock of a kernel's timed calls, or "-" where NVML gave no samples.
+std::string mhz_or_dash(const GpuMonitor::Stats& g) {
+  return g.samples > 0 ? std::to_string(int(std::lround(g.sm_mhz))) : std::string("-");
 }
 
 std::string us_or_dash(double v) {
@@ -275,6 +300,9 @@ int bench_command(const std::vector<std::string>& args) {
   }
   cudaDeviceProp prop{};
   cuda_ok(cudaGetDeviceProperties(&prop, 0), "props");
+  char pci[32] = {};
+  cuda_ok(cudaDeviceGetPCIBusId(pci, sizeof pci, 0), "PCI bus id");
+  GpuMonitor mon(pci);
   std::mt19937_64 rng(1234);
 
   // Copy bandwidth (read + write) of a 4 GiB buffer: the memory ceiling for everything below.
@@ -282,7 +310,10 @@ int bench_command(const std::vector<std::string>& args) {
   DeviceBuffer<uint8_t> a(copy_bytes), b(copy_bytes);
   const double copy_us = time_us([&](int) { cuda_ok(cudaMemcpyAsync(b.get(), a.get(), copy_bytes, cudaMemcpyDeviceToDevice), "copy"); }, 3, 10);
   const double copy_tbs = 2.0 * copy_bytes / (copy_us * 1e-6) / 1e12;
-  std::printf("GPU: %s, %d SMs; device copy %.2f TB/s (read + write)\n\n", prop.name, prop.multiProcessorCount, copy_tbs);
+  std::printf("GPU: %s, %d SMs; device copy %.2f TB/s (read + write); SM clock %s\n\n", prop.name,
+              prop.multiProcessorCount, copy_tbs,
+              mon.available() ? "sampled through NVML every 1 ms while each kernel's calls run (MHz columns)"
+                              : "not sampled (NVML not found)");
 
   // append and gather_dequant over 4M tokens.
   double append_tbs = 0, gather_tbs = 0;
@@ -324,15 +355,16 @@ int bench_command(const std::vector<std::string>& args) {
     const Case& c = r.c;
     const Floors fl = floors(r, copy_tbs);
     const double flops = 2.0 * 1088 * r.tokens * c.s_q * c.h;
-    std::printf("%4d %4d %4d %7s | %9.1f %9.1f %6.2f | %7.2f %7.0f %7.0f%% | %7.0f %7.0f%%\n", c.b, c.h, c.s_q,
-                c.random_lengths ? "U(1,32K)" : std::to_string(c.s_k).c_str(), r.fp8_us, r.bf16_us,
+    std::printf("%4d %4d %4d %7s | %9.1f %9.1f %6.2f | %7.2f %7.0f %7.0f%% | %7.0f %7.0f%% | %5s %5s\n", c.b, c.h,
+                c.s_q, c.random_lengths ? "U(1,32K)" : std::to_string(c.s_k).c_str(), r.fp8_us, r.bf16_us,
                 r.bf16_us / r.fp8_us, r.tokens * 644 / (r.fp8_us * 1e-6) / 1e12, flops / (r.fp8_us * 1e-6) / 1e12,
-                100 * fl.fp8_us / r.fp8_us, flops / (r.bf16_us * 1e-6) / 1e12, 100 * fl.bf16_us / r.bf16_us);
+                100 * fl.fp8_us / r.fp8_us, flops / (r.bf16_us * 1e-6) / 1e12, 100 * fl.bf16_us / r.bf16_us,
+                mhz_or_dash(r.fp8_gpu).c_str(), mhz_or_dash(r.bf16_gpu).c_str());
     std::fflush(stdout);
   };
   auto print_header = [] {
-    std::printf("%4s %4s %4s %7s | %9s %9s %6s | %7s %7s %8s | %7s %7s\n", "b", "h", "s_q", "s_k", "fp8 us",
-                "bf16 us", "ratio", "fp8TB/s", "fp8 TF", "fp8 %flr", "bf16 TF", "bf16%flr");
+    std::printf("%4s %4s %4s %7s | %9s %9s %6s | %7s %7s %8s | %7s %7s | %5s %5s\n", "b", "h", "s_q", "s_k",
+                "fp8 us", "bf16 us", "ratio", "fp8TB/s", "fp8 TF", "fp8 %flr", "bf16 TF", "bf16%flr", "fpMHz", "bfMHz");
   };
   // The grid `passes` times, each case with fresh input sets (new allocations, page shuffles):
   // separate runs of the same binary differ by up to ~10% on some cases, more than the spread
@@ -343,7 +375,7 @@ int bench_command(const std::vector<std::string>& args) {
     if (passes > 1) std::printf("pass %d of %d\n", ps + 1, passes);
     print_header();
     for (const Case& c : cases) {
-      by_pass[size_t(ps)].push_back(run_case(c, reps, rng));
+      by_pass[size_t(ps)].push_back(run_case(c, reps, rng, mon));
       print_row(by_pass[size_t(ps)].back());
     }
   }
@@ -372,7 +404,11 @@ int bench_command(const std::vector<std::string>& args) {
       const Result& r = results[i];
       f << "    {\"b\": " << r.c.b << ", \"h\": " << r.c.h << ", \"s_q\": " << r.c.s_q << ", \"s_k\": "
         << (r.c.random_lengths ? "\"U(1,32768)\"" : std::to_string(r.c.s_k)) << ", \"tokens\": " << static_cast<long long>(r.tokens)
-        << ", \"fp8_us\": " << r.fp8_us << ", \"bf16_us\": " << r.bf16_us << ", \"fp8_us_passes\": [";
+        << ", \"fp8_us\": " << r.fp8_us << ", \"bf16_us\": " << r.bf16_us;
+      if (r.fp8_gpu.samples > 0 && r.bf16_gpu.samples > 0)
+        f << ", \"fp8_sm_mhz\": " << std::lround(r.fp8_gpu.sm_mhz) << ", \"bf16_sm_mhz\": " << std::lround(r.bf16_gpu.sm_mhz)
+          << ", \"fp8_power_capped\": " << r.fp8_gpu.power_capped;
+      f << ", \"fp8_us_passes\": [";
       for (size_t k = 0; k < fp8_passes[i].size(); ++k) f << (k ? ", " : "") << fp8_passes[i][k];
       f << "]}" << (i + 1 < results.size() ? "," : "") << "\n";
     }
@@ -394,9 +430,11 @@ int bench_command(const std::vector<std::string>& args) {
       << "append (4M tokens, shuffled slots, reads 1152 B and writes 644 B per token): " << append_tbs << " TB/s = "
       << 100 * append_tbs / copy_tbs << "% of copy; gather_dequant (reads 644, writes 1152 B per token): " << gather_tbs
       << " TB/s = " << 100 * gather_tbs / copy_tbs << "% of copy.\n\n"
-      << "FlashMLA columns: the peers' times on an H200 from shared/ANCHORS.md (not re-measured here).\n\n"
-      << "| b | h | s_q | s_k | fp8 us | fp8 us range | bf16 us | bf16/fp8 | fp8 TB/s | fp8 TFLOPS | fp8 % of floor | bf16 % of floor | FlashMLA bf16 us | FlashMLA fp8 us |\n"
-      << "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+      << "FlashMLA columns: the peers' times on an H200 from shared/ANCHORS.md (not re-measured here). SM MHz: the "
+      << "mean SM clock while the kernel's timed calls ran (NVML, sampled every 1 ms; the GPU is at its power limit "
+      << "under this load, so the clock is what the limit leaves - 1980 MHz is the maximum).\n\n"
+      << "| b | h | s_q | s_k | fp8 us | fp8 us range | bf16 us | bf16/fp8 | fp8 TB/s | fp8 TFLOPS | fp8 % of floor | bf16 % of floor | fp8 SM MHz | bf16 SM MHz | FlashMLA bf16 us | FlashMLA fp8 us |\n"
+      << "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       const auto [lo, hi] = std::minmax_element(fp8_passes[i].begin(), fp8_passes[i].end());
@@ -406,10 +444,11 @@ int bench_command(const std::vector<std::string>& args) {
       const double flops = 2.0 * 1088 * r.tokens * r.c.s_q * r.c.h;
       char line[512];
       const Anchor* an = anchor_for(r.c);
-      std::snprintf(line, sizeof line, "| %d | %d | %d | %s | %.1f | %s | %.1f | %.2f | %.2f | %.0f | %.0f%% | %.0f%% | %s | %s |\n", r.c.b,
-                    r.c.h, r.c.s_q, r.c.random_lengths ? "U(1,32768)" : std::to_string(r.c.s_k).c_str(), r.fp8_us,
-                    range, r.bf16_us, r.bf16_us / r.fp8_us, r.tokens * 644 / (r.fp8_us * 1e-6) / 1e12,
+      std::snprintf(line, sizeof line, "| %d | %d | %d | %s | %.1f | %s | %.1f | %.2f | %.2f | %.0f | %.0f%% | %.0f%% | %s | %s | %s | %s |\n",
+                    r.c.b, r.c.h, r.c.s_q, r.c.random_lengths ? "U(1,32768)" : std::to_string(r.c.s_k).c_str(),
+                    r.fp8_us, range, r.bf16_us, r.bf16_us / r.fp8_us, r.tokens * 644 / (r.fp8_us * 1e-6) / 1e12,
                     flops / (r.fp8_us * 1e-6) / 1e12, 100 * fl.fp8_us / r.fp8_us, 100 * fl.bf16_us / r.bf16_us,
+                    mhz_or_dash(r.fp8_gpu).c_str(), mhz_or_dash(r.bf16_gpu).c_str(),
                     an ? us_or_dash(an->flashmla_bf16_us).c_str() : "-", an ? us_or_dash(an->flashmla_fp8_us).c_str() : "-");
       f << line;
     }
