@@ -54,7 +54,6 @@ struct Case {
 struct Result {
   Case c;
   double fp8_us, bf16_us, tokens;
-  GpuMonitor::Stats fp8_gpu, bf16_gpu;  // SM clock while each kernel's calls ran (NVML; 0 samples without)
 };
 
 double median(std::vector<float> v) {
@@ -151,7 +150,7 @@ struct InputSet {
   }
 };
 
-Result run_case(const Case& c, int reps, std::mt19937_64& rng, GpuMonitor& mon) {
+Result run_case(const Case& c, int reps, std::mt19937_64& rng) {
   const Device gpu = Device::cuda(0);
   std::vector<int32_t> lens(c.b, c.s_k);
   if (c.random_lengths)
@@ -183,29 +182,11 @@ Result run_case(const Case& c, int reps, std::mt19937_64& rng, GpuMonitor& mon) 
   // Interleave the two so both see the same clocks and thermal state.
   double f = 0, g = 0;
   plan_splits(sets[0]->pages, workers, plan);  // depends on the lengths only: once per step
-  // The clock of each kernel's timed calls: samples between the start of its enqueueing and the
-  // end of its synchronization (the GPU runs the calls in that window; the host waits).
-  auto sampled = [&](GpuMonitor::Stats& acc, auto&& timed) {
-    const size_t m = mon.mark();
-    const double us = timed();
-    const GpuMonitor::Stats s = mon.stats_since(m);
-    const int n = acc.samples + s.samples;
-    if (n > 0) {
-      acc.sm_mhz = (acc.sm_mhz * acc.samples + s.sm_mhz * s.samples) / n;
-      acc.power_capped = (acc.power_capped * acc.samples + s.power_capped * s.samples) / n;
-    }
-    acc.samples = n;
-    return us;
-  };
   for (int round = 0; round < 2; ++round) {
-    f += sampled(r.fp8_gpu, [&] {
-      return time_us([&](int i) { const InputSet& s = *sets[i % kInputSets]; decode_fp8(s.qq, s.fp8, s.pages, o, opt); },
-                     3, reps);
-    });
-    g += sampled(r.bf16_gpu, [&] {
-      return time_us([&](int i) { const InputSet& s = *sets[i % kInputSets]; decode_bf16(s.q16, s.c16, s.pages, o, opt); },
-                     3, reps);
-    });
+    f += time_us([&](int i) { const InputSet& s = *sets[i % kInputSets]; decode_fp8(s.qq, s.fp8, s.pages, o, opt); },
+                 3, reps);
+    g += time_us([&](int i) { const InputSet& s = *sets[i % kInputSets]; decode_bf16(s.q16, s.c16, s.pages, o, opt); },
+                 3, reps);
   }
   r.fp8_us = f / 2;
   r.bf16_us = g / 2;
@@ -246,11 +227,6 @@ const Anchor* anchor_for(const Case& c) {
   for (const Anchor& a : kAnchors)
     if (a.b == c.b && a.h == c.h && a.s_q == c.s_q && a.s_k == c.s_k) return &a;
   return nullptr;
-}
-
-// The mean SM clock of a kernel's timed calls, or "-" where NVML gave no samples.
-std::string mhz_or_dash(const GpuMonitor::Stats& g) {
-  return g.samples > 0 ? std::to_string(int(std::lround(g.sm_mhz))) : std::string("-");
 }
 
 std::string us_or_dash(double v) {
@@ -312,8 +288,7 @@ int bench_command(const std::vector<std::string>& args) {
   const double copy_tbs = 2.0 * copy_bytes / (copy_us * 1e-6) / 1e12;
   std::printf("GPU: %s, %d SMs; device copy %.2f TB/s (read + write); SM clock %s\n\n", prop.name,
               prop.multiProcessorCount, copy_tbs,
-              mon.available() ? "sampled through NVML every 1 ms while each kernel's calls run (MHz columns)"
-                              : "not sampled (NVML not found)");
+              mon.available() ? "sampled through NVML every 1 ms (reported per pass of the grid)" : "not sampled (no NVML)");
 
   // append and gather_dequant over 4M tokens.
   double append_tbs = 0, gather_tbs = 0;
@@ -355,29 +330,34 @@ int bench_command(const std::vector<std::string>& args) {
     const Case& c = r.c;
     const Floors fl = floors(r, copy_tbs);
     const double flops = 2.0 * 1088 * r.tokens * c.s_q * c.h;
-    std::printf("%4d %4d %4d %7s | %9.1f %9.1f %6.2f | %7.2f %7.0f %7.0f%% | %7.0f %7.0f%% | %5s %5s\n", c.b, c.h,
-                c.s_q, c.random_lengths ? "U(1,32K)" : std::to_string(c.s_k).c_str(), r.fp8_us, r.bf16_us,
+    std::printf("%4d %4d %4d %7s | %9.1f %9.1f %6.2f | %7.2f %7.0f %7.0f%% | %7.0f %7.0f%%\n", c.b, c.h, c.s_q,
+                c.random_lengths ? "U(1,32K)" : std::to_string(c.s_k).c_str(), r.fp8_us, r.bf16_us,
                 r.bf16_us / r.fp8_us, r.tokens * 644 / (r.fp8_us * 1e-6) / 1e12, flops / (r.fp8_us * 1e-6) / 1e12,
-                100 * fl.fp8_us / r.fp8_us, flops / (r.bf16_us * 1e-6) / 1e12, 100 * fl.bf16_us / r.bf16_us,
-                mhz_or_dash(r.fp8_gpu).c_str(), mhz_or_dash(r.bf16_gpu).c_str());
+                100 * fl.fp8_us / r.fp8_us, flops / (r.bf16_us * 1e-6) / 1e12, 100 * fl.bf16_us / r.bf16_us);
     std::fflush(stdout);
   };
   auto print_header = [] {
-    std::printf("%4s %4s %4s %7s | %9s %9s %6s | %7s %7s %8s | %7s %7s | %5s %5s\n", "b", "h", "s_q", "s_k",
-                "fp8 us", "bf16 us", "ratio", "fp8TB/s", "fp8 TF", "fp8 %flr", "bf16 TF", "bf16%flr", "fpMHz", "bfMHz");
+    std::printf("%4s %4s %4s %7s | %9s %9s %6s | %7s %7s %8s | %7s %7s\n", "b", "h", "s_q", "s_k", "fp8 us",
+                "bf16 us", "ratio", "fp8TB/s", "fp8 TF", "fp8 %flr", "bf16 TF", "bf16%flr");
   };
   // The grid `passes` times, each case with fresh input sets (new allocations, page shuffles):
   // separate runs of the same binary differ by up to ~10% on some cases, more than the spread
   // within a run. Per case the pass with the median fp8 time is reported (its bf16 time is from
   // the same pass, so the ratio stays a same-run one).
   std::vector<std::vector<Result>> by_pass(static_cast<size_t>(passes));
+  std::vector<GpuMonitor::Stats> pass_gpu;
   for (int ps = 0; ps < passes; ++ps) {
     if (passes > 1) std::printf("pass %d of %d\n", ps + 1, passes);
     print_header();
+    const size_t m = mon.mark();
     for (const Case& c : cases) {
-      by_pass[size_t(ps)].push_back(run_case(c, reps, rng, mon));
+      by_pass[size_t(ps)].push_back(run_case(c, reps, rng));
       print_row(by_pass[size_t(ps)].back());
     }
+    pass_gpu.push_back(mon.stats_since(m));
+    if (pass_gpu.back().samples > 0)
+      std::printf("SM clock over the pass: mean %.0f MHz, software power cap holding it down in %.0f%% of %d samples\n",
+                  pass_gpu.back().sm_mhz, 100 * pass_gpu.back().power_capped, pass_gpu.back().samples);
   }
   std::vector<Result> results;
   std::vector<std::vector<double>> fp8_passes(cases.size());
@@ -399,16 +379,20 @@ int bench_command(const std::vector<std::string>& args) {
   if (!json.empty()) {
     std::ofstream f(json);
     f << "{\n  \"gpu\": \"" << prop.name << "\",\n  \"date\": \"" << iso_date() << "\",\n  \"commit\": \"" << commit
-      << "\",\n  \"copy_tb_s\": " << copy_tbs << ",\n  \"passes\": " << passes << ",\n  \"cases\": [\n";
+      << "\",\n  \"copy_tb_s\": " << copy_tbs << ",\n  \"passes\": " << passes;
+    if (mon.available()) {
+      f << ",\n  \"pass_sm_mhz\": [";
+      for (size_t k = 0; k < pass_gpu.size(); ++k) f << (k ? ", " : "") << std::lround(pass_gpu[k].sm_mhz);
+      f << "],\n  \"pass_power_capped\": [";
+      for (size_t k = 0; k < pass_gpu.size(); ++k) f << (k ? ", " : "") << pass_gpu[k].power_capped;
+      f << "]";
+    }
+    f << ",\n  \"cases\": [\n";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       f << "    {\"b\": " << r.c.b << ", \"h\": " << r.c.h << ", \"s_q\": " << r.c.s_q << ", \"s_k\": "
         << (r.c.random_lengths ? "\"U(1,32768)\"" : std::to_string(r.c.s_k)) << ", \"tokens\": " << static_cast<long long>(r.tokens)
-        << ", \"fp8_us\": " << r.fp8_us << ", \"bf16_us\": " << r.bf16_us;
-      if (r.fp8_gpu.samples > 0 && r.bf16_gpu.samples > 0)
-        f << ", \"fp8_sm_mhz\": " << std::lround(r.fp8_gpu.sm_mhz) << ", \"bf16_sm_mhz\": " << std::lround(r.bf16_gpu.sm_mhz)
-          << ", \"fp8_power_capped\": " << r.fp8_gpu.power_capped;
-      f << ", \"fp8_us_passes\": [";
+        << ", \"fp8_us\": " << r.fp8_us << ", \"bf16_us\": " << r.bf16_us << ", \"fp8_us_passes\": [";
       for (size_t k = 0; k < fp8_passes[i].size(); ++k) f << (k ? ", " : "") << fp8_passes[i][k];
       f << "]}" << (i + 1 < results.size() ? "," : "") << "\n";
     }
@@ -430,11 +414,17 @@ int bench_command(const std::vector<std::string>& args) {
       << "append (4M tokens, shuffled slots, reads 1152 B and writes 644 B per token): " << append_tbs << " TB/s = "
       << 100 * append_tbs / copy_tbs << "% of copy; gather_dequant (reads 644, writes 1152 B per token): " << gather_tbs
       << " TB/s = " << 100 * gather_tbs / copy_tbs << "% of copy.\n\n"
-      << "FlashMLA columns: the peers' times on an H200 from shared/ANCHORS.md (not re-measured here). SM MHz: the "
-      << "mean SM clock while the kernel's timed calls ran (NVML, sampled every 1 ms; the GPU is at its power limit "
-      << "under this load, so the clock is what the limit leaves - 1980 MHz is the maximum).\n\n"
-      << "| b | h | s_q | s_k | fp8 us | fp8 us range | bf16 us | bf16/fp8 | fp8 TB/s | fp8 TFLOPS | fp8 % of floor | bf16 % of floor | fp8 SM MHz | bf16 SM MHz | FlashMLA bf16 us | FlashMLA fp8 us |\n"
-      << "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+      << "FlashMLA columns: the peers' times on an H200 from shared/ANCHORS.md (not re-measured here).\n\n";
+    if (mon.available()) {
+      f << "SM clock (NVML, sampled every 1 ms; 1980 MHz is the maximum, and under this load the GPU is at its "
+        << "700 W limit, so the clock is what the limit leaves):";
+      for (size_t k = 0; k < pass_gpu.size(); ++k)
+        f << (k ? ";" : "") << " pass " << k + 1 << " mean " << std::lround(pass_gpu[k].sm_mhz) << " MHz, power cap active in "
+          << std::lround(100 * pass_gpu[k].power_capped) << "% of samples";
+      f << ".\n\n";
+    }
+    f << "| b | h | s_q | s_k | fp8 us | fp8 us range | bf16 us | bf16/fp8 | fp8 TB/s | fp8 TFLOPS | fp8 % of floor | bf16 % of floor | FlashMLA bf16 us | FlashMLA fp8 us |\n"
+      << "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       const auto [lo, hi] = std::minmax_element(fp8_passes[i].begin(), fp8_passes[i].end());
@@ -444,11 +434,10 @@ int bench_command(const std::vector<std::string>& args) {
       const double flops = 2.0 * 1088 * r.tokens * r.c.s_q * r.c.h;
       char line[512];
       const Anchor* an = anchor_for(r.c);
-      std::snprintf(line, sizeof line, "| %d | %d | %d | %s | %.1f | %s | %.1f | %.2f | %.2f | %.0f | %.0f%% | %.0f%% | %s | %s | %s | %s |\n",
-                    r.c.b, r.c.h, r.c.s_q, r.c.random_lengths ? "U(1,32768)" : std::to_string(r.c.s_k).c_str(),
-                    r.fp8_us, range, r.bf16_us, r.bf16_us / r.fp8_us, r.tokens * 644 / (r.fp8_us * 1e-6) / 1e12,
+      std::snprintf(line, sizeof line, "| %d | %d | %d | %s | %.1f | %s | %.1f | %.2f | %.2f | %.0f | %.0f%% | %.0f%% | %s | %s |\n", r.c.b,
+                    r.c.h, r.c.s_q, r.c.random_lengths ? "U(1,32768)" : std::to_string(r.c.s_k).c_str(), r.fp8_us,
+                    range, r.bf16_us, r.bf16_us / r.fp8_us, r.tokens * 644 / (r.fp8_us * 1e-6) / 1e12,
                     flops / (r.fp8_us * 1e-6) / 1e12, 100 * fl.fp8_us / r.fp8_us, 100 * fl.bf16_us / r.bf16_us,
-                    mhz_or_dash(r.fp8_gpu).c_str(), mhz_or_dash(r.bf16_gpu).c_str(),
                     an ? us_or_dash(an->flashmla_bf16_us).c_str() : "-", an ? us_or_dash(an->flashmla_fp8_us).c_str() : "-");
       f << line;
     }
