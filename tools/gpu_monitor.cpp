@@ -27,12 +27,10 @@ GpuMonitor::GpuMonitor(const char* pci_bus_id, int period_us) {
   clock_info_ = reinterpret_cast<ClockFn>(dlsym(lib_, "nvmlDeviceGetClockInfo"));
   reasons_ = reinterpret_cast<ReasonsFn>(dlsym(lib_, "nvmlDeviceGetCurrentClocksEventReasons"));
   if (reasons_ == nullptr) reasons_ = reinterpret_cast<ReasonsFn>(dlsym(lib_, "nvmlDeviceGetCurrentClocksThrottleReasons"));
+  const bool inited = init != nullptr && init() == 0;
   void* dev = nullptr;
-  if (init == nullptr || by_pci == nullptr || clock_info_ == nullptr || init() != 0 || by_pci(pci_bus_id, &dev) != 0) {
-    dev = nullptr;
-  }
-  if (dev == nullptr) {
-    if (init != nullptr) {
+  if (!inited || by_pci == nullptr || clock_info_ == nullptr || by_pci(pci_bus_id, &dev) != 0 || dev == nullptr) {
+    if (inited) {
       if (auto shutdown = reinterpret_cast<ShutdownFn>(dlsym(lib_, "nvmlShutdown"))) shutdown();
     }
     dlclose(lib_);

@@ -86,7 +86,7 @@ inline void dump_stamps(const char* op) {
   static int calls = 0;
   static const int at = std::getenv("SNAPMLA_STAMP_CALL") ? std::atoi(std::getenv("SNAPMLA_STAMP_CALL")) : 8;
   ++calls;
-  if (calls == at - 1) {  // the 8th call's CTAs start from a clean table
+  if (calls == at - 1) {  // the stamped call's CTAs start from a clean table
     cudaDeviceSynchronize();
     static std::vector<unsigned long long> zero(size_t(kMaxCtaStamps) * 5, 0);
     cudaMemcpyToSymbol(g_cta, zero.data(), zero.size() * sizeof(zero[0]));
