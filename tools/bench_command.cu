@@ -416,8 +416,9 @@ int bench_command(const std::vector<std::string>& args) {
       << " TB/s = " << 100 * gather_tbs / copy_tbs << "% of copy.\n\n"
       << "FlashMLA columns: the peers' times on an H200 from shared/ANCHORS.md (not re-measured here).\n\n";
     if (mon.available()) {
-      f << "SM clock (NVML, sampled every 1 ms; 1980 MHz is the maximum, and under this load the GPU is at its "
-        << "700 W limit, so the clock is what the limit leaves):";
+      f << "SM clock as NVML reports it (the clock the driver set, sampled every 1 ms; 1980 MHz is the maximum; "
+        << "under this load the GPU is at its 700 W limit, and the SMs' own clock can be lower still - "
+        << "docs/kernels.md, session 11):";
       for (size_t k = 0; k < pass_gpu.size(); ++k)
         f << (k ? ";" : "") << " pass " << k + 1 << " mean " << std::lround(pass_gpu[k].sm_mhz) << " MHz, power cap active in "
           << std::lround(100 * pass_gpu[k].power_capped) << "% of samples";
