@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One round on the H200 (device tool): binaries built here are carried in .devbin/.
 #   scripts/h200_round.sh tests|sanitize|bench|quick|ncu|compare|stamps [commit]
-# compare: every .devbin/snapmla_<name> build (e.g. main and a branch) timed on b=128, 8K,
+# compare: .devbin/snapmla and every .devbin/snapmla_<name> build (e.g. main and a branch) timed on b=128, 8K,
 # h=128/64/16, interleaved over $ROUNDS rounds (default 2) in this one run. stamps: every
 # .devbin/snapmla_st<name> build (configured with -DCMAKE_CUDA_FLAGS=-DSNAPMLA_STAMPS) prints one
 # CTA's clock64 stamps at each h.
@@ -48,7 +48,8 @@ case "$mode" in
     ;;
   compare)
     for r in $(seq "${ROUNDS:-2}"); do
-      for b in "$bin"/snapmla_*; do
+      for b in "$bin"/snapmla "$bin"/snapmla_*; do
+        [ -x "$b" ] || continue
         case "$b" in *_st*|*gpu_tests*) continue ;; esac
         echo "== ${b##*/} round $r"
         "$b" bench --reps 10 --case 128,128,1,8192 --case 128,64,1,8192 --case 128,16,1,8192 2>&1 | grep -E "^ +128"
