@@ -380,21 +380,26 @@ int bench_command(const std::vector<std::string>& args) {
     std::ofstream f(json);
     f << "{\n  \"gpu\": \"" << prop.name << "\",\n  \"date\": \"" << iso_date() << "\",\n  \"commit\": \"" << commit
       << "\",\n  \"copy_tb_s\": " << copy_tbs << ",\n  \"passes\": " << passes;
-    if (mon.available()) {
-      f << ",\n  \"pass_sm_mhz\": [";
-      for (size_t k = 0; k < pass_gpu.size(); ++k) f << (k ? ", " : "") << std::lround(pass_gpu[k].sm_mhz);
-      f << "],\n  \"pass_power_capped\": [";
-      for (size_t k = 0; k < pass_gpu.size(); ++k) f << (k ? ", " : "") << pass_gpu[k].power_capped;
+    // A JSON array of value(k) for k < n.
+    auto list = [&](size_t n, auto value) {
+      f << "[";
+      for (size_t k = 0; k < n; ++k) f << (k ? ", " : "") << value(k);
       f << "]";
+    };
+    if (mon.available()) {
+      f << ",\n  \"pass_sm_mhz\": ";
+      list(pass_gpu.size(), [&](size_t k) { return std::lround(pass_gpu[k].sm_mhz); });
+      f << ",\n  \"pass_power_capped\": ";
+      list(pass_gpu.size(), [&](size_t k) { return pass_gpu[k].power_capped; });
     }
     f << ",\n  \"cases\": [\n";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       f << "    {\"b\": " << r.c.b << ", \"h\": " << r.c.h << ", \"s_q\": " << r.c.s_q << ", \"s_k\": "
         << (r.c.random_lengths ? "\"U(1,32768)\"" : std::to_string(r.c.s_k)) << ", \"tokens\": " << static_cast<long long>(r.tokens)
-        << ", \"fp8_us\": " << r.fp8_us << ", \"bf16_us\": " << r.bf16_us << ", \"fp8_us_passes\": [";
-      for (size_t k = 0; k < fp8_passes[i].size(); ++k) f << (k ? ", " : "") << fp8_passes[i][k];
-      f << "]}" << (i + 1 < results.size() ? "," : "") << "\n";
+        << ", \"fp8_us\": " << r.fp8_us << ", \"bf16_us\": " << r.bf16_us << ", \"fp8_us_passes\": ";
+      list(fp8_passes[i].size(), [&](size_t k) { return fp8_passes[i][k]; });
+      f << "}" << (i + 1 < results.size() ? "," : "") << "\n";
     }
     f << "  ]\n}\n";
   }
