@@ -7,6 +7,8 @@
 // written directly by the decode kernel and are skipped here.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "../common/check.cuh"
 #include "../common/numeric.cuh"
 #include "combine.hpp"
@@ -17,15 +19,12 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 constexpr int kQuarters = 4;  // warps per row: 128 dims each
 constexpr int kUnroll = 8;    // splits whose partial rows are in flight at once
+constexpr int kBlocksPerSm = 8;  // 8-warp blocks that fill an SM (64 warps)
 
-__global__ void combine_kernel(CombineParams p) {
-  const int b = blockIdx.x;
-  const int wq = blockIdx.y * kWarpsPerBlock + threadIdx.x / 32;  // (row, quarter)
-  const int r = wq / kQuarters, quarter = wq % kQuarters;
-  const int lane = threadIdx.x % 32;
-  if (r >= p.rows) return;
-  const int lo = p.split_offsets[b], hi = p.split_offsets[b + 1];
-  if (hi - lo <= 1) return;
+// Row r, dims [128 quarter, + 128) of sequence b, whose splits are lo .. hi - 1 (at least two), by
+// one warp.
+__device__ __forceinline__ void combine_row_quarter(const CombineParams& p, int b, int lo, int hi, int r, int quarter,
+                                                    int lane) {
   const float* lse_of = p.partial_lse + r;  // split k's at k * rows
   float m = -INFINITY;
   for (int k = lo + lane; k < hi; k += 32) m = fmaxf(m, lse_of[int64_t(k) * p.rows]);
@@ -67,11 +66,35 @@ __global__ void combine_kernel(CombineParams p) {
   if (quarter == 0 && lane == 0) *lse_out = total;
 }
 
+// Block (b, y) merges sequence b's (row, quarter) tasks y * 8 + warp, + gridDim.y * 8, ... The grid is
+// at most about one wave of blocks (combine below): a block of a sequence with one split exits at
+// once, but the GPU still launches it, and one block per 8 tasks (b = 128, h = 128: 8192 blocks
+// where no sequence is split) cost ~4 us per call; split sequences keep a warp per task where the
+// batch is small and share warps where a wave holds fewer warps than tasks.
+__global__ void combine_kernel(CombineParams p) {
+  const int b = blockIdx.x;
+  const int lo = p.split_offsets[b], hi = p.split_offsets[b + 1];
+  if (hi - lo <= 1) return;
+  const int lane = threadIdx.x % 32;
+  for (int wq = blockIdx.y * kWarpsPerBlock + threadIdx.x / 32; wq < p.rows * kQuarters;
+       wq += gridDim.y * kWarpsPerBlock)
+    combine_row_quarter(p, b, lo, hi, wq / kQuarters, wq % kQuarters, lane);
+}
+
 }  // namespace
 
 void combine(const CombineParams& p, cudaStream_t stream) {
   if (p.batch == 0) return;
-  const dim3 grid(p.batch, (p.rows * kQuarters + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  // The current device's SM count (the dispatch made the output's device current): a grid-size
+  // heuristic only, so a failed query falls back to the H200's.
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();
+    sms = 132;
+  }
+  const int per_seq = (p.rows * kQuarters + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const int wave = (sms * kBlocksPerSm + p.batch - 1) / p.batch;
+  const dim3 grid(p.batch, std::min(per_seq, std::max(1, wave)));
   combine_kernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
   check_launch("combine_kernel");
 }
