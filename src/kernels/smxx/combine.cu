@@ -88,7 +88,8 @@ void combine(const CombineParams& p, cudaStream_t stream) {
   // The current device's SM count (the dispatch made the output's device current): a grid-size
   // heuristic only, so a failed query falls back to the H200's.
   int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
     cudaGetLastError();
     sms = 132;
   }
