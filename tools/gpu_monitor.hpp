@@ -6,7 +6,7 @@
 // with no cap, where clock64 over the global timer inside the same kind of run measured 1.74-1.76
 // GHz (docs/kernels.md, session 11). So use it over seconds - a pass of the benchmark grid - as the
 // power state the pass ran in, not as a cycle count; the decode kernels' stamps build
-// (decode/stamps.cuh) measures the clock of single calls. NVML is loaded at run time (dlopen): the tools build and run where
+// (a clock64 stamps build, kept outside the product) measures the clock of single calls. NVML is loaded at run time (dlopen): the tools build and run where
 // there is no driver, and then report no clock.
 #pragma once
 

@@ -375,15 +375,20 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   const auto want = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), cpu_opt);
   const Fp8RowStats stats = fp8_row_stats(B);
   // Rows that fit the narrow tile run it by default; the 64-row tile is checked on the same
-  // inputs too (SNAPMLA_FP8_TILE=64). SNAPMLA_FP8_TILE set for the whole run (e.g. to put one
-  // kernel under a sanitizer) tests that tile only.
+  // inputs too (DecodeOptions::fp8_tile). SNAPMLA_TEST_FP8_TILE=16 or 64 in the test's
+  // environment (e.g. to put one kernel under a sanitizer) tests that tile only.
   const bool narrow = c.h * c.s_q <= 16;
-  std::vector<std::string> tiles = narrow ? std::vector<std::string>{"16", "64"} : std::vector<std::string>{"64"};
-  if (const char* forced = std::getenv("SNAPMLA_FP8_TILE"); forced != nullptr && (narrow || std::string(forced) == "64"))
-    tiles = {forced};
-  for (const std::string& tile_name : tiles) {
-    const char* tile = tile_name.c_str();
-    test::ScopedEnv force("SNAPMLA_FP8_TILE", tile);
+  std::vector<Fp8Tile> tiles = narrow ? std::vector<Fp8Tile>{Fp8Tile::kNarrow16, Fp8Tile::kRows64}
+                                      : std::vector<Fp8Tile>{Fp8Tile::kRows64};
+  if (const char* only = std::getenv("SNAPMLA_TEST_FP8_TILE"); only != nullptr) {
+    const std::string o = only;
+    if (o == "64") tiles = {Fp8Tile::kRows64};
+    else if (o == "16" && narrow) tiles = {Fp8Tile::kNarrow16};
+    else if (o == "16") tiles = {};
+  }
+  for (const Fp8Tile tile_kind : tiles) {
+    const char* tile = tile_kind == Fp8Tile::kNarrow16 ? "16" : "64";
+    gpu_opt.fp8_tile = tile_kind;
     G.out.poison();
     G.lse.poison();
     decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), gpu_opt);
@@ -668,12 +673,14 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
     // Forcing the narrow tile on more rows than it holds (h = 16, s_q = 2: 32 rows).
     Batch B2 = make_batch(rng, {100}, 2, 16);
     GpuBatch G2(B2);
-    test::ScopedEnv force("SNAPMLA_FP8_TILE", "16");
-    EXPECT_ARG_ERROR(decode_fp8(G2.qq(), G2.fp8(), G2.pages(), G2.output(), test::options(B2)), "SNAPMLA_FP8_TILE");
+    DecodeOptions forced = test::options(B2);
+    forced.fp8_tile = Fp8Tile::kNarrow16;
+    EXPECT_ARG_ERROR(decode_fp8(G2.qq(), G2.fp8(), G2.pages(), G2.output(), forced), "options.fp8_tile");
   }
   {
-    test::ScopedEnv force("SNAPMLA_FP8_TILE", "32");  // not a tile
-    EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), "SNAPMLA_FP8_TILE");
+    DecodeOptions forced = test::options(B);
+    forced.fp8_tile = static_cast<Fp8Tile>(7);  // not a tile
+    EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), forced), "options.fp8_tile");
   }
   // The debug checks read the device tables and name the bad entry.
   EXPECT_NO_THROW(check_page_table(G.pages(), B.num_pages));
