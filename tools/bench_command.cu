@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "../tests/gpu/device_buffer.hpp"
+#include "common/device_buffer.hpp"
 #include "commands.hpp"
 #include "gpu_monitor.hpp"
 #include "snapmla/snapmla.hpp"
@@ -25,8 +25,8 @@
 namespace snapmla::cli {
 namespace {
 
-using test::cuda_ok;
-using test::DeviceBuffer;
+using device_memory::cuda_ok;
+using device_memory::DeviceBuffer;
 
 // Measured ceilings of one H200 (ANCHORS.md); the copy bandwidth is re-measured each run.
 constexpr double kFp8Tflops = 1228.0, kBf16Tflops = 665.0;

@@ -4,11 +4,10 @@
 #include <numeric>
 #include <vector>
 
-#include "../reference/attention_core.hpp"
-#include "snapmla/accuracy.hpp"
 #include "snapmla/numeric.hpp"
 #include "snapmla/reference.hpp"
 #include "snapmla/snapmla.hpp"
+#include "study/accuracy.hpp"
 
 namespace snapmla::accuracy {
 namespace {
@@ -189,28 +188,15 @@ Output run_variant(Recipe recipe, const synthetic::Sequence& seq) {
     default:
       throw std::logic_error("run_variant: not a variant recipe");
   }
-  std::vector<detail::QueryRow> qrows(rows);
-  for (int r = 0; r < rows; ++r) {
-    const int i = r / c.num_heads;
-    qrows[r] = {Q.values.data() + size_t(r) * kHeadDim, seq.softmax_scale * Q.scale[r],
-                std::max(0, n - c.seqlen_q + i + 1)};
-  }
-  const detail::KeySet keys{K.values.data(), K.scale.data(), n};
-  std::vector<float> out(size_t(rows) * kLatentDim), lse_rows(rows);
-  constexpr int kGroup = 8;
-  detail::parallel_for((rows + kGroup - 1) / kGroup, [&](int64_t g) {
-    const int r0 = int(g) * kGroup, cnt = std::min(kGroup, rows - r0);
-    detail::attend_rows(qrows.data() + r0, cnt, keys, 0, n, detail::PvMode::kFp8,
-                        out.data() + size_t(r0) * kLatentDim, lse_rows.data() + r0);
-  });
+  std::vector<float> q_factor(rows);
+  for (int r = 0; r < rows; ++r) q_factor[r] = seq.softmax_scale * Q.scale[r];
+  const ref::DecodeResultF32 res = ref::decode_fp8_decoded(
+      Q.values.data(), q_factor.data(), c.seqlen_q, c.num_heads, K.values.data(), K.scale.data(),
+      n, /*causal=*/true);
   Output o;
-  o.out.resize(out.size());
-  for (size_t i = 0; i < out.size(); ++i) o.out[i] = to_float(to_bf16(out[i]));
-  o.lse.resize(rows);
-  for (int r = 0; r < rows; ++r) {  // rows are (i, h); lse is [h, s_q]
-    const int i = r / c.num_heads, h = r % c.num_heads;
-    o.lse[size_t(h) * c.seqlen_q + i] = lse_rows[r];
-  }
+  o.out.resize(res.out.size());
+  for (size_t i = 0; i < res.out.size(); ++i) o.out[i] = to_float(to_bf16(res.out[i]));
+  o.lse = res.lse;
   return o;
 }
 

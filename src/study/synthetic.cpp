@@ -1,4 +1,4 @@
-#include "snapmla/synthetic.hpp"
+#include "study/synthetic.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -7,29 +7,6 @@
 #include <vector>
 
 namespace snapmla {
-
-std::string to_string(Device d) {
-  return d.is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(d.index);
-}
-
-Error::Error(std::string op, std::string argument, const std::string& what)
-    : std::invalid_argument("snapmla::" + op + ": argument '" + argument + "': " + what),
-      op_(std::move(op)),
-      argument_(std::move(argument)) {}
-
-int split_plan_capacity(int batch, int num_workers) {
-  if (batch < 0) throw Error("split_plan_capacity", "batch", "expected >= 0");
-  if (num_workers < 1) throw Error("split_plan_capacity", "num_workers", "expected >= 1");
-  return batch + num_workers;
-}
-
-size_t decode_workspace_bytes(int split_capacity, int seqlen_q, int num_heads) {
-  if (split_capacity < 0 || seqlen_q < 0 || num_heads < 0)
-    throw Error("decode_workspace_bytes", "split_capacity", "sizes must be >= 0");
-  return static_cast<size_t>(split_capacity) * seqlen_q * num_heads * (kLatentDim + 1) *
-         sizeof(float);
-}
-
 namespace detail {
 namespace {
 
@@ -156,6 +133,56 @@ void validate(const char* op, const DecodeOptions& o, int batch) {
            "expected the batch of q (" + std::to_string(batch) + "), got " +
                std::to_string(o.plan->batch));
   }
+}
+
+void check_rows_match(const char* op, const KvRows& kv, const SlotMapping& slots,
+                      const char* rows_name) {
+  if (slots.num_tokens != kv.num_tokens)
+    fail(op, std::string(rows_name) + ".num_tokens",
+         "expected one row per slot (" + std::to_string(slots.num_tokens) + "), got " +
+             std::to_string(kv.num_tokens));
+}
+
+void check_decode_common(const char* op, int q_batch, Device q_dev, const PageTable& pages,
+                         const DecodeOutput& out, const DecodeOptions& options, Device cache_dev) {
+  check_devices_match(op, q_dev, "cache", cache_dev);
+  check_devices_match(op, q_dev, "pages", pages.device);
+  check_devices_match(op, q_dev, "out", out.device);
+  if (options.plan) check_devices_match(op, q_dev, "options.plan", options.plan->device);
+  validate(op, pages);
+  validate(op, out);
+  validate(op, options, q_batch);
+  if (pages.batch != q_batch)
+    fail(op, "pages.batch",
+         "expected the batch of q (" + std::to_string(q_batch) + "), got " +
+             std::to_string(pages.batch));
+}
+
+void check_workspace(const char* op, const DecodeOptions& options, int seqlen_q, int num_heads) {
+  if (options.plan == nullptr) return;
+  const size_t need = decode_workspace_bytes(options.plan->capacity, seqlen_q, num_heads);
+  if (options.workspace == nullptr || options.workspace_bytes < need)
+    fail(op, "options.workspace",
+         "expected device memory of at least decode_workspace_bytes(capacity, s_q, h) = " +
+             std::to_string(need) + " bytes for the split partials, got " +
+             std::to_string(options.workspace_bytes));
+  if (reinterpret_cast<uintptr_t>(options.workspace) % 16 != 0)
+    fail(op, "options.workspace", "expected a 16-byte aligned pointer");
+}
+
+void check_plan_splits_args(const char* op, const PageTable& pages, int num_workers,
+                            const SplitPlan& plan) {
+  validate(op, pages);
+  validate(op, plan);
+  if (num_workers < 1) fail(op, "num_workers", "expected >= 1, got " + std::to_string(num_workers));
+  if (plan.batch != pages.batch)
+    fail(op, "plan.batch", "expected pages.batch (" + std::to_string(pages.batch) + "), got " +
+                               std::to_string(plan.batch));
+  if (plan.capacity < split_plan_capacity(pages.batch, num_workers))
+    fail(op, "plan.capacity",
+         "expected >= split_plan_capacity(batch, num_workers) = " +
+             std::to_string(split_plan_capacity(pages.batch, num_workers)) + ", got " +
+             std::to_string(plan.capacity));
 }
 
 void check_slots_in_range(const char* op, const SlotMapping& s, int64_t num_pages) {

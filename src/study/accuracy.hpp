@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "snapmla/synthetic.hpp"
+#include "study/synthetic.hpp"
 
 namespace snapmla::accuracy {
 

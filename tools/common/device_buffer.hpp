@@ -1,4 +1,4 @@
-// Minimal device memory helpers for the GPU tests and the benchmark.
+// Owning device memory for the benchmark and the GPU tests (host code; no kernels).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace snapmla::test {
+namespace snapmla::device_memory {
 
 inline void cuda_ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess)
@@ -56,4 +56,4 @@ class DeviceBuffer {
   size_t n_ = 0;
 };
 
-}  // namespace snapmla::test
+}  // namespace snapmla::device_memory
