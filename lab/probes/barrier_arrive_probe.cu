@@ -14,7 +14,7 @@
 // Build (sm_90a, as the kernels) and run on the GPU machine:
 //   nvcc -O2 -gencode arch=compute_90a,code=sm_90a -cudart static -o
 //   barrier_arrive_probe \
-//        tools/probes/barrier_arrive_probe.cu
+//        lab/probes/barrier_arrive_probe.cu
 //   compute-sanitizer --tool racecheck ./barrier_arrive_probe 0   # hazards
 //   reported compute-sanitizer --tool racecheck ./barrier_arrive_probe 1   #
 //   none

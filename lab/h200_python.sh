@@ -20,4 +20,4 @@ python3 -c "import snapmla; print(snapmla.info())"
 python3 -m pytest -q -rs -p no:cacheprovider "$OLDPWD/tests/python" 2>&1 | tee "$out/pytest.log" | tail -25
 python3 "$OLDPWD/examples/decode_step.py" 2>&1 | tee "$out/decode_step.log"
 python3 "$OLDPWD/examples/decode_step.py" --batch 128 --heads 128 --context 8192 2>&1 | tee "$out/decode_step_b128.log" | tail -4
-python3 "$OLDPWD/tools/py_call_overhead.py" 2>&1 | tee "$out/call_overhead.log"
+python3 "$OLDPWD/lab/py_call_overhead.py" 2>&1 | tee "$out/call_overhead.log"

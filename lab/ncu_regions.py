@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Warp-stall samples of one kernel summed by code region, from Nsight Compute's source page.
 
-Input: the CSV of `ncu -i REPORT --page source --csv --print-source sass` (scripts/h200_round.sh
+Input: the CSV of `ncu -i REPORT --page source --csv --print-source sass` (lab/h200_round.sh
 ncu writes it). Regions are runs of SASS instructions given by their row numbers in that CSV (the
 first data row is 0): `--cuts 0,651,654,1038 --names pre,qkwait,scores` gives three regions. Find
 the cuts by listing the instructions (`--list`, with samples and the main stall reasons) and

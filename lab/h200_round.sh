@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One round on the H200 (device tool): binaries built here are carried in .devbin/.
-#   scripts/h200_round.sh tests|sanitize|bench|quick|ncu|compare|stamps [commit]
+#   lab/h200_round.sh tests|sanitize|bench|quick|ncu|compare|stamps [commit]
 # compare: .devbin/snapmla and every .devbin/snapmla_<name> build (e.g. main and a branch) timed on b=128, 8K,
 # h=128/64/16, interleaved over $ROUNDS rounds (default 2) in this one run. stamps: every
 # .devbin/snapmla_st<name> build (configured with -DCMAKE_CUDA_FLAGS=-DSNAPMLA_STAMPS) prints one

@@ -11,7 +11,7 @@
 //
 // Build (sm_90a) and run on the GPU machine:
 //   nvcc -O2 -std=c++20 -gencode arch=compute_90a,code=sm_90a -cudart static -I src \
-//        -o wgmma_issue_probe tools/probes/wgmma_issue_probe.cu
+//        -o wgmma_issue_probe lab/probes/wgmma_issue_probe.cu
 //   ./wgmma_issue_probe
 #include <cuda_runtime.h>
 

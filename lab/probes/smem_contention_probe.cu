@@ -14,7 +14,7 @@
 //
 // Build (sm_90a) and run on the GPU machine:
 //   nvcc -O2 -std=c++20 -gencode arch=compute_90a,code=sm_90a -cudart static -I src \
-//        -o smem_contention_probe tools/probes/smem_contention_probe.cu
+//        -o smem_contention_probe lab/probes/smem_contention_probe.cu
 //   ./smem_contention_probe
 #include <cuda_runtime.h>
 

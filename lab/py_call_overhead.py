@@ -1,6 +1,6 @@
 """Host cost of one decode call from Python: snapmla.decode_fp8 (DLPack arguments), the torch
 custom op, and a CUDA-graph replay of the same step, against the kernel time (CUDA events).
-Needs PyTorch and an sm_90 GPU: `python tools/py_call_overhead.py`."""
+Needs PyTorch and an sm_90 GPU: `python lab/py_call_overhead.py`."""
 
 import time
 
