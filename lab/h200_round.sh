@@ -37,7 +37,7 @@ case "$mode" in
     ;;
   ncu)
     # One decode_fp8 launch at b=128, h=64, s_k=8192: the full section set with source-level
-    # warp-stall sampling, as a details page and a per-SASS-instruction CSV (docs/kernels.md
+    # warp-stall sampling, as a details page and a per-SASS-instruction CSV (docs/archive/kernel_history.md
     # sums the CSV's samples by code region).
     ncu --set full --import-source yes -o "$out/decode_fp8_$commit" --kernel-name regex:decode_fp8_kernel \
       --launch-skip 5 --launch-count 1 "$bin/snapmla" bench --reps 3 --case 128,64,1,8192 > "$out/ncu_run.txt" 2>&1

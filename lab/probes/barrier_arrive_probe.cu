@@ -1,5 +1,5 @@
 // Does compute-sanitizer racecheck model a bar.arrive -> bar.sync hand-off as
-// ordering the arriving thread's earlier reads? (docs/kernels.md, session 7,
+// ordering the arriving thread's earlier reads? (docs/archive/kernel_history.md,
 // and Next 14.)
 //
 // A copy of decode_fp8's (64-row tile) hand-off protocol between its two

@@ -1,5 +1,5 @@
 // How slow do a warpgroup's shared-memory reads and shuffles get while another warpgroup's
-// wgmmas read their operands from shared memory? (docs/kernels.md, session 10.)
+// wgmmas read their operands from shared memory? (docs/archive/kernel_history.md.)
 //
 // decode_fp8's stamps show the softmax's probabilities taking ~1000 cycles when they run beside
 // the other consumer's PVs and ~1600 beside its QK, and the output rescale (one 8-byte load of the

@@ -1,4 +1,4 @@
-// How long does issuing a batch of wgmmas hold the issuing warpgroup? (docs/kernels.md, session 9,
+// How long does issuing a batch of wgmmas hold the issuing warpgroup? (docs/archive/kernel_history.md,
 // and Next 18.)
 //
 // One warpgroup issues N chained wgmmas (FP8 m64n64k32 from shared memory, the QK's instruction,

@@ -352,9 +352,9 @@ class GpuDecode : public ::testing::TestWithParam<Case> {};
 // tolerances are checked on its own kind of data in the next test. decode_fp8 (wgmma): the FP8
 // tensor-core accumulator keeps ~13-14 bits, so scores carry errors of ~2^-12 of their terms'
 // magnitude (checked per row by expect_fp8_lse) that move P and the output (checked per row by
-// expect_fp8_rows); the overall rel-L2 measured 1.2e-3 .. 4.5e-3 on the H200 (docs/kernels.md),
-// bounded here at 1e-2 as a gross check. The issue's 2e-3 assumed an exactly accumulating
-// tensor core; the mma.sync version 1 met it (<= 1.3e-4). Against
+// expect_fp8_rows); the overall rel-L2 measured 1.2e-3 .. 4.5e-3 on the H200 (docs/archive/kernel_history.md),
+// bounded here at 1e-2 as a gross check. A bound of 2e-3 would assume an exactly accumulating
+// tensor core; the first, mma.sync kernel met it (<= 1.3e-4). Against
 // float64 truth this changes nothing measurable (4.00% rel-L2 with either kernel, below).
 TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   REQUIRE_GPU();
@@ -517,7 +517,7 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(name);
     });
 
-// The coverage edges of the issue: a 256K-token sequence (with a length that is not a multiple
+// The edges of the supported range: a 256K-token sequence (with a length that is not a multiple
 // of 64) and a batch of 1024 sequences of mixed lengths including 0 and 1.
 TEST(GpuDecodeEdges, QuarterMillionTokensAndBatch1024) {
   REQUIRE_GPU();
