@@ -12,7 +12,7 @@ cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DSNAPMLA_BUILD_TESTS=ON -
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" "$@"
 
-# Python package (issue 4): the same library through scikit-build-core + nanobind (pinned in
+# Python package: the same library through scikit-build-core + nanobind (pinned in
 # pyproject.toml), tested with NumPy against the float64 formulation in tests/python.
 VENV="$BUILD_DIR/venv"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"

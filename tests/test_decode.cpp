@@ -444,6 +444,40 @@ TEST(Paging, NaNInUnusedSlotsNeverReachesAnOutput) {
   }
 }
 
+TEST(DecodedOperands, SnapMlaOperandsGiveDecodeFp8Exactly) {
+  // The study's entry point runs the same arithmetic as decode_fp8: fed the FP8 cache's and the
+  // quantized query's own values and scales (one sequence, pages shuffled), it must reproduce
+  // decode_fp8_f32 bit for bit, out and lse.
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  for (const int s_q : {1, 3}) {
+    const int len = 200, h = 32, rows = s_q * h;
+    Batch B = make_batch(rng, {len}, s_q, h);
+    const auto want = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
+    std::vector<float> q(size_t(rows) * kHeadDim), q_factor(rows), keys(size_t(len) * kHeadDim),
+        key_scale(len);
+    for (int r = 0; r < rows; ++r) {
+      for (int d = 0; d < kLatentDim; ++d) q[size_t(r) * kHeadDim + d] = to_float(B.q_nope[size_t(r) * kLatentDim + d]);
+      for (int d = 0; d < kRopeDim; ++d)
+        q[size_t(r) * kHeadDim + kLatentDim + d] = to_float(B.q_rope[size_t(r) * kRopeDim + d]);
+      q_factor[r] = B.softmax_scale * B.q_scale[r];
+    }
+    for (int t = 0; t < len; ++t) {
+      const int64_t slot = B.slot(0, t);
+      for (int d = 0; d < kLatentDim; ++d) keys[size_t(t) * kHeadDim + d] = to_float(B.latent[slot * kLatentDim + d]);
+      for (int d = 0; d < kRopeDim; ++d)
+        keys[size_t(t) * kHeadDim + kLatentDim + d] = to_float(B.rope[slot * kRopeDim + d]);
+      key_scale[t] = B.scale[slot];
+    }
+    const auto got = ref::decode_fp8_decoded(q.data(), q_factor.data(), s_q, h, keys.data(),
+                                             key_scale.data(), len, /*causal=*/true);
+    ASSERT_EQ(got.out.size(), want.out.size());
+    ASSERT_EQ(got.lse.size(), want.lse.size());
+    for (size_t i = 0; i < want.out.size(); ++i) ASSERT_EQ(got.out[i], want.out[i]) << "s_q " << s_q << " out " << i;
+    for (size_t i = 0; i < want.lse.size(); ++i) ASSERT_EQ(got.lse[i], want.lse[i]) << "s_q " << s_q << " lse " << i;
+  }
+}
+
 TEST(GroundTruth, Float64AttentionMatchesTheFormula) {
   // Two tokens, one head: softmax of two scores, by hand.
   std::vector<float> q(kHeadDim, 0.f), kv(2 * kHeadDim, 0.f);

@@ -1,6 +1,6 @@
 // `snapmla bench`: decode_fp8 and decode_bf16 timed side by side in the same run (CUDA events,
 // warm-up, medians), plus append and gather_dequant against the device copy bandwidth.
-// Every number is reported with its floor from DESIGN.md's performance model.
+// Every number is reported with its floor from the performance model (docs/design.md).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "../tests/gpu/device_buffer.hpp"
+#include "common/device_buffer.hpp"
 #include "commands.hpp"
 #include "gpu_monitor.hpp"
 #include "snapmla/snapmla.hpp"
@@ -25,10 +25,11 @@
 namespace snapmla::cli {
 namespace {
 
-using test::cuda_ok;
-using test::DeviceBuffer;
+using device_memory::cuda_ok;
+using device_memory::DeviceBuffer;
 
-// Measured ceilings of one H200 (ANCHORS.md); the copy bandwidth is re-measured each run.
+// Measured dense GEMM rates of one H200 (docs/design.md, performance model); the copy
+// bandwidth is re-measured each run.
 constexpr double kFp8Tflops = 1228.0, kBf16Tflops = 665.0;
 
 __global__ void fill_kv_kernel(uint16_t* kv, int64_t n, uint64_t seed, float rope_amp = 300.f) {
@@ -62,8 +63,8 @@ double median(std::vector<float> v) {
 }
 
 // Times fn() with events: `warmup` untimed calls, then `reps` timed ones; median in us. Before
-// each timed call the GPU clears a 256 MB buffer (as triton.do_bench, which measured the anchors
-// in shared/ANCHORS.md, does): the call finds nothing of its inputs in L2, and the GPU is busy
+// each timed call the GPU clears a 256 MB buffer (as triton.do_bench, which measured FlashMLA's
+// times in docs/results/flashmla_h200.md, does): the call finds nothing of its inputs in L2, and the GPU is busy
 // while the host enqueues the call, so the interval between the events holds the call's GPU work
 // and not the host's launch work (tensor maps, argument checks, two launches: ~15-25 us that an
 // engine replaying a CUDA graph does not pay). No synchronization until all reps are enqueued.
@@ -206,7 +207,7 @@ Floors floors(const Result& r, double copy_tbs) {
   return {std::max(fp8_mem, fp8_cmp), std::max(bf_mem, bf_cmp)};
 }
 
-// FlashMLA on one H200 (shared/ANCHORS.md, 2026-11-29), b = 128 unless noted; 0 = not measured.
+// FlashMLA on one H200 (docs/results/flashmla_h200.md, 2026-11-29); 0 = not measured.
 struct Anchor {
   int b, h, s_q, s_k;
   double flashmla_bf16_us, flashmla_fp8_us;
@@ -419,11 +420,11 @@ int bench_command(const std::vector<std::string>& args) {
       << "append (4M tokens, shuffled slots, reads 1152 B and writes 644 B per token): " << append_tbs << " TB/s = "
       << 100 * append_tbs / copy_tbs << "% of copy; gather_dequant (reads 644, writes 1152 B per token): " << gather_tbs
       << " TB/s = " << 100 * gather_tbs / copy_tbs << "% of copy.\n\n"
-      << "FlashMLA columns: the peers' times on an H200 from shared/ANCHORS.md (not re-measured here).\n\n";
+      << "FlashMLA columns: FlashMLA's times on an H200 from docs/results/flashmla_h200.md (not re-measured here).\n\n";
     if (mon.available()) {
       f << "SM clock as NVML reports it (the clock the driver set, sampled every 1 ms; 1980 MHz is the maximum; "
         << "under this load the GPU is at its 700 W limit, and the SMs' own clock can be lower still - "
-        << "docs/kernels.md, session 11):";
+        << "docs/design.md, performance model):";
       for (size_t k = 0; k < pass_gpu.size(); ++k)
         f << (k ? ";" : "") << " pass " << k + 1 << " mean " << std::lround(pass_gpu[k].sm_mhz) << " MHz, power cap active in "
           << std::lround(100 * pass_gpu[k].power_capped) << "% of samples";
