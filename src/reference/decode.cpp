@@ -77,7 +77,7 @@ DecodeResultF32 run_decode(const char* op, DecodeShape shape, const std::vector<
       const int k = static_cast<int>(task / groups);
       const int r0 = static_cast<int>(task % groups) * kRowsPerTask;
       const int count = std::min(kRowsPerTask, rows - r0);
-      detail::attend_rows(qrows.data() + r0, count, ks, split_begin[k], split_begin[k + 1], mode,
+      detail::attend_rows(qrows.data() + r0, count, ks, split_begin[k], split_begin[k + 1], mode, kPageSize,
                           part_out.data() + (size_t(k) * rows + r0) * kLatentDim,
                           part_lse.data() + size_t(k) * rows + r0);
     });

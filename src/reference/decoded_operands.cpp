@@ -11,8 +11,10 @@ namespace snapmla::ref {
 
 DecodeResultF32 decode_fp8_decoded(const float* q, const float* q_factor, int seqlen_q,
                                    int num_heads, const float* keys, const float* key_scale,
-                                   int seqlen_k, bool causal) {
+                                   int seqlen_k, bool causal, int p_block_tokens) {
   constexpr const char* op = "ref::decode_fp8_decoded";
+  if (p_block_tokens != 64 && p_block_tokens != 128 && p_block_tokens != 256)
+    detail::fail(op, "p_block_tokens", "expected 64, 128 or 256, got " + std::to_string(p_block_tokens));
   if (seqlen_q < 1) detail::fail(op, "seqlen_q", "expected >= 1, got " + std::to_string(seqlen_q));
   if (num_heads < 1) detail::fail(op, "num_heads", "expected >= 1, got " + std::to_string(num_heads));
   if (seqlen_k < 0) detail::fail(op, "seqlen_k", "expected >= 0, got " + std::to_string(seqlen_k));
@@ -30,7 +32,7 @@ DecodeResultF32 decode_fp8_decoded(const float* q, const float* q_factor, int se
   constexpr int kRowsPerTask = 8;
   detail::parallel_for((rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t g) {
     const int r0 = int(g) * kRowsPerTask, count = std::min(kRowsPerTask, rows - r0);
-    detail::attend_rows(qrows.data() + r0, count, ks, 0, seqlen_k, detail::PvMode::kFp8,
+    detail::attend_rows(qrows.data() + r0, count, ks, 0, seqlen_k, detail::PvMode::kFp8, p_block_tokens,
                         res.out.data() + size_t(r0) * kLatentDim, lse_rows.data() + r0);
   });
   res.lse.resize(rows);
