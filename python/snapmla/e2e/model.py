@@ -114,6 +114,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(torch.bfloat16)
 
 
+def matmul_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b of bf16 matrices with a float32 result (fp32 accumulation, no rounding to bf16):
+    tensor-parallel partial sums then add up to what one rank computes, to float32 rounding."""
+    if a.is_cuda:
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()
+
+
 class TensorParallel:
     """This rank's place in the tensor-parallel group (world size 1: no communication)."""
 
@@ -172,7 +180,7 @@ class DenseMLP:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = (x @ self.w_gate_up).chunk(2, dim=-1)
-        return F.silu(gate) * up @ self.w_down
+        return matmul_f32(F.silu(gate) * up, self.w_down)
 
 
 class Model:
@@ -238,7 +246,7 @@ class Model:
             out, _ = st.decode_bf16(q_full, cache, block_table, seqlens,
                                     softmax_scale=cfg.softmax_scale, plan=plan)
         v = torch.bmm(out[:, 0].transpose(0, 1), layer.w_uv).transpose(0, 1).reshape(b, hl * cfg.v_head_dim)
-        return self.tp.all_reduce(v @ layer.w_o)
+        return self.tp.all_reduce(matmul_f32(v, layer.w_o))
 
     def decode_step(self, caches, tokens: torch.Tensor, positions: torch.Tensor,
                     block_table: torch.Tensor) -> None:
@@ -254,9 +262,10 @@ class Model:
         cos, sin = self.rope[0][pos], self.rope[1][pos]
         x = F.embedding(tokens, self.embed)
         for layer, cache in zip(self.layers, caches):
-            x = x + self.attention(layer, cache, x, cos, sin, slots, block_table, seqlens, plan)
+            # The residual adds in float32: the all-reduced partial sums are float32.
+            x = (x + self.attention(layer, cache, x, cos, sin, slots, block_table, seqlens, plan)).to(torch.bfloat16)
             if self.mlp is not None:
-                x = x + self.tp.all_reduce(self.mlp(rms_norm(x, layer.post_norm, self.cfg.rms_eps)))
+                x = (x + self.tp.all_reduce(self.mlp(rms_norm(x, layer.post_norm, self.cfg.rms_eps)))).to(torch.bfloat16)
         logits = rms_norm(x, self.final_norm, self.cfg.rms_eps) @ self.lm_head
         if self.keep_logits:
             self.last_logits = logits.float()
