@@ -137,7 +137,7 @@ def measure(model: Model, cache: str, kv_bytes: int, context: int, args, progres
             tokens_out: Optional[Dict]) -> Dict:
     """One (context, cache) run: prefill, warm-up, steady window."""
     max_len = context + args.output_len
-    eng = Engine(model, cache, kv_bytes, max_len, max_batch=args.max_batch, graphs=not args.no_graphs and None,
+    eng = Engine(model, cache, kv_bytes, max_len, max_batch=args.max_batch, graphs=False if args.no_graphs else None,
                  prefill_chunk=args.prefill_chunk, record_tokens=tokens_out is not None)
     holds = min(args.max_batch, eng.pool.num_pages // pages_needed(context, args.output_len))
     if holds < 1:
