@@ -173,6 +173,9 @@ def measure(model: Model, cache: str, kv_bytes: int, context: int, args, progres
         progress(f"{tag} decode step {i + 1}/{steps}, batch {len(eng.running)}")
     secs = eng.step_seconds()
     log = eng.log
+    if not log:
+        raise SystemExit(f"--output-len {args.output_len}: every request finished before the window "
+                         f"(the warm-up takes {args.warmup_steps} steps)")
     made = sum(r.batch for r in log)
     mem = torch.cuda.max_memory_allocated(model.device) / GIB if model.device.type == "cuda" else 0.0
     row = {
