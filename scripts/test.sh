@@ -13,9 +13,13 @@ cmake --build "$BUILD_DIR" -j "$(nproc)"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" "$@"
 
 # Python package: the same library through scikit-build-core + nanobind (pinned in
-# pyproject.toml), tested with NumPy against the float64 formulation in tests/python.
+# pyproject.toml), tested with NumPy against the float64 formulation in tests/python, and with
+# PyTorch (pinned, from PyPI; the CPU reference here) for the custom ops and the e2e engine.
+# SNAPMLA_TEST_TORCH=0 leaves PyTorch out: those tests then skip with a message.
 VENV="$BUILD_DIR/venv"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/python" -m pip install --quiet ".[test]"
+extras=test
+[ "${SNAPMLA_TEST_TORCH:-1}" = 0 ] || extras=test,torch,plot
+"$VENV/bin/python" -m pip install --quiet ".[$extras]"
 "$VENV/bin/python" -c "import snapmla; print(snapmla.info())"
 "$VENV/bin/python" -m pytest -q -rs tests/python
