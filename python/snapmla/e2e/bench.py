@@ -170,7 +170,7 @@ def measure(model: Model, cache: str, kv_bytes: int, context: int, args, progres
         if not eng.running:
             break
         eng.step()
-        progress(f"{tag} decode step {i + 1}/{steps}, batch {len(eng.running)}")
+        progress(f"{tag} decode step {i + 1}/{steps}, batch {len(eng.running)}", force=i == 0)
     secs = eng.step_seconds()
     log = eng.log
     if not log:
