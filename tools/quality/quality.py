@@ -363,6 +363,7 @@ def run_study(*, out_dir: str, device: str = "cuda", config: Config | None = Non
               corpus_root: str | None = None, seed: int = 0, log=print):
     """Train, evaluate, write out_dir/quality.{json,md}; returns the results dict."""
     t_start = time.perf_counter()
+    log = log or (lambda *_: None)
     dev = torch.device(device)
     torch.manual_seed(seed)
     cfg = config or Config()
