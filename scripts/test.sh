@@ -16,6 +16,10 @@ ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" "$@"
 # pyproject.toml), tested with NumPy against the float64 formulation in tests/python.
 VENV="$BUILD_DIR/venv"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/python" -m pip install --quiet ".[test]"
+# The PyTorch tests skip where torch is missing, as in CI; SNAPMLA_TEST_TORCH=1 installs the
+# pinned torch from PyPI (pyproject.toml's `torch` extra; it runs on the CPU) and runs them.
+extras=test
+if [ "${SNAPMLA_TEST_TORCH:-0}" = 1 ]; then extras=test,torch; fi
+"$VENV/bin/python" -m pip install --quiet ".[$extras]"
 "$VENV/bin/python" -c "import snapmla; print(snapmla.info())"
 "$VENV/bin/python" -m pytest -q -rs tests/python

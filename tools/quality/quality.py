@@ -469,7 +469,7 @@ def render_markdown(r) -> str:
         "",
         "Agreement: the fraction of generated tokens equal to the BF16 cache run's, position by position; "
         "first divergence: the mean position of the first differing token (the length when none differs). "
-        "`bf16 again` runs the BF16 cache a second time (determinism).",
+        "\"BF16 cache again\" runs the BF16 cache a second time (determinism).",
         "",
         "| attention / cache | agreement | mean first divergence |",
         "| --- | --- | --- |",
@@ -490,9 +490,10 @@ def render_markdown(r) -> str:
     lines += [
         "",
         "Per layer: quality.json, cache_statistics.per_layer. The per-tensor FP8 recipe is the project's "
-        "ablation recipe B (scale 1.0, all 576 dims e4m3, saturating) run on the device through the "
-        "library's decode_fp8: its e4m3 values are written into the FP8 cache planes with scale 1.0 and "
-        "the query is given as e4m3 with scale 1.0, so the attention arithmetic is the kernel's.",
+        "ablation recipe B (scale 1.0, all 576 dims e4m3, saturating), not emulated: its e4m3 values are "
+        "written into the FP8 cache planes with scale 1.0 and the query is given as e4m3 with scale 1.0, "
+        "so it runs through the library's decode_fp8 (the CUDA kernel on the GPU, the CPU reference "
+        "elsewhere) with SnapMLA's attention arithmetic.",
         "",
     ]
     return "\n".join(lines)
@@ -503,9 +504,24 @@ TINY = dict(config=Config(d_model=64, n_layers=2, n_heads=16, d_ff=128), train_s
             prompt_len=16, new_tokens=8)
 
 
+def summary(r) -> str:
+    """The headline numbers of a results dict, a few lines."""
+    p, g = r["perplexity"]["by_cache"], r["greedy"]["by_cache"]
+    lines = [f"model {r['model']['parameters'] / 1e6:.1f} M, trained {r['training']['seconds']} s "
+             f"({r['training']['tokens'] / 1e6:.1f} M tokens), loss {r['training']['loss_last10']:.3f}; "
+             f"{r['total_seconds']} s in all"]
+    for k in KINDS:
+        lines.append(f"{k:11} ppl {p[k]['ppl']:.4f} ({p[k]['ppl_vs_bf16']:+.3%} vs bf16)  top-1 "
+                     f"{p[k]['top1_agreement_bf16']:.4f}  greedy agreement {g[k]['agreement']:.4f}, "
+                     f"first divergence {g[k]['mean_first_divergence']:.1f}")
+    lines.append(f"bf16 rerun greedy agreement {g['bf16_rerun']['agreement']:.4f}")
+    return "\n".join(lines)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="directory for quality.json and quality.md")
+    ap.add_argument("--summary", metavar="JSON", help="print the headline numbers of a quality.json and exit")
+    ap.add_argument("--out", help="directory for quality.json and quality.md")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="the CPU test's settings (minutes on a CPU)")
     ap.add_argument("--train-seconds", type=float, default=210)
@@ -515,6 +531,12 @@ def main(argv=None):
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--corpus-root", default=None, help="directory of .py files (default: the stdlib)")
     a = ap.parse_args(argv)
+    if a.summary:
+        with open(a.summary) as f:
+            print(summary(json.load(f)))
+        return
+    if not a.out:
+        ap.error("--out is required")
     if a.device == "cuda" and not snapmla.cuda_device_available():
         sys.exit("--device cuda: snapmla has no CUDA kernels or no sm_90 GPU here (snapmla.info(): "
                  f"{snapmla.info()}); use --device cpu --tiny")
