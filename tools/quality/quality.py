@@ -119,7 +119,7 @@ def train(model, stream, *, ctx: int, batch: int, seconds: float, max_steps: int
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
     gen = torch.Generator(device=device).manual_seed(seed)
-    warmup = 20
+    warmup = min(40, max(1, max_steps // 4)) if max_steps else 40
     losses, step, t0 = [], 0, time.perf_counter()
     while True:
         elapsed = time.perf_counter() - t0
