@@ -114,9 +114,11 @@ def train(model, stream, *, ctx: int, batch: int, seconds: float, max_steps: int
     """AdamW with warmup and cosine decay over whichever of `seconds` / `max_steps` ends first
     (0 = no limit of that kind); returns the run's numbers."""
     device = stream.device
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and not n.startswith("embed")]
-    other = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and not n.startswith("embed"))]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
+    groups = {True: [], False: []}  # weight decay on the matrices, not on norms or embeddings
+    for n, p in model.named_parameters():
+        groups[p.dim() >= 2 and not n.startswith("embed")].append(p)
+    opt = torch.optim.AdamW([{"params": groups[True], "weight_decay": 0.1},
+                             {"params": groups[False], "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
     gen = torch.Generator(device=device).manual_seed(seed)
     warmup = min(40, max(1, max_steps // 4)) if max_steps else 40
@@ -371,6 +373,10 @@ def run_study(*, out_dir: str, device: str = "cuda", config: Config | None = Non
     train_stream, held = to_tokens(train_bytes, dev), to_tokens(held_bytes, dev)
     model = MLALM(cfg).to(dev)
     log(f"model: {model.num_parameters() / 1e6:.1f} M parameters; data: {data_info}")
+    # Every evaluation path once on a short window before training, so a failure costs seconds.
+    smoke = heldout_windows(held, min(256, eval_len), 1)
+    evaluate_perplexity(model, smoke, 1, log=None)
+    evaluate_greedy(model, smoke[:, :16], 2, log=None)
 
     training = train(model, train_stream, ctx=train_ctx, batch=train_batch, seconds=train_seconds,
                      max_steps=train_steps, lr=lr, seed=seed, log=log)
