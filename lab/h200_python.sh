@@ -1,20 +1,15 @@
 #!/usr/bin/env bash
-# The Python package on the H200 (device tool): build it there with `pip install .` (pinned
-# build requirements carried as wheels in .whl/, since the device has no network), then the
-# whole pytest suite (PyTorch GPU tests included), the example and the call-overhead probe.
+# The Python package on the H200 (device tool): build it there with `pip install .`
+# (lab/h200_pip_install.sh), then the whole pytest suite (PyTorch GPU tests included), the
+# example and the call-overhead probe.
 # Logs under $OUT (or /tmp/h200).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/h200}
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
+export PYTHONUNBUFFERED=1
 python3 -c "import sys, torch, numpy; print(sys.version.split()[0], 'torch', torch.__version__, 'numpy', numpy.__version__)"
-t0=$(date +%s)
-# No build isolation: the device's own CMake (its isolated build env cannot fetch one).
-python3 -m pip install -q --no-index --no-deps .whl/*.whl
-python3 -m pip install --no-build-isolation --no-index --no-deps . > "$out/pip_install.log" 2>&1 ||
-  { tail -40 "$out/pip_install.log"; exit 1; }
-echo "pip install .: $(( $(date +%s) - t0 )) s"
+lab/h200_pip_install.sh "$out" || exit 1
 cd /tmp  # import the installed package, not the source tree
 python3 -c "import snapmla; print(snapmla.info())"
 python3 -m pytest -q -rs -p no:cacheprovider "$OLDPWD/tests/python" 2>&1 | tee "$out/pytest.log" | tail -25

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The end-to-end benchmark on one H200 (device tool), in one call of about four minutes: build
 # the package with `pip install .` (pinned build requirements carried as wheels in .whl/, as
-# scripts/h200_python.sh), the e2e pytest file (its CUDA-graph test runs there), then
+# lab/h200_python.sh), the e2e pytest file (its CUDA-graph test runs there), then
 # `python -m snapmla.e2e` at 8K, 16K, 32K and 64K contexts with both caches at the same KV
 # budget, writing e2e_h200.{json,md,png} (the PNG where matplotlib is installed) and the logs
-# under the output directory: scripts/h200_e2e.sh [OUT_DIR] [COMMIT] (default $OUT or /tmp/h200).
+# under the output directory: lab/h200_e2e.sh [OUT_DIR] [COMMIT] (default $OUT or /tmp/h200).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/h200}}
