@@ -175,7 +175,11 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, DecodeFp8Shapes,
     ::testing::Values(Shape{16, 1, {0, 1, 63, 64, 65, 300}}, Shape{32, 2, {1, 2, 129, 64}},
                       Shape{64, 3, {200, 3, 0}}, Shape{128, 4, {257, 64}},
-                      Shape{128, 1, {1000}}, Shape{48, 2, {130, 5}}),
+                      Shape{128, 1, {1000}}, Shape{48, 2, {130, 5}},
+                      // Any head count: rows that fill no 16- or 64-row tile.
+                      Shape{1, 1, {70, 0, 5}}, Shape{3, 4, {130, 2}}, Shape{8, 2, {64, 200}},
+                      Shape{9, 1, {129}}, Shape{24, 3, {65, 1}}, Shape{63, 1, {200}},
+                      Shape{126, 4, {70}}),
     [](const ::testing::TestParamInfo<Shape>& info) {
       char name[48];
       std::snprintf(name, sizeof name, "h%d_sq%d_%zu", info.param.h, info.param.s_q, info.index);

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -218,6 +219,17 @@ inline double rel_l2(const std::vector<float>& a, const std::vector<double>& b) 
       EXPECT_EQ(e.argument().rfind((arg), 0), 0u)                                      \
           << "error names '" << e.argument() << "', expected '" << (arg) << "': " << e.what(); \
       EXPECT_NE(std::string(e.what()).find("expected"), std::string::npos) << e.what(); \
+    }                                                                                  \
+  } while (0)
+
+// stmt throws snapmla::Error whose message contains `text`.
+#define EXPECT_MESSAGE(stmt, text)                                                     \
+  do {                                                                                 \
+    try {                                                                              \
+      stmt;                                                                            \
+      ADD_FAILURE() << "expected snapmla::Error containing '" << (text) << "'";        \
+    } catch (const ::snapmla::Error& e) {                                              \
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();      \
     }                                                                                  \
   } while (0)
 

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "snapmla/reference.hpp"
+#include "../reference/named.hpp"
 #include "snapmla/snapmla.hpp"
 #include "validate.hpp"
 
@@ -78,7 +78,7 @@ template <typename Cache>
 void append_impl(const Cache& cache, const KvRows& kv, const SlotMapping& slots, Stream s) {
   detail::check_devices_match("append", cache.device, "kv", kv.device);
   detail::check_devices_match("append", cache.device, "slot_mapping", slots.device);
-  if (!on_gpu("append", "cache", cache.device)) return ref::append(cache, kv, slots);
+  if (!on_gpu("append", "cache", cache.device)) return ref::named::append("append", cache, kv, slots);
   detail::validate("append", cache);
   detail::validate("append", kv, "kv");
   detail::validate("append", slots);
@@ -93,6 +93,7 @@ void append_impl(const Cache& cache, const KvRows& kv, const SlotMapping& slots,
 }  // namespace
 
 int recommended_num_workers(Device device, int seqlen_q, int num_heads) {
+  detail::check_query_shape("recommended_num_workers", "seqlen_q", seqlen_q, "num_heads", num_heads);
   if (!on_gpu("recommended_num_workers", "device", device)) return ref::num_threads();
 #if SNAPMLA_HAVE_CUDA
   const int sms = cuda::require_sm90("recommended_num_workers", "device", device);
@@ -146,7 +147,7 @@ void append(const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& sl
 
 void quantize_query(const QueryBf16& q, const QuantizedQuery& out, Stream s) {
   detail::check_devices_match("quantize_query", q.device, "out", out.device);
-  if (!on_gpu("quantize_query", "q", q.device)) return ref::quantize_query(q, out);
+  if (!on_gpu("quantize_query", "q", q.device)) return ref::named::quantize_query("quantize_query", q, out);
   detail::validate("quantize_query", q);
   detail::validate("quantize_query", out, "out");
   if (out.batch != q.batch || out.seqlen_q != q.seqlen_q || out.num_heads != q.num_heads)
@@ -162,7 +163,7 @@ void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const 
                     Stream s) {
   detail::check_devices_match("gather_dequant", cache.device, "slot_mapping", slots.device);
   detail::check_devices_match("gather_dequant", cache.device, "out", out.device);
-  if (!on_gpu("gather_dequant", "cache", cache.device)) return ref::gather_dequant(cache, slots, out);
+  if (!on_gpu("gather_dequant", "cache", cache.device)) return ref::named::gather_dequant("gather_dequant", cache, slots, out);
   detail::validate("gather_dequant", cache);
   detail::validate("gather_dequant", slots);
   detail::validate("gather_dequant", out, "out");
@@ -176,7 +177,7 @@ void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const 
 
 void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, Stream s) {
   detail::check_devices_match("plan_splits", pages.device, "plan", plan.device);
-  if (!on_gpu("plan_splits", "pages", pages.device)) return ref::plan_splits(pages, num_workers, plan);
+  if (!on_gpu("plan_splits", "pages", pages.device)) return ref::named::plan_splits("plan_splits", pages, num_workers, plan);
   detail::validate("plan_splits", pages);
   detail::validate("plan_splits", plan);
   if (num_workers < 1)
@@ -199,7 +200,7 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
                 const DecodeOutput& out, const DecodeOptions& options) {
   constexpr const char* op = "decode_fp8";
   check_decode_common(op, q.batch, q.device, pages, out, options, cache.device);
-  if (!on_gpu(op, "q", q.device)) return ref::decode_fp8(q, cache, pages, out, options);
+  if (!on_gpu(op, "q", q.device)) return ref::named::decode_fp8(op, q, cache, pages, out, options);
   detail::validate(op, q, "q");
   detail::validate(op, cache);
 #if SNAPMLA_HAVE_CUDA
@@ -211,7 +212,7 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
                  const DecodeOutput& out, const DecodeOptions& options) {
   constexpr const char* op = "decode_bf16";
   check_decode_common(op, q.batch, q.device, pages, out, options, cache.device);
-  if (!on_gpu(op, "q", q.device)) return ref::decode_bf16(q, cache, pages, out, options);
+  if (!on_gpu(op, "q", q.device)) return ref::named::decode_bf16(op, q, cache, pages, out, options);
   detail::validate(op, q);
   detail::validate(op, cache);
 #if SNAPMLA_HAVE_CUDA

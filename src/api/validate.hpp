@@ -23,6 +23,9 @@ void validate(const char* op, const PageTable& pages, const char* name = "pages"
 void validate(const char* op, const DecodeOutput& out, const char* name = "out");
 void validate(const char* op, const SplitPlan& plan, const char* name = "plan");
 void validate(const char* op, const DecodeOptions& options, int batch);
+// seqlen_q in 1..4 and num_heads in 1..128 (so seqlen_q * num_heads <= 512 query rows).
+void check_query_shape(const char* op, const char* seqlen_q_arg, int seqlen_q, const char* num_heads_arg,
+                       int num_heads);
 
 // Content checks (host-resident tables only).
 void check_slots_in_range(const char* op, const SlotMapping& slots, int64_t num_pages);

@@ -30,7 +30,8 @@ struct QueryRow {
 };
 
 // Attends `count` rows over tokens [begin, end) (begin a multiple of 64): per row the
-// normalized fp32 output [512] and lse (-inf, and out = 0, when the row sees no token).
+// normalized fp32 output [512] and lse (-inf, and out = 0, when the row sees no token; NaN, and
+// out = NaN, when a score of a token it sees is not finite).
 void attend_rows(const QueryRow* rows, int count, const KeySet& keys, int begin, int end,
                  PvMode mode, float* out /* [count, 512] */, float* lse /* [count] */);
 

@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(384, 1)
   wg::wait<0>();
   wg::fence_operands(acc);
   wg::fence_operands(o);
-  const bool fault = split_has_bad_page(p, w, nblk, lane);
+  const bool fault = split_has_bad_page(p, w, nblk, lane) || w.bad_len;
   // (In a separate area: the other consumer may still be reading this one's last max.)
   add_other_sums(st, sm.xmax + 2 * kRows, c, r0, q);
   // Past add_other_sums' barrier no wgmma is in flight: each warp stages its 8 KB of output in

@@ -358,7 +358,8 @@ __global__ void __launch_bounds__(384, 1)
     return;
   }
   ptx::named_barrier(kBarMerge, 256);
-  const bool fault = sm.ring.faulted();  // every page was acquired before the merge barrier
+  // Every page was acquired before the merge barrier; a bad length faults the whole sequence.
+  const bool fault = sm.ring.faulted() || w.bad_len;
   // Both parts in the domain of the larger max: weight_c = sigma_c exp(m_c - M) (l_c and O^T_c
   // are kept over sigma_c), 0 for a part that saw nothing.
   float w0[kCols], w1[kCols], scale[kCols];
