@@ -378,6 +378,42 @@ TEST(Causal, EachQuerySeesExactlyItsPrefix) {
   EXPECT_TRUE(std::isinf(all.lse[(size_t(1) * h) * s_q + 0])) << "causal: query 0 of 4 sees none of 3 tokens";
 }
 
+// FlashMLA's convention on request: a row that sees no token gets lse +inf (out still 0), with
+// or without splits; every other row is unchanged.
+TEST(EdgeCases, EmptyLseCanBePlusInf) {
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  Batch B = make_batch(rng, {0, 130, 3}, 4, 5);
+  OwnedPlan P(B.pages(), 6);
+  for (const SplitPlan* plan : {static_cast<const SplitPlan*>(nullptr), static_cast<const SplitPlan*>(&P.plan)}) {
+    DecodeOptions opt = options(B, plan);
+    const auto minus = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), opt);
+    opt.empty_lse = std::numeric_limits<float>::infinity();
+    const auto plus = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), opt);
+    const auto plus16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), opt);
+    int empty = 0;
+    for (size_t i = 0; i < minus.lse.size(); ++i) {
+      if (minus.lse[i] == -std::numeric_limits<float>::infinity()) {
+        ++empty;
+        EXPECT_EQ(plus.lse[i], std::numeric_limits<float>::infinity()) << i;
+        EXPECT_EQ(plus16.lse[i], std::numeric_limits<float>::infinity()) << i;
+      } else {
+        EXPECT_EQ(plus.lse[i], minus.lse[i]) << i;
+        EXPECT_TRUE(std::isfinite(plus16.lse[i])) << i;
+      }
+    }
+    // Sequence 0 (5 heads x 4 queries) and query 0 of sequence 2 (4 queries, 3 tokens).
+    EXPECT_EQ(empty, 20 + 5);
+    EXPECT_EQ(plus.out, minus.out);
+  }
+  DecodeOptions bad = options(B);
+  bad.empty_lse = 0.0f;
+  std::vector<bf16> out(size_t(3) * 4 * 5 * kLatentDim);
+  std::vector<float> lse(60);
+  EXPECT_ARG_ERROR(decode_fp8(B.qq(), B.fp8(), B.pages(), {out.data(), lse.data(), Device::cpu()}, bad),
+                   "options.empty_lse");
+}
+
 TEST(EdgeCases, EmptySequenceIsZeroWithMinusInfLseAndOneTokenIsThatToken) {
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();

@@ -9,6 +9,7 @@ arrays to reuse memory. Bad arguments raise SnapMLAError (a ValueError) naming t
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, NamedTuple, Optional
 
 from . import _C
@@ -179,28 +180,29 @@ def _decode_outputs(q: Any, b: int, s_q: int, h: int, plan: Optional[SplitPlan],
 def decode_fp8(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Any, cache_seqlens: Any, *,
                softmax_scale: float, causal: bool = True, plan: Optional[SplitPlan] = None,
                workspace: Any = None, out: Any = None, lse: Any = None,
-               stream: Any = None):
-    """SnapMLA decoding: returns (out [b, s_q, h, 512] bf16, lse [b, h, s_q] f32)."""
+               stream: Any = None, empty_lse: float = -math.inf):
+    """SnapMLA decoding: returns (out [b, s_q, h, 512] bf16, lse [b, h, s_q] f32). A query row
+    that sees no token gets out = 0 and lse = empty_lse (-inf, or +inf as FlashMLA reports it)."""
     b, s_q, h = (int(d) for d in q.nope.shape[:3])
     out, lse, workspace = _decode_outputs(q.nope, b, s_q, h, plan, out, lse, workspace)
     _C.decode_fp8(raw(q.nope), raw(q.rope), raw(q.scale), raw(cache.latent), raw(cache.scale),
                   raw(cache.rope), raw(block_table), raw(cache_seqlens), raw(out), raw(lse),
                   float(softmax_scale), bool(causal), raw(plan.split_offsets) if plan else None,
                   raw(plan.split_begin) if plan else None, raw(workspace),
-                  current_stream(q.nope, stream), _order(plan))
+                  current_stream(q.nope, stream), _order(plan), float(empty_lse))
     return out, lse
 
 
 def decode_bf16(q: Any, cache: Any, block_table: Any, cache_seqlens: Any, *, softmax_scale: float,
                 causal: bool = True, plan: Optional[SplitPlan] = None, workspace: Any = None,
-                out: Any = None, lse: Any = None, stream: Any = None):
+                out: Any = None, lse: Any = None, stream: Any = None, empty_lse: float = -math.inf):
     """Decoding on the BF16 cache (the baseline): returns (out, lse) as decode_fp8."""
     b, s_q, h = (int(d) for d in q.shape[:3])
     out, lse, workspace = _decode_outputs(q, b, s_q, h, plan, out, lse, workspace)
     _C.decode_bf16(raw(q), raw(cache), raw(block_table), raw(cache_seqlens), raw(out), raw(lse),
                    float(softmax_scale), bool(causal), raw(plan.split_offsets) if plan else None,
                    raw(plan.split_begin) if plan else None, raw(workspace), current_stream(q, stream),
-                   _order(plan))
+                   _order(plan), float(empty_lse))
     return out, lse
 
 

@@ -7,6 +7,7 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -118,7 +119,8 @@ SplitPlan split_plan(const char* op, int b, const char* like, Device d, const Ar
 DecodeArgs decode_args(const char* op, int b, int s_q, int h, Device d, const Array& out,
                        const Array& lse, float softmax_scale, bool causal,
                        const OptArray& split_offsets, const OptArray& split_begin,
-                       const OptArray& workspace, uintptr_t stream, const OptArray& split_order) {
+                       const OptArray& workspace, uintptr_t stream, const OptArray& split_order,
+                       float empty_lse) {
   const Arg o(op, "out", out), l(op, "lse", lse);
   o.kind(Kind::kBf16).numel(int64_t(b) * s_q * h * kLatentDim);
   l.kind(Kind::kF32).numel(int64_t(b) * h * s_q);
@@ -127,6 +129,7 @@ DecodeArgs decode_args(const char* op, int b, int s_q, int h, Device d, const Ar
   r.out = {o.as<bf16>(), l.as<float>(), d};
   r.options.softmax_scale = softmax_scale;
   r.options.causal = causal;
+  r.options.empty_lse = empty_lse;
   r.options.stream = to_stream(stream);
   if (split_offsets.has_value() != split_begin.has_value())
     throw Error(op, split_offsets ? "split_begin" : "split_offsets",
@@ -235,7 +238,7 @@ void bind_ops(nb::module_& m) {
          const Array& scale, const Array& rope, const Array& block_table,
          const Array& cache_seqlens, const Array& out, const Array& lse, float softmax_scale,
          bool causal, const OptArray& split_offsets, const OptArray& split_begin,
-         const OptArray& workspace, uintptr_t stream, const OptArray& split_order) {
+         const OptArray& workspace, uintptr_t stream, const OptArray& split_order, float empty_lse) {
         constexpr const char* op = "decode_fp8";
         const Arg qn(op, "q_nope", q_nope), qr(op, "q_rope", q_rope), qs(op, "q_scale", q_scale);
         int b, s_q, h;
@@ -250,14 +253,15 @@ void bind_ops(nb::module_& m) {
         const PagedFp8Cache cache = fp8_cache(op, latent, scale, rope);
         const PageTable pages = page_table(op, block_table, cache_seqlens);
         const DecodeArgs a = decode_args(op, b, s_q, h, d, out, lse, softmax_scale, causal,
-                                         split_offsets, split_begin, workspace, stream, split_order);
+                                         split_offsets, split_begin, workspace, stream, split_order,
+                                         empty_lse);
         gil_scoped_release release;
         decode_fp8(q, cache, pages, a.out, a.options);
       },
       "q_nope"_a, "q_rope"_a, "q_scale"_a, "latent"_a, "scale"_a, "rope"_a, "block_table"_a,
       "cache_seqlens"_a, "out"_a, "lse"_a, "softmax_scale"_a, "causal"_a = true,
       "split_offsets"_a = nb::none(), "split_begin"_a = nb::none(), "workspace"_a = nb::none(),
-      "stream"_a = 0, "split_order"_a = nb::none(),
+      "stream"_a = 0, "split_order"_a = nb::none(), "empty_lse"_a = -std::numeric_limits<float>::infinity(),
       "SnapMLA decoding on the FP8 cache into out [b, s_q, h, 512], lse [b, h, s_q].");
 
   m.def(
@@ -265,7 +269,7 @@ void bind_ops(nb::module_& m) {
       [](const Array& q, const Array& cache, const Array& block_table, const Array& cache_seqlens,
          const Array& out, const Array& lse, float softmax_scale, bool causal,
          const OptArray& split_offsets, const OptArray& split_begin, const OptArray& workspace,
-         uintptr_t stream, const OptArray& split_order) {
+         uintptr_t stream, const OptArray& split_order, float empty_lse) {
         constexpr const char* op = "decode_bf16";
         const Arg qa(op, "q", q);
         int b, s_q, h;
@@ -276,13 +280,14 @@ void bind_ops(nb::module_& m) {
         const PageTable pages = page_table(op, block_table, cache_seqlens);
         const DecodeArgs a = decode_args(op, b, s_q, h, qv.device, out, lse, softmax_scale,
                                          causal, split_offsets, split_begin, workspace, stream,
-                                         split_order);
+                                         split_order, empty_lse);
         gil_scoped_release release;
         decode_bf16(qv, c, pages, a.out, a.options);
       },
       "q"_a, "cache"_a, "block_table"_a, "cache_seqlens"_a, "out"_a, "lse"_a, "softmax_scale"_a,
       "causal"_a = true, "split_offsets"_a = nb::none(), "split_begin"_a = nb::none(),
       "workspace"_a = nb::none(), "stream"_a = 0, "split_order"_a = nb::none(),
+      "empty_lse"_a = -std::numeric_limits<float>::infinity(),
       "Decoding on the BF16 cache (the baseline) into out [b, s_q, h, 512], lse [b, h, s_q].");
 
   m.def(

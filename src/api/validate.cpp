@@ -155,6 +155,8 @@ void validate(const char* op, const DecodeOptions& o, int batch) {
   if (!(o.softmax_scale > 0.0f) || !std::isfinite(o.softmax_scale))
     fail(op, "options.softmax_scale",
          "expected a finite value > 0, got " + std::to_string(o.softmax_scale));
+  if (!std::isinf(o.empty_lse))
+    fail(op, "options.empty_lse", "expected -inf or +inf, got " + std::to_string(o.empty_lse));
   if (o.plan != nullptr) {
     validate(op, *o.plan, "options.plan");
     if (o.plan->batch != batch)

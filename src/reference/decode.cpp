@@ -148,6 +148,13 @@ void write_bf16(const DecodeResultF32& r, const DecodeOutput& out) {
   std::copy(r.lse.begin(), r.lse.end(), out.lse);
 }
 
+// A row that sees no token has lse -inf in the engine; the caller may ask for +inf.
+void set_empty_lse(DecodeResultF32& r, float empty_lse) {
+  if (empty_lse == -std::numeric_limits<float>::infinity()) return;
+  for (float& l : r.lse)
+    if (l == -std::numeric_limits<float>::infinity()) l = empty_lse;
+}
+
 }  // namespace
 
 void combine_row(int num_splits, const float* partial_out, const float* partial_lse, float* out,
@@ -252,7 +259,7 @@ DecodeResultF32 fp8_f32(const char* op, const QuantizedQuery& q, const PagedFp8C
       qv[r * kHeadDim + kLatentDim + d] = to_float(q.rope[r * kRopeDim + d]);
     qf[r] = options.softmax_scale * q.scale[r];
   }
-  return run_decode(op, {q.batch, q.seqlen_q, q.num_heads}, qv, qf, pages, cache.num_pages, options,
+  DecodeResultF32 r = run_decode(op, {q.batch, q.seqlen_q, q.num_heads}, qv, qf, pages, cache.num_pages, options,
                     detail::PvMode::kFp8, [&](int b, int len, float* kv, float* scale) {
                       const int32_t* table = pages.block_table + int64_t(b) * pages.max_pages;
                       for (int t = 0; t < len; ++t) {
@@ -265,6 +272,8 @@ DecodeResultF32 fp8_f32(const char* op, const QuantizedQuery& q, const PagedFp8C
                         scale[t] = cache.scale[slot];
                       }
                     });
+  set_empty_lse(r, options.empty_lse);
+  return r;
 }
 
 DecodeResultF32 bf16_f32(const char* op, const QueryBf16& q, const PagedBf16Cache& cache,
@@ -275,7 +284,7 @@ DecodeResultF32 bf16_f32(const char* op, const QueryBf16& q, const PagedBf16Cach
   const int64_t rows = int64_t(q.batch) * q.seqlen_q * q.num_heads;
   std::vector<float> qv(rows * kHeadDim), qf(rows, options.softmax_scale);
   for (int64_t i = 0; i < rows * kHeadDim; ++i) qv[i] = to_float(q.data[i]);
-  return run_decode(op, {q.batch, q.seqlen_q, q.num_heads}, qv, qf, pages, cache.num_pages, options,
+  DecodeResultF32 r = run_decode(op, {q.batch, q.seqlen_q, q.num_heads}, qv, qf, pages, cache.num_pages, options,
                     detail::PvMode::kBf16, [&](int b, int len, float* kv, float* scale) {
                       const int32_t* table = pages.block_table + int64_t(b) * pages.max_pages;
                       for (int t = 0; t < len; ++t) {
@@ -285,6 +294,8 @@ DecodeResultF32 bf16_f32(const char* op, const QueryBf16& q, const PagedBf16Cach
                         scale[t] = 1.0f;
                       }
                     });
+  set_empty_lse(r, options.empty_lse);
+  return r;
 }
 
 void check_out(const char* op, const DecodeOutput& out) {

@@ -45,7 +45,7 @@ __device__ __forceinline__ void combine_row_quarter(const CombineParams& p, int 
   }
   if (m == -INFINITY) {
     *out = make_uint2(0u, 0u);
-    if (quarter == 0 && lane == 0) *lse_out = -INFINITY;
+    if (quarter == 0 && lane == 0) *lse_out = p.empty_lse;
     return;
   }
   float sum = 0.f;
