@@ -13,7 +13,7 @@ cmake --build "$BUILD_DIR" -j "$(nproc)"
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" --output-junit "$(cd "$BUILD_DIR" && pwd)/ctest.xml" "$@"
 python3 scripts/skip_summary.py "$BUILD_DIR/ctest.xml"
 
-# Python package (issue 4): the same library through scikit-build-core + nanobind (pinned in
+# Python package: the same library through scikit-build-core + nanobind (pinned in
 # pyproject.toml), tested with NumPy against the float64 formulation in tests/python.
 VENV="$BUILD_DIR/venv"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"

@@ -323,6 +323,8 @@ TEST(SplitKv, PlanCoversEverySequenceWithinCapacity) {
     OwnedPlan P(pages, w);
     ASSERT_EQ(P.offsets[0], 0);
     ASSERT_LE(P.offsets[b], split_plan_capacity(b, w));
+    for (size_t k = size_t(P.offsets[b]); k < P.begins.size(); ++k)
+      ASSERT_TRUE(P.begins[k] == -1 && P.order[k] == -1) << "unused capacity " << k;
     int64_t total_blocks = 0;
     for (int32_t l : seqlens) total_blocks += (l + 63) / 64;
     const int64_t share = (total_blocks + w - 1) / w;

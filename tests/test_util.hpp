@@ -171,8 +171,8 @@ struct OwnedPlan {
   SplitPlan plan;
   OwnedPlan(PageTable pages, int workers)
       : offsets(pages.batch + 1),
-        begins(split_plan_capacity(pages.batch, workers)),
-        order(begins.size()) {
+        begins(split_plan_capacity(pages.batch, workers), 0x5A5A5A5A),  // garbage the plan must not leave
+        order(begins.size(), 0x5A5A5A5A) {
     plan = {offsets.data(), begins.data(), int(begins.size()), pages.batch, Device::cpu(), order.data()};
     plan_splits(pages, workers, plan);
   }

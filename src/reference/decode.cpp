@@ -223,7 +223,10 @@ void plan_splits(const char* op, const PageTable& pages, int num_workers, const 
     for (int64_t j = 0; j < n; ++j) plan.split_begin[k++] = static_cast<int32_t>(j * blocks / n * kPageSize);
     plan.split_offsets[i + 1] = k;
   }
+  // Capacity past the last split is never read; -1 there, so a printed plan shows no garbage.
+  std::fill(plan.split_begin + k, plan.split_begin + plan.capacity, -1);
   if (plan.split_order == nullptr) return;
+  std::fill(plan.split_order + k, plan.split_order + plan.capacity, -1);
   // Launch order: longest split first (pages descending, ties in index order), so that the
   // GPU's CTAs for short splits fill in behind the long ones instead of leaving the long ones
   // for last. Above kMaxOrderedSplits the index order (the GPU planner sorts in one block).

@@ -326,6 +326,9 @@ TEST(GpuPlan, SameSplitsAsTheReference) {
     // past kMaxOrderedSplits).
     const auto go = gord.download();
     ASSERT_TRUE(std::equal(ord.begin(), ord.begin() + off[b], go.begin())) << "b=" << b << " workers=" << workers;
+    // Unused capacity: -1 in both planners (poisoned before), so a printed plan holds no garbage.
+    ASSERT_EQ(gb, beg) << "b=" << b << " workers=" << workers;
+    ASSERT_EQ(go, ord) << "b=" << b << " workers=" << workers;
     if (many) {
       for (int k = 0; k < off[b]; ++k) ASSERT_EQ(go[k], k);
     }
