@@ -1,5 +1,6 @@
-"""README's Python block is examples/quickstart.py, and it runs with NumPy alone (PyTorch made
-unimportable), as a new user without PyTorch would run it."""
+"""What a new user meets first: README's Python block is examples/quickstart.py and runs with NumPy
+alone (PyTorch made unimportable); `pip install <path>` keeps the source tree clean and brings
+NumPy."""
 
 import pathlib
 import subprocess
@@ -21,3 +22,12 @@ def test_quickstart_runs_without_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "(2, 1, 8, 512) (2, 8, 1)" in r.stdout, r.stdout
+
+
+def test_pip_install_builds_outside_the_source_tree_and_brings_numpy():
+    """pyproject.toml sets no scikit-build build-dir (so `pip install <path>` builds in a temporary
+    directory, not in <path>/build), and NumPy is a dependency of the package."""
+    tomllib = __import__("pytest").importorskip("tomllib", reason="tomllib needs Python >= 3.11")
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "build-dir" not in meta["tool"]["scikit-build"]
+    assert any(d.replace(" ", "").startswith("numpy") for d in meta["project"]["dependencies"])
