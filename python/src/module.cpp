@@ -150,6 +150,44 @@ DecodeArgs decode_args(const char* op, int b, int s_q, int h, Device d, const Ar
   return r;
 }
 
+// What the pointer path passes besides pointers: the sizes the array path derived from the
+// arrays' shapes, and their device (one tuple, so a call converts one argument, not nine).
+struct RawShape {
+  int b = 0, s_q = 0, h = 0;
+  int64_t num_pages = 0;
+  int max_pages = 0;
+  int plan_capacity = 0;  // 0: no plan
+  int64_t workspace_bytes = 0;
+  int device_type = 0, device_index = 0;  // DLPack's: 1 CPU, 2 CUDA
+  Device device() const { return device_type == 2 ? Device::cuda(device_index) : Device::cpu(); }
+};
+
+// The page table, output, plan and options of a pointer-path decode call.
+struct RawCall {
+  PageTable pages;
+  DecodeOutput out;
+  SplitPlan plan;
+  DecodeOptions options;
+  RawCall(const RawShape& s, uintptr_t block_table, uintptr_t cache_seqlens, uintptr_t out_p, uintptr_t lse,
+          uintptr_t split_offsets, uintptr_t split_begin, uintptr_t split_order, uintptr_t workspace,
+          float softmax_scale, bool causal, float empty_lse, uintptr_t stream) {
+    const Device d = s.device();
+    pages = {reinterpret_cast<int32_t*>(block_table), reinterpret_cast<int32_t*>(cache_seqlens), s.b, s.max_pages, d};
+    out = {reinterpret_cast<bf16*>(out_p), reinterpret_cast<float*>(lse), d};
+    options.softmax_scale = softmax_scale;
+    options.causal = causal;
+    options.empty_lse = empty_lse;
+    options.stream = to_stream(stream);
+    if (s.plan_capacity > 0) {
+      plan = {reinterpret_cast<int32_t*>(split_offsets), reinterpret_cast<int32_t*>(split_begin), s.plan_capacity,
+              s.b, d, reinterpret_cast<int32_t*>(split_order)};
+      options.plan = &plan;
+    }
+    options.workspace = reinterpret_cast<void*>(workspace);
+    options.workspace_bytes = size_t(s.workspace_bytes);
+  }
+};
+
 void bind_ops(nb::module_& m) {
   m.def(
       "append_fp8",
@@ -290,6 +328,44 @@ void bind_ops(nb::module_& m) {
       "empty_lse"_a = -std::numeric_limits<float>::infinity(),
       "Decoding on the BF16 cache (the baseline) into out [b, s_q, h, 512], lse [b, h, s_q].");
 
+  // The pointer path (snapmla/_fastpath.py): the same decode from data pointers and the sizes
+  // that the array path derived, for calls whose arguments' dtypes, shapes, strides and device
+  // match a call that the array path validated. What the arrays carried (dtype, shape,
+  // contiguity, one device) is that earlier validation; everything the views carry (pointers,
+  // alignment, head counts, plan and workspace sizes, table contents on the host) is checked by
+  // decode_fp8 / decode_bf16 as on every call.
+  m.def(
+      "decode_fp8_raw",
+      [](uintptr_t q_nope, uintptr_t q_rope, uintptr_t q_scale, uintptr_t latent, uintptr_t scale,
+         uintptr_t rope, uintptr_t block_table, uintptr_t cache_seqlens, uintptr_t out, uintptr_t lse,
+         uintptr_t split_offsets, uintptr_t split_begin, uintptr_t split_order, uintptr_t workspace,
+         const RawShape& shape, float softmax_scale, bool causal, float empty_lse, uintptr_t stream) {
+        const Device d = shape.device();
+        const QuantizedQuery q{reinterpret_cast<e4m3*>(q_nope), reinterpret_cast<bf16*>(q_rope),
+                               reinterpret_cast<float*>(q_scale), shape.b, shape.s_q, shape.h, d};
+        const PagedFp8Cache cache{reinterpret_cast<e4m3*>(latent), reinterpret_cast<float*>(scale),
+                                  reinterpret_cast<bf16*>(rope), shape.num_pages, d};
+        RawCall c(shape, block_table, cache_seqlens, out, lse, split_offsets, split_begin, split_order,
+                  workspace, softmax_scale, causal, empty_lse, stream);
+        gil_scoped_release release;
+        decode_fp8(q, cache, c.pages, c.out, c.options);
+      });
+
+  m.def(
+      "decode_bf16_raw",
+      [](uintptr_t q, uintptr_t cache, uintptr_t block_table, uintptr_t cache_seqlens, uintptr_t out,
+         uintptr_t lse, uintptr_t split_offsets, uintptr_t split_begin, uintptr_t split_order,
+         uintptr_t workspace, const RawShape& shape, float softmax_scale, bool causal, float empty_lse,
+         uintptr_t stream) {
+        const Device d = shape.device();
+        const QueryBf16 qv{reinterpret_cast<bf16*>(q), shape.b, shape.s_q, shape.h, d};
+        const PagedBf16Cache c16{reinterpret_cast<bf16*>(cache), shape.num_pages, d};
+        RawCall c(shape, block_table, cache_seqlens, out, lse, split_offsets, split_begin, split_order,
+                  workspace, softmax_scale, causal, empty_lse, stream);
+        gil_scoped_release release;
+        decode_bf16(qv, c16, c.pages, c.out, c.options);
+      });
+
   m.def(
       "check_page_table",
       [](const Array& block_table, const Array& cache_seqlens, int64_t num_pages, uintptr_t stream) {
@@ -364,6 +440,13 @@ NB_MODULE(_C, m) {
                                        seqlen_q, num_heads);
       },
       "cuda"_a, "device_index"_a, "seqlen_q"_a, "num_heads"_a);
+  nb::class_<python::RawShape>(m, "RawShape")
+      .def("__init__",
+           [](python::RawShape* r, int b, int s_q, int h, int64_t num_pages, int max_pages, int plan_capacity,
+              int64_t workspace_bytes, int device_type, int device_index) {
+             new (r) python::RawShape{b, s_q, h, num_pages, max_pages, plan_capacity, workspace_bytes,
+                                      device_type, device_index};
+           });
   python::bind_ops(m);
   nb::module_ ref = m.def_submodule("reference", "Float64 ground truth");
   python::bind_reference(ref);
