@@ -258,8 +258,8 @@ __global__ void __launch_bounds__(384, 1)
     wg::wait<0>();
     wg::fence_operands(acc);
     if (mine) {
-      if (full) page_scores<false, false>(acc, factor, vis, blk, nullptr, q, mx);
-      else if (!none) page_scores<true, false>(acc, factor, vis, blk, nullptr, q, mx);
+      if (full) page_scores<false, false, true>(acc, factor, vis, blk, nullptr, q, mx);
+      else if (!none) page_scores<true, false, true>(acc, factor, vis, blk, nullptr, q, mx);
     }
     // P of page j as bf16 into the rope box of its stage (the QK has read it), K-major: row r's
     // tokens 8 n + 2 q, + 1 are one word; zeros without a page.

@@ -248,7 +248,9 @@ __global__ void __launch_bounds__(384, 1)
       for (int e = 0; e < 4; ++e) {
         const int i = 2 * n + e % 2, h = e / 2;
         const float raw = __fmul_rn(acc[n][e], factor[i]);
-        const float sc = blk + tok0 + 8 * h < vis[i] ? __fmul_rn(raw, ks[h]) : -INFINITY;
+        float v = __fmul_rn(raw, ks[h]);
+        if (!(fabsf(v) < INFINITY)) v = INFINITY;  // a non-finite score poisons the row (softmax.cuh's kPoison)
+        const float sc = blk + tok0 + 8 * h < vis[i] ? v : -INFINITY;
         acc[n][e] = sc;
         mx[i] = fmaxf(mx[i], sc);
       }
