@@ -2,7 +2,8 @@
 // Shapes, pointers, alignment and devices are checked for every call; the contents of int32
 // tables (page indices, seqlens, slots) only where they are host memory, since reading device
 // memory would need a host synchronization. The kernels never access memory outside the
-// cache for a bad index: a bad page makes the affected rows NaN, a bad slot is skipped.
+// cache for a bad index: a bad page or length makes the sequence's rows NaN, a bad slot is
+// skipped. On host memory an error names the operation called (ref::named), not the reference.
 #include <algorithm>
 #include <vector>
 
