@@ -46,7 +46,7 @@ def prepare(op: str, arrays: Sequence[Any]) -> Tuple[Optional[tuple], list]:
             keys.append((x.dtype, x.shape, x.stride(), x.get_device()))
             ptrs.append(x.data_ptr())
         elif t is ndarray_t:
-            keys.append((x.dtype, x.shape, x.strides))
+            keys.append((x.dtype, x.shape, x.strides, x.flags.writeable))
             ptrs.append(x.ctypes.data)
         else:
             return None, ptrs
