@@ -14,11 +14,15 @@ ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" --output-junit "
 python3 scripts/skip_summary.py "$BUILD_DIR/ctest.xml"
 
 # Python package: the same library through scikit-build-core + nanobind (pinned in
-# pyproject.toml), tested with NumPy against the float64 formulation in tests/python.
+# pyproject.toml), tested with NumPy against the float64 formulation in tests/python, and with
+# PyTorch (pinned, from PyPI; the CPU reference here) for the custom ops and the e2e engine.
+# SNAPMLA_TEST_TORCH=0 leaves PyTorch out: those tests then skip with a message.
 VENV="$BUILD_DIR/venv"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+extras=test
+[ "${SNAPMLA_TEST_TORCH:-1}" = 0 ] || extras=test,torch,plot
 # The build directory is passed here (pyproject.toml has none, so that `pip install <path>` writes
 # nothing into the source tree) so that a second run reuses the build.
-"$VENV/bin/python" -m pip install --quiet ".[test]" -C build-dir="$BUILD_DIR/python"
+"$VENV/bin/python" -m pip install --quiet ".[$extras]" -C build-dir="$BUILD_DIR/python"
 "$VENV/bin/python" -c "import snapmla; print(snapmla.info())"
 "$VENV/bin/python" -m pytest -q -rs tests/python

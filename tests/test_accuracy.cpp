@@ -4,8 +4,8 @@
 
 #include <cmath>
 
-#include "snapmla/accuracy.hpp"
-#include "snapmla/synthetic.hpp"
+#include "study/accuracy.hpp"
+#include "study/synthetic.hpp"
 #include "test_util.hpp"
 
 namespace snapmla {

@@ -486,6 +486,100 @@ TEST(Paging, NaNInUnusedSlotsNeverReachesAnOutput) {
   }
 }
 
+// One sequence of B (batch 1) as decode_fp8_decoded's operands: the FP8 cache's and the
+// quantized query's own values and scales, decoded to float.
+struct DecodedSequence {
+  std::vector<float> q, q_factor, keys, key_scale;
+};
+DecodedSequence decoded_operands(const Batch& B, int s_q, int h, int len) {
+  const int rows = s_q * h;
+  DecodedSequence d;
+  d.q.resize(size_t(rows) * kHeadDim);
+  d.q_factor.resize(rows);
+  d.keys.resize(size_t(len) * kHeadDim);
+  d.key_scale.resize(len);
+  for (int r = 0; r < rows; ++r) {
+    for (int k = 0; k < kLatentDim; ++k) d.q[size_t(r) * kHeadDim + k] = to_float(B.q_nope[size_t(r) * kLatentDim + k]);
+    for (int k = 0; k < kRopeDim; ++k)
+      d.q[size_t(r) * kHeadDim + kLatentDim + k] = to_float(B.q_rope[size_t(r) * kRopeDim + k]);
+    d.q_factor[r] = B.softmax_scale * B.q_scale[r];
+  }
+  for (int t = 0; t < len; ++t) {
+    const int64_t slot = B.slot(0, t);
+    for (int k = 0; k < kLatentDim; ++k) d.keys[size_t(t) * kHeadDim + k] = to_float(B.latent[slot * kLatentDim + k]);
+    for (int k = 0; k < kRopeDim; ++k)
+      d.keys[size_t(t) * kHeadDim + kLatentDim + k] = to_float(B.rope[slot * kRopeDim + k]);
+    d.key_scale[t] = B.scale[slot];
+  }
+  return d;
+}
+
+TEST(DecodedOperands, SnapMlaOperandsGiveDecodeFp8Exactly) {
+  // The study's entry point runs the same arithmetic as decode_fp8: fed the FP8 cache's and the
+  // quantized query's own values and scales (one sequence, pages shuffled), it must reproduce
+  // decode_fp8_f32 bit for bit, out and lse.
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  for (const int s_q : {1, 3}) {
+    const int len = 200, h = 32;
+    Batch B = make_batch(rng, {len}, s_q, h);
+    const auto want = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
+    const DecodedSequence d = decoded_operands(B, s_q, h, len);
+    const auto got = ref::decode_fp8_decoded(d.q.data(), d.q_factor.data(), s_q, h, d.keys.data(),
+                                             d.key_scale.data(), len, /*causal=*/true);
+    ASSERT_EQ(got.out.size(), want.out.size());
+    ASSERT_EQ(got.lse.size(), want.lse.size());
+    for (size_t i = 0; i < want.out.size(); ++i) ASSERT_EQ(got.out[i], want.out[i]) << "s_q " << s_q << " out " << i;
+    for (size_t i = 0; i < want.lse.size(); ++i) ASSERT_EQ(got.lse[i], want.lse[i]) << "s_q " << s_q << " lse " << i;
+  }
+}
+
+TEST(DecodedOperands, PBlockOfOneTwoOrFourPages) {
+  // The P' block (one sigma per row per block, the online-softmax step) may be 64, 128 or 256
+  // tokens: within one block all three are the same computation (bit for bit), over many blocks
+  // they round differently but keep the same error against float64 attention (measured within
+  // 1% on MLA-like data; allowed here: 15%, far below the 4x a shared-sigma recipe costs), and
+  // any other block size is an error naming the argument.
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  const int s_q = 1, h = 16;
+  for (const int len : {64, 1000}) {
+    Batch B = make_batch(rng, {len}, s_q, h);
+    const DecodedSequence d = decoded_operands(B, s_q, h, len);
+    std::vector<float> qf(size_t(s_q) * h * kHeadDim), kvf(size_t(len) * kHeadDim);
+    for (size_t i = 0; i < qf.size(); ++i) qf[i] = to_float(B.q[i]);
+    for (size_t i = 0; i < kvf.size(); ++i) kvf[i] = to_float(B.kv[0][i]);
+    std::vector<double> truth(size_t(s_q) * h * kLatentDim), truth_lse(size_t(s_q) * h);
+    ref::attention_f64(qf.data(), s_q, h, kvf.data(), len, B.softmax_scale, true, truth.data(), truth_lse.data());
+    auto rel_err = [&](const std::vector<float>& out) {
+      double num = 0, den = 0;
+      for (size_t i = 0; i < out.size(); ++i) {
+        num += (out[i] - truth[i]) * (out[i] - truth[i]);
+        den += truth[i] * truth[i];
+      }
+      return std::sqrt(num / den);
+    };
+    std::vector<ref::DecodeResultF32> res;
+    for (const int blk : {64, 128, 256})
+      res.push_back(ref::decode_fp8_decoded(d.q.data(), d.q_factor.data(), s_q, h, d.keys.data(), d.key_scale.data(),
+                                            len, true, blk));
+    const double e64 = rel_err(res[0].out);
+    EXPECT_GT(e64, 1e-3) << "FP8 error should be visible";
+    for (int k = 1; k < 3; ++k) {
+      if (len <= 64) {
+        EXPECT_EQ(res[k].out, res[0].out) << "one block: block " << (64 << k);
+        EXPECT_EQ(res[k].lse, res[0].lse);
+      } else {
+        EXPECT_NE(res[k].out, res[0].out) << "block " << (64 << k) << " should round differently";
+        EXPECT_NEAR(rel_err(res[k].out), e64, 0.15 * e64) << "block " << (64 << k);
+      }
+    }
+  }
+  std::vector<float> one(kHeadDim, 0.f), f(1, 1.f);
+  EXPECT_ARG_ERROR(ref::decode_fp8_decoded(one.data(), f.data(), 1, 1, one.data(), f.data(), 1, true, 96),
+                   "p_block_tokens");
+}
+
 TEST(GroundTruth, Float64AttentionMatchesTheFormula) {
   // Two tokens, one head: softmax of two scores, by hand.
   std::vector<float> q(kHeadDim, 0.f), kv(2 * kHeadDim, 0.f);

@@ -178,27 +178,6 @@ struct OwnedPlan {
   }
 };
 
-// Sets an environment variable for a scope and restores it (the GPU tests force decode_fp8's
-// tile with SNAPMLA_FP8_TILE).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_) ::setenv(name_.c_str(), old_.c_str(), 1);
-    else ::unsetenv(name_.c_str());
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  std::string name_, old_;
-  bool had_ = false;
-};
 
 inline double rel_l2(const std::vector<float>& a, const std::vector<double>& b) {
   double num = 0, den = 0;

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "snapmla/accuracy.hpp"
 #include "snapmla/reference.hpp"
-#include "snapmla/synthetic.hpp"
+#include "study/accuracy.hpp"
+#include "study/synthetic.hpp"
 
 namespace snapmla::cli {
 namespace {

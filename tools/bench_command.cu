@@ -1,6 +1,6 @@
 // `snapmla bench`: decode_fp8 and decode_bf16 timed side by side in the same run (CUDA events,
 // warm-up, medians), plus append and gather_dequant against the device copy bandwidth.
-// Every number is reported with its floor from DESIGN.md's performance model.
+// Every number is reported with its floor from the performance model (docs/design.md).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "../tests/gpu/device_buffer.hpp"
+#include "common/device_buffer.hpp"
 #include "commands.hpp"
 #include "gpu_monitor.hpp"
 #include "snapmla/snapmla.hpp"
@@ -25,10 +25,11 @@
 namespace snapmla::cli {
 namespace {
 
-using test::cuda_ok;
-using test::DeviceBuffer;
+using device_memory::cuda_ok;
+using device_memory::DeviceBuffer;
 
-// Measured ceilings of one H200 (ANCHORS.md); the copy bandwidth is re-measured each run.
+// Measured dense GEMM rates of one H200 (docs/design.md, performance model); the copy
+// bandwidth is re-measured each run.
 constexpr double kFp8Tflops = 1228.0, kBf16Tflops = 665.0;
 
 __global__ void fill_kv_kernel(uint16_t* kv, int64_t n, uint64_t seed, float rope_amp = 300.f) {
@@ -62,8 +63,7 @@ double median(std::vector<float> v) {
 }
 
 // Times fn() with events: `warmup` untimed calls, then `reps` timed ones; median in us. Before
-// each timed call the GPU clears a 256 MB buffer (as triton.do_bench, which measured the anchors
-// in shared/ANCHORS.md, does): the call finds nothing of its inputs in L2, and the GPU is busy
+// each timed call the GPU clears a 256 MB buffer (as triton.do_bench does): the call finds nothing of its inputs in L2, and the GPU is busy
 // while the host enqueues the call, so the interval between the events holds the call's GPU work
 // and not the host's launch work (tensor maps, argument checks, two launches: ~15-25 us that an
 // engine replaying a CUDA graph does not pay). No synchronization until all reps are enqueued.
@@ -204,36 +204,6 @@ Floors floors(const Result& r, double copy_tbs) {
   const double bf_mem = r.tokens * 1152 / (copy_tbs * 1e12) * 1e6;
   const double bf_cmp = 2.0 * 1088 * rows_tokens / (kBf16Tflops * 1e12) * 1e6;
   return {std::max(fp8_mem, fp8_cmp), std::max(bf_mem, bf_cmp)};
-}
-
-// FlashMLA on one H200 (shared/ANCHORS.md, 2026-11-29), b = 128 unless noted; 0 = not measured.
-struct Anchor {
-  int b, h, s_q, s_k;
-  double flashmla_bf16_us, flashmla_fp8_us;
-};
-constexpr Anchor kAnchors[] = {
-    {128, 128, 1, 4096, 244, 0},   {128, 128, 1, 8192, 494, 428},  {128, 128, 1, 16384, 974, 0},
-    {128, 128, 1, 32768, 2168, 1784}, {128, 128, 2, 4096, 482, 0}, {128, 128, 2, 8192, 916, 825},
-    {128, 128, 2, 16384, 1836, 0}, {128, 128, 2, 32768, 4052, 3254}, {128, 64, 1, 4096, 169, 0},
-    {128, 64, 1, 8192, 315, 229},  {128, 64, 1, 16384, 621, 0},    {128, 64, 1, 32768, 1252, 895},
-    {128, 64, 2, 4096, 268, 0},    {128, 64, 2, 8192, 502, 0},     {128, 64, 2, 16384, 982, 0},
-    {128, 64, 2, 32768, 2015, 0},  {128, 16, 1, 4096, 167, 0},     {128, 16, 1, 8192, 310, 223},
-    {128, 16, 1, 16384, 594, 0},   {128, 16, 1, 32768, 1159, 853}, {128, 16, 2, 4096, 167, 0},
-    {128, 16, 2, 8192, 312, 0},    {128, 16, 2, 16384, 602, 0},    {128, 16, 2, 32768, 1167, 0},
-    {32, 128, 1, 65536, 1038, 0}};
-
-const Anchor* anchor_for(const Case& c) {
-  if (c.random_lengths) return nullptr;
-  for (const Anchor& a : kAnchors)
-    if (a.b == c.b && a.h == c.h && a.s_q == c.s_q && a.s_k == c.s_k) return &a;
-  return nullptr;
-}
-
-std::string us_or_dash(double v) {
-  if (v <= 0) return "-";
-  char b[32];
-  std::snprintf(b, sizeof b, "%.0f", v);
-  return b;
 }
 
 }  // namespace
@@ -422,18 +392,18 @@ int bench_command(const std::vector<std::string>& args) {
       << "append (4M tokens, shuffled slots, reads 1152 B and writes 644 B per token): " << append_tbs << " TB/s = "
       << 100 * append_tbs / copy_tbs << "% of copy; gather_dequant (reads 644, writes 1152 B per token): " << gather_tbs
       << " TB/s = " << 100 * gather_tbs / copy_tbs << "% of copy.\n\n"
-      << "FlashMLA columns: the peers' times on an H200 from shared/ANCHORS.md (not re-measured here).\n\n";
+      << "Peers (FlashMLA's BF16 kernel and its FP8 fork) timed in the same run: `python -m snapmla.bench --peers DIR`.\n\n";
     if (mon.available()) {
       f << "SM clock as NVML reports it (the clock the driver set, sampled every 1 ms; 1980 MHz is the maximum; "
         << "under this load the GPU is at its 700 W limit, and the SMs' own clock can be lower still - "
-        << "docs/kernels.md, session 11):";
+        << "docs/design.md, performance model):";
       for (size_t k = 0; k < pass_gpu.size(); ++k)
         f << (k ? ";" : "") << " pass " << k + 1 << " mean " << std::lround(pass_gpu[k].sm_mhz) << " MHz, power cap active in "
           << std::lround(100 * pass_gpu[k].power_capped) << "% of samples";
       f << ".\n\n";
     }
-    f << "| b | h | s_q | s_k | fp8 us | fp8 us range | bf16 us | bf16/fp8 | fp8 TB/s | fp8 TFLOPS | fp8 % of floor | bf16 % of floor | FlashMLA bf16 us | FlashMLA fp8 us |\n"
-      << "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
+    f << "| b | h | s_q | s_k | fp8 us | fp8 us range | bf16 us | bf16/fp8 | fp8 TB/s | fp8 TFLOPS | fp8 % of floor | bf16 % of floor |\n"
+      << "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       const auto [lo, hi] = std::minmax_element(fp8_passes[i].begin(), fp8_passes[i].end());
@@ -442,12 +412,10 @@ int bench_command(const std::vector<std::string>& args) {
       const Floors fl = floors(r, copy_tbs);
       const double flops = 2.0 * 1088 * r.tokens * r.c.s_q * r.c.h;
       char line[512];
-      const Anchor* an = anchor_for(r.c);
-      std::snprintf(line, sizeof line, "| %d | %d | %d | %s | %.1f | %s | %.1f | %.2f | %.2f | %.0f | %.0f%% | %.0f%% | %s | %s |\n", r.c.b,
+      std::snprintf(line, sizeof line, "| %d | %d | %d | %s | %.1f | %s | %.1f | %.2f | %.2f | %.0f | %.0f%% | %.0f%% |\n", r.c.b,
                     r.c.h, r.c.s_q, r.c.random_lengths ? "U(1,32768)" : std::to_string(r.c.s_k).c_str(), r.fp8_us,
                     range, r.bf16_us, r.bf16_us / r.fp8_us, r.tokens * 644 / (r.fp8_us * 1e-6) / 1e12,
-                    flops / (r.fp8_us * 1e-6) / 1e12, 100 * fl.fp8_us / r.fp8_us, 100 * fl.bf16_us / r.bf16_us,
-                    an ? us_or_dash(an->flashmla_bf16_us).c_str() : "-", an ? us_or_dash(an->flashmla_fp8_us).c_str() : "-");
+                    flops / (r.fp8_us * 1e-6) / 1e12, 100 * fl.fp8_us / r.fp8_us, 100 * fl.bf16_us / r.bf16_us);
       f << line;
     }
   }

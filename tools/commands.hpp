@@ -37,7 +37,8 @@ inline const char* bench_help() {
          "  --commit C          the commit recorded in the JSON / Markdown (default \"unknown\")\n"
          "  -h, --help          this text\n"
          "\n"
-         "SNAPMLA_FP8_TILE=64 or 16 forces decode_fp8's tile (16: at most 16 rows, h * s_q).\n";
+         "decode_fp8 runs its narrow tile where h * s_q <= 16, else the 64-row one\n"
+         "(DecodeOptions::fp8_tile).\n";
 }
 
 int accuracy_command(const std::vector<std::string>& args);

@@ -1,12 +1,12 @@
 // The SM clock a benchmark ran at, sampled through NVML while it runs. Under sustained decode
 // load an H200 sits at its 700 W limit and the SM clock falls from 1980 MHz to 1.3-1.8 GHz
-// depending on the kernel's mix (docs/kernels.md, session 11), so a time without the clock it was
+// depending on the kernel's mix (docs/design.md, performance model), so a time without the clock it was
 // measured at is half a result. NVML reports the clock the driver has set, which moves in steps
 // tens of milliseconds apart and lags the clock the SMs actually run: a 0.15 s bench read 1980 MHz
 // with no cap, where clock64 over the global timer inside the same kind of run measured 1.74-1.76
-// GHz (docs/kernels.md, session 11). So use it over seconds - a pass of the benchmark grid - as the
-// power state the pass ran in, not as a cycle count; the decode kernels' stamps build
-// (decode/stamps.cuh) measures the clock of single calls. NVML is loaded at run time (dlopen): the tools build and run where
+// GHz (docs/archive/kernel_history.md). So use it over seconds - a pass of the benchmark grid - as the
+// power state the pass ran in, not as a cycle count (the clock of single calls was measured
+// with clock64 stamps inside the kernels). NVML is loaded at run time (dlopen): the tools build and run where
 // there is no driver, and then report no clock.
 #pragma once
 

@@ -131,6 +131,12 @@ int split_plan_capacity(int batch, int num_workers);
 inline constexpr int kMaxOrderedSplits = 4096;
 
 // Options common to decode_fp8 and decode_bf16.
+// Which tile decode_fp8's GPU path runs. kAuto: the 16-row narrow tile when num_heads * seqlen_q
+// <= 16 (memory-bound: the rows on the wgmma N dimension), else the 64-row tile. The others force
+// one, for benchmarks and tests (kNarrow16 with more than 16 rows is an error). Both compute the
+// reference's function up to fp32 rounding (docs/reference.md); the CPU path ignores it.
+enum class Fp8Tile { kAuto, kRows64, kNarrow16 };
+
 struct DecodeOptions {
   float softmax_scale = 0.0f;  // required, > 0 (DeepSeek-V3: 1/sqrt(192) times yarn mscale^2)
   bool causal = true;          // only matters for seqlen_q > 1
@@ -143,6 +149,7 @@ struct DecodeOptions {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   Stream stream = nullptr;
+  Fp8Tile fp8_tile = Fp8Tile::kAuto;  // decode_fp8 on the GPU only
 };
 
 size_t decode_workspace_bytes(int split_capacity, int seqlen_q, int num_heads);

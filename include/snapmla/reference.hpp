@@ -33,6 +33,18 @@ DecodeResultF32 decode_fp8_f32(const QuantizedQuery& q, const PagedFp8Cache& cac
 DecodeResultF32 decode_bf16_f32(const QueryBf16& q, const PagedBf16Cache& cache,
                                 const PageTable& pages, const DecodeOptions& options);
 
+// decode_fp8's arithmetic for one sequence (batch 1, one split) on operands already quantized
+// by any recipe and decoded to float, for studies of other quantization recipes:
+//   q [seqlen_q, num_heads, 576] and keys [seqlen_k, 576] hold the operand values as the tensor
+//   cores see them (e4m3 or bf16 values); q_factor [seqlen_q * num_heads] is softmax_scale
+//   times the row's query scale; key_scale [seqlen_k] the token's scale.
+// p_block_tokens: the online-softmax step and P' quantization block (one sigma per row per
+// block of 64, 128 or 256 tokens). decode_fp8's kernels use 64 (kPageSize), as decode_fp8_f32.
+// Results as decode_fp8_f32's: out [seqlen_q, num_heads, 512], lse [num_heads, seqlen_q].
+DecodeResultF32 decode_fp8_decoded(const float* q, const float* q_factor, int seqlen_q,
+                                   int num_heads, const float* keys, const float* key_scale,
+                                   int seqlen_k, bool causal, int p_block_tokens = kPageSize);
+
 // Merge the partial results of one query row's splits (each normalized, with its lse) into
 // one: lse = ln sum_k exp(lse_k), out = sum_k exp(lse_k - lse) * out_k, in fp32 as the combine
 // kernel does. Partials with lse = -inf (empty splits) contribute nothing; if all are empty,

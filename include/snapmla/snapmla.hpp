@@ -34,7 +34,7 @@ void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const 
 void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan,
                  Stream stream = nullptr);
 
-// SnapMLA decoding on the FP8 cache (DESIGN.md section 3): FP8 QK with per-token and
+// SnapMLA decoding on the FP8 cache (docs/design.md, the method): FP8 QK with per-token and
 // per-(token, head) scales plus the pre-scaled bf16 rope product in one fp32 accumulator,
 // online softmax over 64-token blocks, P' = P * s_t quantized to e4m3 per row and block.
 void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
@@ -46,7 +46,7 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
 
 // A num_workers for plan_splits that fills `device` (CPU: its reference threads; GPU: one split
 // per multiprocessor and 64-row tile of the decode kernel, like FlashMLA's num_sm_parts;
-// measured against twice as many in docs/kernels.md).
+// measured against twice as many: docs/archive/kernel_history.md).
 int recommended_num_workers(Device device, int seqlen_q, int num_heads);
 
 // Debug checks of table contents. The GPU path cannot read device-resident tables without a

@@ -1,15 +1,17 @@
-// The public entry points: validate, then run where the data lives (CPU reference or CUDA).
-// Shapes, pointers, alignment and devices are checked for every call; the contents of int32
-// tables (page indices, seqlens, slots) only where they are host memory, since reading device
-// memory would need a host synchronization. The kernels never access memory outside the
-// cache for a bad index: a bad page or length makes the sequence's rows NaN, a bad slot is
-// skipped. On host memory an error names the operation called (ref::named), not the reference.
+// The public entry points: run where the data lives. Host memory goes to the CPU reference,
+// whose entry points check every argument; device memory is checked here (core/validate.hpp)
+// and goes to the kernels, so each argument is checked once per call. Shapes, pointers,
+// alignment and devices are checked for every call; the contents of int32 tables (page
+// indices, seqlens, slots) only where they are host memory, since reading device memory would
+// need a host synchronization. The kernels never access memory outside the cache for a bad
+// index: a bad page or length makes the sequence's rows NaN, a bad slot is skipped. On host
+// memory an error names the operation called (ref::named), not the reference behind it.
 #include <algorithm>
 #include <vector>
 
+#include "../core/validate.hpp"
 #include "../reference/named.hpp"
 #include "snapmla/snapmla.hpp"
-#include "validate.hpp"
 
 #if SNAPMLA_HAVE_CUDA
 #include "../kernels/kernels.hpp"
@@ -29,29 +31,6 @@ bool on_gpu(const char* op, const char* arg, Device d) {
                "expected host memory: this build of SnapMLA has no CUDA kernels, got " +
                    to_string(d) + " (pass host memory to use the CPU reference)");
 #endif
-}
-
-void check_rows_match(const char* op, const KvRows& kv, const SlotMapping& slots,
-                      const char* rows_name) {
-  if (slots.num_tokens != kv.num_tokens)
-    detail::fail(op, std::string(rows_name) + ".num_tokens",
-                 "expected one row per slot (" + std::to_string(slots.num_tokens) + "), got " +
-                     std::to_string(kv.num_tokens));
-}
-
-void check_decode_common(const char* op, int q_batch, Device q_dev, const PageTable& pages,
-                         const DecodeOutput& out, const DecodeOptions& options, Device cache_dev) {
-  detail::check_devices_match(op, q_dev, "cache", cache_dev);
-  detail::check_devices_match(op, q_dev, "pages", pages.device);
-  detail::check_devices_match(op, q_dev, "out", out.device);
-  if (options.plan) detail::check_devices_match(op, q_dev, "options.plan", options.plan->device);
-  detail::validate(op, pages);
-  detail::validate(op, out);
-  detail::validate(op, options, q_batch);
-  if (pages.batch != q_batch)
-    detail::fail(op, "pages.batch",
-                 "expected the batch of q (" + std::to_string(q_batch) + "), got " +
-                     std::to_string(pages.batch));
 }
 
 }  // namespace
@@ -77,13 +56,13 @@ namespace {
 // Both caches: same checks, then the reference or the kernel for that cache type.
 template <typename Cache>
 void append_impl(const Cache& cache, const KvRows& kv, const SlotMapping& slots, Stream s) {
+  if (!on_gpu("append", "cache", cache.device)) return ref::named::append("append", cache, kv, slots);
   detail::check_devices_match("append", cache.device, "kv", kv.device);
   detail::check_devices_match("append", cache.device, "slot_mapping", slots.device);
-  if (!on_gpu("append", "cache", cache.device)) return ref::named::append("append", cache, kv, slots);
   detail::validate("append", cache);
   detail::validate("append", kv, "kv");
   detail::validate("append", slots);
-  check_rows_match("append", kv, slots, "kv");
+  detail::check_rows_match("append", kv, slots, "kv");
 #if SNAPMLA_HAVE_CUDA
   cuda::append(cache, kv, slots, s);
 #else
@@ -147,8 +126,8 @@ void append(const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& sl
 }
 
 void quantize_query(const QueryBf16& q, const QuantizedQuery& out, Stream s) {
-  detail::check_devices_match("quantize_query", q.device, "out", out.device);
   if (!on_gpu("quantize_query", "q", q.device)) return ref::named::quantize_query("quantize_query", q, out);
+  detail::check_devices_match("quantize_query", q.device, "out", out.device);
   detail::validate("quantize_query", q);
   detail::validate("quantize_query", out, "out");
   if (out.batch != q.batch || out.seqlen_q != q.seqlen_q || out.num_heads != q.num_heads)
@@ -162,13 +141,13 @@ void quantize_query(const QueryBf16& q, const QuantizedQuery& out, Stream s) {
 
 void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const KvRows& out,
                     Stream s) {
+  if (!on_gpu("gather_dequant", "cache", cache.device)) return ref::named::gather_dequant("gather_dequant", cache, slots, out);
   detail::check_devices_match("gather_dequant", cache.device, "slot_mapping", slots.device);
   detail::check_devices_match("gather_dequant", cache.device, "out", out.device);
-  if (!on_gpu("gather_dequant", "cache", cache.device)) return ref::named::gather_dequant("gather_dequant", cache, slots, out);
   detail::validate("gather_dequant", cache);
   detail::validate("gather_dequant", slots);
   detail::validate("gather_dequant", out, "out");
-  check_rows_match("gather_dequant", out, slots, "out");
+  detail::check_rows_match("gather_dequant", out, slots, "out");
 #if SNAPMLA_HAVE_CUDA
   cuda::gather_dequant(cache, slots, out, s);
 #else
@@ -177,19 +156,9 @@ void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const 
 }
 
 void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, Stream s) {
-  detail::check_devices_match("plan_splits", pages.device, "plan", plan.device);
   if (!on_gpu("plan_splits", "pages", pages.device)) return ref::named::plan_splits("plan_splits", pages, num_workers, plan);
-  detail::validate("plan_splits", pages);
-  detail::validate("plan_splits", plan);
-  if (num_workers < 1)
-    detail::fail("plan_splits", "num_workers", "expected >= 1, got " + std::to_string(num_workers));
-  if (plan.batch != pages.batch)
-    detail::fail("plan_splits", "plan.batch", "expected pages.batch (" + std::to_string(pages.batch) + ")");
-  if (plan.capacity < split_plan_capacity(pages.batch, num_workers))
-    detail::fail("plan_splits", "plan.capacity",
-                 "expected >= split_plan_capacity(batch, num_workers) = " +
-                     std::to_string(split_plan_capacity(pages.batch, num_workers)) + ", got " +
-                     std::to_string(plan.capacity));
+  detail::check_devices_match("plan_splits", pages.device, "plan", plan.device);
+  detail::check_plan_splits_args("plan_splits", pages, num_workers, plan);
 #if SNAPMLA_HAVE_CUDA
   cuda::plan_splits(pages, num_workers, plan, s);
 #else
@@ -200,10 +169,11 @@ void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan,
 void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
                 const DecodeOutput& out, const DecodeOptions& options) {
   constexpr const char* op = "decode_fp8";
-  check_decode_common(op, q.batch, q.device, pages, out, options, cache.device);
   if (!on_gpu(op, "q", q.device)) return ref::named::decode_fp8(op, q, cache, pages, out, options);
+  detail::check_decode_common(op, q.batch, q.device, pages, out, options, cache.device);
   detail::validate(op, q, "q");
   detail::validate(op, cache);
+  detail::check_workspace(op, options, q.seqlen_q, q.num_heads);
 #if SNAPMLA_HAVE_CUDA
   cuda::decode_fp8(q, cache, pages, out, options);
 #endif
@@ -212,10 +182,11 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
 void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
                  const DecodeOutput& out, const DecodeOptions& options) {
   constexpr const char* op = "decode_bf16";
-  check_decode_common(op, q.batch, q.device, pages, out, options, cache.device);
   if (!on_gpu(op, "q", q.device)) return ref::named::decode_bf16(op, q, cache, pages, out, options);
+  detail::check_decode_common(op, q.batch, q.device, pages, out, options, cache.device);
   detail::validate(op, q);
   detail::validate(op, cache);
+  detail::check_workspace(op, options, q.seqlen_q, q.num_heads);
 #if SNAPMLA_HAVE_CUDA
   cuda::decode_bf16(q, cache, pages, out, options);
 #endif

@@ -3,7 +3,7 @@
 #include <mutex>
 #include <vector>
 
-#include "../api/validate.hpp"
+#include "../core/validate.hpp"
 #include "common/check.cuh"
 #include "kernels.hpp"
 

@@ -67,13 +67,14 @@ double dot_f64(const float* a, const float* b, int n) {
 }
 
 void attend_rows(const QueryRow* rows, int count, const KeySet& keys, int begin, int end,
-                 PvMode mode, float* out, float* lse) {
+                 PvMode mode, int block_tokens, float* out, float* lse) {
   std::vector<RowState> state(count);
   double block_acc[kLatentDim];
-  float score[kPageSize], p[kPageSize], pv_weight[kPageSize];
+  float score[kMaxBlockTokens], p[kMaxBlockTokens], pv_weight[kMaxBlockTokens];
+  block_tokens = std::clamp(block_tokens, kPageSize, kMaxBlockTokens);  // callers check it
 
-  for (int blk = begin; blk < end; blk += kPageSize) {
-    const int blk_end = std::min(end, blk + kPageSize);
+  for (int blk = begin; blk < end; blk += block_tokens) {
+    const int blk_end = std::min(end, blk + block_tokens);
     for (int r = 0; r < count; ++r) {
       const QueryRow& q = rows[r];
       const int vis_end = std::min(blk_end, q.visible);

@@ -11,7 +11,7 @@
 namespace snapmla::detail {
 
 enum class PvMode {
-  kFp8,   // P' = P * s_t, quantized to e4m3 per row and 64-token block, sigma-domain output
+  kFp8,   // P' = P * s_t, quantized to e4m3 per row and block, sigma-domain output
   kBf16,  // P rounded to bf16 (the FlashMLA BF16 kernel), V unscaled
 };
 
@@ -29,11 +29,15 @@ struct QueryRow {
   int visible = 0;                // the row sees tokens t < visible
 };
 
-// Attends `count` rows over tokens [begin, end) (begin a multiple of 64): per row the
-// normalized fp32 output [512] and lse (-inf, and out = 0, when the row sees no token; NaN, and
-// out = NaN, when a score of a token it sees is not finite).
+// The largest online-softmax block attend_rows takes (tokens).
+inline constexpr int kMaxBlockTokens = 256;
+
+// Attends `count` rows over tokens [begin, end) (begin a multiple of 64) in online-softmax steps
+// of `block_tokens` tokens from `begin` (64, 128 or 256; in kFp8 mode also the P' quantization
+// block): per row the normalized fp32 output [512] and lse (-inf, and out = 0, when the row sees
+// no token; NaN, and out = NaN, when a score of a token it sees is not finite).
 void attend_rows(const QueryRow* rows, int count, const KeySet& keys, int begin, int end,
-                 PvMode mode, float* out /* [count, 512] */, float* lse /* [count] */);
+                 PvMode mode, int block_tokens, float* out /* [count, 512] */, float* lse /* [count] */);
 
 // sum_d a[d] * b[d] in double with 8 interleaved partial sums (vectorizable). For e4m3 x e4m3
 // products every partial sum is exact (products are multiples of 2^-18 below 2^18, sums of 512

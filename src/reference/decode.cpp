@@ -4,7 +4,7 @@
 #include <limits>
 #include <vector>
 
-#include "../api/validate.hpp"
+#include "../core/validate.hpp"
 #include "attention_core.hpp"
 #include "named.hpp"
 #include "snapmla/numeric.hpp"
@@ -100,7 +100,7 @@ DecodeResultF32 run_decode(const char* op, DecodeShape shape, const std::vector<
       const int k = static_cast<int>(task / groups);
       const int r0 = static_cast<int>(task % groups) * kRowsPerTask;
       const int count = std::min(kRowsPerTask, rows - r0);
-      detail::attend_rows(qrows.data() + r0, count, ks, split_begin[k], split_begin[k + 1], mode,
+      detail::attend_rows(qrows.data() + r0, count, ks, split_begin[k], split_begin[k + 1], mode, kPageSize,
                           part_out.data() + (size_t(k) * rows + r0) * kLatentDim,
                           part_lse.data() + size_t(k) * rows + r0);
     });
@@ -188,20 +188,9 @@ void combine_row(int num_splits, const float* partial_out, const float* partial_
 namespace named {
 
 void plan_splits(const char* op, const PageTable& pages, int num_workers, const SplitPlan& plan) {
-  detail::validate(op, pages);
-  detail::validate(op, plan);
   require_cpu(op, "pages", pages.device);
   require_cpu(op, "plan", plan.device);
-  if (num_workers < 1)
-    detail::fail(op, "num_workers", "expected >= 1, got " + std::to_string(num_workers));
-  if (plan.batch != pages.batch)
-    detail::fail(op, "plan.batch", "expected pages.batch (" + std::to_string(pages.batch) +
-                                       "), got " + std::to_string(plan.batch));
-  if (plan.capacity < split_plan_capacity(pages.batch, num_workers))
-    detail::fail(op, "plan.capacity",
-                 "expected >= split_plan_capacity(batch, num_workers) = " +
-                     std::to_string(split_plan_capacity(pages.batch, num_workers)) + ", got " +
-                     std::to_string(plan.capacity));
+  detail::check_plan_splits_args(op, pages, num_workers, plan);
   int64_t total_blocks = 0;
   for (int i = 0; i < pages.batch; ++i) {
     const int len = pages.cache_seqlens[i];

@@ -49,7 +49,7 @@ def e4m3_bits(x):
     return (code | np.where(np.signbit(x), 0x80, 0)).astype(np.uint8)
 
 
-# --- the per-token quantization rule (DESIGN.md section 3 (i)) ---------------------------------
+# --- the per-token quantization rule (docs/reference.md, scales) ---------------------------------
 
 
 def quantize_rows(rows_bits):

@@ -1,5 +1,5 @@
-"""What a new user meets first: README's Python block is examples/quickstart.py and runs with NumPy
-alone (PyTorch made unimportable); `pip install <path>` keeps the source tree clean and brings
+"""What a new user meets first: README's NumPy Python block is examples/quickstart_numpy.py and runs
+with NumPy alone (PyTorch made unimportable); `pip install <path>` keeps the source tree clean and brings
 NumPy."""
 
 import pathlib
@@ -7,18 +7,18 @@ import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "quickstart.py"
+EXAMPLE = ROOT / "examples" / "quickstart_numpy.py"
 
 
-def test_readme_python_block_is_the_quickstart():
+def test_readme_python_block_is_the_numpy_quickstart():
     readme = (ROOT / "README.md").read_text()
     assert "```python\n" + EXAMPLE.read_text() + "```\n" in readme, \
-        "README.md's ```python block differs from examples/quickstart.py: copy the file into it"
+        "README.md's NumPy ```python block differs from examples/quickstart_numpy.py: copy the file into it"
 
 
 def test_quickstart_runs_without_torch():
     block_torch = "import sys; sys.modules['torch'] = None; "  # `import torch` raises ImportError
-    code = block_torch + f"exec(compile(open({str(EXAMPLE)!r}).read(), 'quickstart.py', 'exec'))"
+    code = block_torch + f"exec(compile(open({str(EXAMPLE)!r}).read(), 'quickstart_numpy.py', 'exec'))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "(2, 1, 8, 512) (2, 8, 1)" in r.stdout, r.stdout

@@ -124,7 +124,7 @@ def test_native_api_on_torch_tensors(rng, device):
     if device == "cpu":
         assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
     else:
-        # FP8 wgmma sums with ~13-14 bits (docs/kernels.md), so a score is off by up to about
+        # FP8 wgmma sums with ~13-14 bits (docs/design.md), so a score is off by up to about
         # 2^-10.5 of the magnitude of its terms, softmax_scale * sum_d |q_d k_d| (dequantized),
         # and so is the lse: bound it per row by 2^-9 of the largest such magnitude among the
         # row's tokens, as the C++ GPU tests do. (A bound relative to |lse| alone failed once on

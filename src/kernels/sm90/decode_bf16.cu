@@ -25,7 +25,7 @@
 // done (page A's halves after the first PVs), and the QK takes the rope and its own half first.
 // Page B's cycle (load, QK, softmax, PVs) sets the pace, so consumer 0 issues its next QK only
 // once B is released (v4b), leaving the tensor cores to PV(B).
-// History and measurements: docs/kernels.md.
+// Design: docs/design.md; measurements: docs/kernels.md.
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

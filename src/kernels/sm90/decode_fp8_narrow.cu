@@ -17,7 +17,7 @@
 //        from one chain over all pages only by fp32 rounding). No per-page hand-off between them.
 // A thread holds tokens 16 w + g, + 8 of S^T and the 4 rows 8 n + 2 q + {0, 1} (n = 0, 1); the
 // per-row max and the max of P' over the page's tokens are reduced over g with shuffles and over
-// the consumer's four warps through shared memory. History and measurements: docs/kernels.md.
+// the consumer's four warps through shared memory. Design: docs/design.md; measurements: docs/kernels.md.
 #include <cuda.h>
 #include <cuda_runtime.h>
 

@@ -54,8 +54,8 @@ __device__ __forceinline__ void write_partials(const DecodeParams& p, const Work
 // (four 8 x 8 tiles per instruction; 16-byte chunk x of a 128-byte row r stored at x ^ (r % 8), so
 // the eight rows of a tile fall in eight bank groups) and back out as whole 128-byte row segments,
 // one 16-byte store per lane. The fragment's own 4-byte stores write 16 bytes per row and
-// instruction: eight times the write requests, which made a CTA's last stores take 4-8 us (stamps,
-// session 10).
+// instruction: eight times the write requests, which made a CTA's last stores take 4-8 us (clock64
+// stamps; docs/archive/kernel_history.md).
 __device__ __forceinline__ void write_rows_staged(const DecodeParams& p, const Work& w, const SoftmaxState& st,
                                                   const float (&o)[32][4], uint8_t* stage, int row0, int dim0,
                                                   int lane, bool write_lse, bool fault) {

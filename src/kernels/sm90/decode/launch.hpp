@@ -1,10 +1,12 @@
-// Host-side set-up shared by decode_fp8 and decode_bf16: the common parameters, the
-// workspace check for split plans, the grid, and the launch of a decode kernel plus combine.
+// Host-side set-up shared by decode_fp8 and decode_bf16: the common parameters, the grid, and
+// the launch of a decode kernel plus combine. The arguments arrive checked (api/dispatch.cpp,
+// core/validate.hpp, workspace included); only the grid's size limit is checked here, since it
+// depends on the kernels' tile.
 #pragma once
 
 #include <string>
 
-#include "../../../api/validate.hpp"
+#include "../../../core/validate.hpp"
 #include "../../common/check.cuh"
 #include "../../smxx/combine.hpp"
 #include "params.hpp"
@@ -12,7 +14,7 @@
 
 namespace snapmla::cuda {
 
-inline DecodeParams make_params(const char* op, int batch, int s_q, int h, const PageTable& pages,
+inline DecodeParams make_params(const char* /*op*/, int batch, int s_q, int h, const PageTable& pages,
                                 const DecodeOutput& out, const DecodeOptions& options) {
   DecodeParams p;
   p.block_table = pages.block_table;
@@ -28,14 +30,6 @@ inline DecodeParams make_params(const char* op, int batch, int s_q, int h, const
   p.out = reinterpret_cast<uint16_t*>(out.out);
   p.lse = out.lse;
   if (options.plan) {
-    const size_t need = decode_workspace_bytes(options.plan->capacity, s_q, h);
-    if (options.workspace == nullptr || options.workspace_bytes < need)
-      detail::fail(op, "options.workspace",
-                   "expected device memory of at least decode_workspace_bytes(capacity, s_q, h) = " +
-                       std::to_string(need) + " bytes for the split partials, got " +
-                       std::to_string(options.workspace_bytes));
-    if (reinterpret_cast<uintptr_t>(options.workspace) % 16 != 0)
-      detail::fail(op, "options.workspace", "expected a 16-byte aligned pointer");
     p.split_offsets = options.plan->split_offsets;
     p.split_begin = options.plan->split_begin;
     p.split_order = options.plan->split_order;

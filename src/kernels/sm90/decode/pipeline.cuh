@@ -9,7 +9,6 @@
 #include "../../common/wgmma.cuh"
 #include "params.hpp"
 #include "scheduler.cuh"
-#include "stamps.cuh"
 #include "tensor_map.hpp"
 
 namespace snapmla::cuda {
@@ -157,15 +156,13 @@ struct PageRing {
   // kernels' shared-memory layouts).
   template <typename Stages>
   __device__ void stream(const DecodeParams& p, const Work& w, const CUtensorMap* tm_latent, const CUtensorMap* tm_rope,
-                         const Stages& st, int from, int to) const {
+                         Stages& st, int from, int to) const {
     if (from >= to) return;
     int32_t page = page_of(p, w, w.begin + from * kPageSize);
     int32_t next = from + 1 < to ? page_of(p, w, w.begin + (from + 1) * kPageSize) : 0;
     for (int j = from; j < to; ++j) {
       const int32_t after = j + 2 < to ? page_of(p, w, w.begin + (j + 2) * kPageSize) : 0;
-      STAMP(3, j / 2, (j % 2) * 2);  // role 3: the loader's wait for a free stage (SNAPMLA_STAMPS)
       acquire(j);
-      STAMP(3, j / 2, (j % 2) * 2 + 1);
       const int s = j % kStages;
       load_fp8_page(p, tm_latent, tm_rope, page, st.kl(s), st.kr(s), st.scale(s), &full[s], bad);
       page = next;

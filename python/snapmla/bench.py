@@ -1,0 +1,283 @@
+"""Same-run decode benchmark: decode_fp8 and decode_bf16 beside the peer kernels engines run.
+
+    python -m snapmla.bench [--peers DIR] [--cases grid|quick|b,h,s_q,s_k ...] [--out DIR]
+
+Every kernel of a case runs in this process on the same data (randn / 10, pages permuted), each as
+a CUDA graph of `--calls` decode calls (cycling over enough page sets that the caches are well past
+the L2), the kernels interleaved over `--rounds` rounds in a rotating order; the table gives each
+kernel's median time per call. Times on an H200 move 5-10% with its power state (it runs at its
+700 W limit under this load), so only ratios measured this way are meaningful.
+
+Peers (`--peers DIR`: a folder holding `peers.py` with the FlashMLA BF16 and FlashMLA-FP8 loaders
+and their built extensions): FlashMLA's dense BF16 decode (its scheduler metadata computed once
+per case, as an engine computes it once per step) and the FP8 fork of FlashMLA that vLLM ships
+(per-tensor scale 1, rope in FP8). Without them only our kernels are timed, and the output says so.
+
+Also reported per case: the SM clock NVML reports around the timed rounds (the clock the driver
+set; the SMs' own can be lower), decode_fp8's cycles per 64-row tile and 64-token page (time x
+clock x SMs / tile-pages: the per-page period, launch and tail included), and the floor: the
+larger of the cache's bytes over the copy bandwidth and the FP8 + BF16 tensor work over the GEMM
+rates (`--bw`, `--fp8-tflops`, `--bf16-tflops`, measured on the GPU once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import importlib.util
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import zlib
+
+# The cases of the results page: (batch, heads, s_q, s_k); s_k "U" = lengths uniform in 1..32768.
+GRID = [
+    (128, 128, 1, 8192), (128, 64, 1, 8192), (128, 32, 1, 8192), (128, 16, 1, 8192),
+    (128, 128, 2, 8192), (128, 64, 2, 8192), (128, 128, 1, 32768), (128, 64, 1, 32768),
+    (128, 16, 1, 32768), (32, 128, 1, 65536), (128, 128, 1, "U"), (128, 16, 1, "U"),
+    (1, 128, 1, 8192), (8, 128, 1, 16384), (64, 16, 4, 4096), (128, 128, 1, 4096),
+    (128, 128, 1, 1024), (1, 128, 1, 1024),
+]
+QUICK = [(128, 128, 1, 8192), (128, 64, 1, 8192), (128, 16, 1, 8192)]
+UNIFORM_MAX = 32768
+PAGE = 64
+
+
+def parse_case(text: str):
+    parts = text.split(",")
+    if len(parts) != 4:
+        raise SystemExit(f"--cases: expected b,h,s_q,s_k (s_k a number or U), got '{text}'")
+    b, h, s_q = (int(x) for x in parts[:3])
+    s_k = parts[3].strip()
+    return (b, h, s_q, "U" if s_k.upper() == "U" else int(s_k))
+
+
+class Nvml:
+    """The SM clock through NVML (libnvidia-ml, loaded at run time; None where it is missing)."""
+
+    def __init__(self, index: int):
+        self.lib = self.dev = None
+        try:
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            if lib.nvmlInit_v2() != 0:
+                return
+            dev = ctypes.c_void_p()
+            if lib.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(index), ctypes.byref(dev)) != 0:
+                return
+            self.lib, self.dev = lib, dev
+        except OSError:
+            pass
+
+    def sm_mhz(self):
+        if self.lib is None:
+            return None
+        mhz = ctypes.c_uint()
+        ok = self.lib.nvmlDeviceGetClockInfo(self.dev, ctypes.c_int(1), ctypes.byref(mhz)) == 0  # 1: SM
+        return mhz.value if ok else None
+
+
+def load_peers(folder: str):
+    path = os.path.join(folder, "peers.py")
+    if not os.path.isfile(path):
+        raise SystemExit(f"--peers: expected a folder holding peers.py, got '{folder}'")
+    spec = importlib.util.spec_from_file_location("snapmla_bench_peers", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def floor_us(b, h, s_q, lens_sum, args):
+    """max(bytes of the FP8 cache / bandwidth, tensor work / GEMM rates), in microseconds."""
+    rows = h * s_q
+    bytes_ = lens_sum * 644
+    fp8_flop = 2.0 * rows * lens_sum * (512 + 512)
+    bf16_flop = 2.0 * rows * lens_sum * 64
+    compute = fp8_flop / (args.fp8_tflops * 1e12) + bf16_flop / (args.bf16_tflops * 1e12)
+    return max(bytes_ / (args.bw * 1e12), compute) * 1e6
+
+
+def run_case(case, args, peers, torch, snapmla, nvml, sms):
+    b, h, s_q, s_k = case
+    dev = torch.device("cuda")
+    gen = torch.Generator(device="cpu").manual_seed(zlib.crc32(repr(case).encode()))
+    if s_k == "U":
+        lens = torch.randint(1, UNIFORM_MAX + 1, (b,), generator=gen, dtype=torch.int32)
+    else:
+        lens = torch.full((b,), s_k, dtype=torch.int32)
+    max_len = int(lens.max())
+    pages_per_seq = (max_len + PAGE - 1) // PAGE
+    pages = b * pages_per_seq
+    # Enough page sets that one graph's calls read well past the L2 (256 MB of BF16 cache), at most
+    # 32; a graph holds at least one call per set.
+    sets = max(1, min(32, math.ceil(256e6 / max(1, int(lens.sum()) * 1152))))
+    calls = max(args.calls, sets)
+    num_pages = pages * sets
+    scale = 1.0 / math.sqrt(192.0)
+    seqlens = lens.to(dev)
+    kv = (torch.randn(num_pages * PAGE, 576, device=dev) / 10).to(torch.bfloat16)
+    bf_cache = kv.view(num_pages, PAGE, 576)
+    fp8_cache = snapmla.alloc_fp8_cache(num_pages, kv)
+    snapmla.append(fp8_cache, kv, torch.arange(num_pages * PAGE, device=dev, dtype=torch.int32))
+    perm = torch.randperm(num_pages, generator=gen).to(dev, torch.int32)
+    tables = [perm[i * pages:(i + 1) * pages].view(b, pages_per_seq).contiguous() for i in range(sets)]
+    q = (torch.randn(b, s_q, h, 576, device=dev) / 10).to(torch.bfloat16)
+    qq = snapmla.quantize_query(q)
+    workers = snapmla.recommended_num_workers(q, s_q, h)
+    plan = snapmla.plan_splits(seqlens, workers)
+
+    kernels = {
+        "fp8": lambda t: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=plan),
+        "bf16": lambda t: snapmla.decode_bf16(q, bf_cache, t, seqlens, softmax_scale=scale, plan=plan),
+    }
+    if peers is not None:
+        fm = peers.FlashMLA(seqlens, s_q, h)
+        cache4 = bf_cache.view(num_pages, PAGE, 1, 576)
+        f8 = peers.PR54(seqlens, s_q, h)
+        q8, cache8 = q.to(torch.float8_e4m3fn), cache4.to(torch.float8_e4m3fn)
+        kernels["flashmla_bf16"] = lambda t: fm(q, cache4, t, seqlens, scale, True)
+        kernels["pr54_fp8"] = lambda t: f8(q8, cache8, t, seqlens, scale, True)
+
+    graphs = {}
+    for name, call in kernels.items():
+        for t in tables:  # eager warm-up (peers fill their metadata on the first call)
+            call(t)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(calls):
+                call(tables[i % sets])
+        g.replay()
+        graphs[name] = g
+    torch.cuda.synchronize()
+
+    times = {name: [] for name in graphs}
+    clocks = []
+    order = list(graphs)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for r in range(args.rounds):
+        for name in order[r % len(order):] + order[:r % len(order)]:
+            start.record()
+            graphs[name].replay()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) * 1e3 / calls)
+            mhz = nvml.sm_mhz()
+            if mhz:
+                clocks.append(mhz)
+    row = {"b": b, "h": h, "s_q": s_q, "s_k": s_k}
+    for name, ts in times.items():
+        row[f"{name}_us"] = round(statistics.median(ts), 2)
+        row[f"{name}_us_range"] = [round(min(ts), 2), round(max(ts), 2)]
+    row["sm_mhz"] = round(statistics.mean(clocks)) if clocks else None
+    rows = h * s_q
+    tiles = math.ceil(rows / 64) if rows > 16 else 1
+    tile_pages = tiles * int(((lens + PAGE - 1) // PAGE).sum())
+    if row["sm_mhz"]:
+        row["fp8_cycles_per_tile_page"] = round(row["fp8_us"] * row["sm_mhz"] * sms / tile_pages)
+    row["floor_us"] = round(floor_us(b, h, s_q, int(lens.sum()), args), 1)
+    row["fp8_over_floor"] = round(row["fp8_us"] / row["floor_us"], 3)
+    if peers is not None:
+        row["fp8_speedup_vs_flashmla_bf16"] = round(row["flashmla_bf16_us"] / row["fp8_us"], 3)
+        row["fp8_speedup_vs_pr54_fp8"] = round(row["pr54_fp8_us"] / row["fp8_us"], 3)
+        row["bf16_over_flashmla_bf16"] = round(row["bf16_us"] / row["flashmla_bf16_us"], 3)
+    del graphs
+    torch.cuda.empty_cache()
+    return row
+
+
+def markdown(meta, rows, peers):
+    lines = [f"# decode, same run: {meta['gpu']}, {meta['date']}, commit {meta['commit']}", ""]
+    lines.append(f"CUDA graphs of {meta['calls']} calls, {meta['rounds']} interleaved rounds, medians "
+                 "(us per call); random data (randn / 10), pages permuted. SM MHz: NVML's set clock "
+                 "over the rounds; cycles: decode_fp8's per 64-row tile and 64-token page.")
+    lines.append("")
+    if peers:
+        lines.append("| b | h | s_q | s_k | decode_fp8 | decode_bf16 | FlashMLA BF16 | FlashMLA FP8 (vLLM) "
+                     "| fp8 vs FlashMLA | fp8 vs FP8 peer | bf16 / FlashMLA | floor | fp8 / floor | MHz | cycles/page |")
+        lines.append("| --- " * 15 + "|")
+        for r in rows:
+            lines.append(f"| {r['b']} | {r['h']} | {r['s_q']} | {r['s_k']} | {r['fp8_us']} | {r['bf16_us']} | "
+                         f"{r['flashmla_bf16_us']} | {r['pr54_fp8_us']} | {r['fp8_speedup_vs_flashmla_bf16']}x | "
+                         f"{r['fp8_speedup_vs_pr54_fp8']}x | {r['bf16_over_flashmla_bf16']} | {r['floor_us']} | "
+                         f"{r['fp8_over_floor']} | {r['sm_mhz']} | {r.get('fp8_cycles_per_tile_page')} |")
+    else:
+        lines.append("No peers given (--peers): our kernels only.")
+        lines.append("")
+        lines.append("| b | h | s_q | s_k | decode_fp8 | decode_bf16 | floor | fp8 / floor | MHz | cycles/page |")
+        lines.append("| --- " * 10 + "|")
+        for r in rows:
+            lines.append(f"| {r['b']} | {r['h']} | {r['s_q']} | {r['s_k']} | {r['fp8_us']} | {r['bf16_us']} | "
+                         f"{r['floor_us']} | {r['fp8_over_floor']} | {r['sm_mhz']} | "
+                         f"{r.get('fp8_cycles_per_tile_page')} |")
+    return "\n".join(lines) + "\n"
+
+
+def commit_of_tree() -> str:
+    env = os.environ.get("SNAPMLA_COMMIT")
+    if env:
+        return env
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m snapmla.bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--peers", metavar="DIR", help="folder with peers.py (FlashMLA BF16 and FP8 loaders)")
+    ap.add_argument("--cases", nargs="+", default=["grid"],
+                    help="'grid' (the results page), 'quick' (b=128, 8K, h=128/64/16) or b,h,s_q,s_k ...")
+    ap.add_argument("--calls", type=int, default=10, help="decode calls per CUDA graph (default 10)")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case (default 5)")
+    ap.add_argument("--out", metavar="DIR", help="write h200.json and h200.md there")
+    ap.add_argument("--bw", type=float, default=4.3, help="copy bandwidth for the floor, TB/s (4.3)")
+    ap.add_argument("--fp8-tflops", type=float, default=1240.0, help="FP8 GEMM rate for the floor (1240)")
+    ap.add_argument("--bf16-tflops", type=float, default=685.0, help="BF16 GEMM rate for the floor (685)")
+    args = ap.parse_args(argv)
+    try:
+        import torch
+    except ImportError:
+        raise SystemExit("snapmla.bench needs PyTorch with CUDA (pip install torch)")
+    import snapmla
+    if not (torch.cuda.is_available() and snapmla.cuda_device_available()):
+        raise SystemExit("snapmla.bench needs an sm_90 GPU and a CUDA build of snapmla: " + snapmla.info())
+    cases = []
+    for c in args.cases:
+        cases += GRID if c == "grid" else QUICK if c == "quick" else [parse_case(c)]
+    peers = load_peers(args.peers) if args.peers else None
+    if peers is None:
+        print("no --peers given: timing decode_fp8 and decode_bf16 only", flush=True)
+    props = torch.cuda.get_device_properties(0)
+    nvml = Nvml(torch.cuda.current_device())
+    meta = {"gpu": props.name, "sms": props.multi_processor_count,
+            "date": datetime.date.today().isoformat(), "commit": commit_of_tree(),
+            "calls": args.calls, "rounds": args.rounds, "peers": peers is not None,
+            "floor": {"bw_tb_s": args.bw, "fp8_tflops": args.fp8_tflops, "bf16_tflops": args.bf16_tflops}}
+    rows = []
+    for case in cases:
+        row = run_case(case, args, peers, torch, snapmla, nvml, props.multi_processor_count)
+        rows.append(row)
+        msg = f"b={row['b']} h={row['h']} s_q={row['s_q']} s_k={row['s_k']}: fp8 {row['fp8_us']} us, " \
+              f"bf16 {row['bf16_us']}"
+        if peers is not None:
+            msg += f", FlashMLA {row['flashmla_bf16_us']}, FP8 peer {row['pr54_fp8_us']} -> " \
+                   f"{row['fp8_speedup_vs_flashmla_bf16']}x / {row['fp8_speedup_vs_pr54_fp8']}x"
+        print(msg + f" (floor {row['floor_us']}, {row['sm_mhz']} MHz)", flush=True)
+    md = markdown(meta, rows, peers is not None)
+    print(md)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "h200.json"), "w") as f:
+            json.dump({**meta, "results": rows}, f, indent=1)
+        with open(os.path.join(args.out, "h200.md"), "w") as f:
+            f.write(md)
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

@@ -1,0 +1,271 @@
+#include "validate.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <vector>
+
+namespace snapmla {
+namespace detail {
+namespace {
+
+std::string join(const char* name, const char* field) { return std::string(name) + "." + field; }
+
+template <typename T>
+void check_pointer(const char* op, const std::string& arg, const T* p, bool needed,
+                   size_t alignment) {
+  if (!needed) return;
+  if (p == nullptr) fail(op, arg, "null pointer, expected memory");
+  if (reinterpret_cast<uintptr_t>(p) % alignment != 0) {
+    std::ostringstream s;
+    s << "expected a " << alignment << "-byte aligned pointer, got "
+      << static_cast<const void*>(p) << " (the kernels read it with vector and bulk copies)";
+    fail(op, arg, s.str());
+  }
+}
+
+void check_heads(const char* op, const std::string& arg, int h) {
+  if (h < kMinHeads || h > kMaxHeads)
+    fail(op, arg,
+         "expected " + std::to_string(kMinHeads) + ".." + std::to_string(kMaxHeads) + ", got " +
+             std::to_string(h));
+}
+
+void check_seqlen_q(const char* op, const std::string& arg, int s_q) {
+  if (s_q < 1 || s_q > kMaxQueriesPerSeq)
+    fail(op, arg,
+         "expected 1.." + std::to_string(kMaxQueriesPerSeq) + ", got " + std::to_string(s_q));
+}
+
+}  // namespace
+
+void check_query_shape(const char* op, const char* seqlen_q_arg, int s_q, const char* num_heads_arg,
+                       int h) {
+  check_seqlen_q(op, seqlen_q_arg, s_q);
+  check_heads(op, num_heads_arg, h);
+}
+
+void fail(const char* op, const std::string& argument, const std::string& what) {
+  throw Error(op, argument, what);
+}
+
+void check_devices_match(const char* op, Device expected, const char* argument, Device got) {
+  if (!(expected == got))
+    fail(op, std::string(argument) + ".device",
+         "expected " + to_string(expected) + " like the other arguments, got " + to_string(got));
+}
+
+void validate(const char* op, const PagedFp8Cache& c, const char* name) {
+  if (c.num_pages < 0 || c.num_pages > std::numeric_limits<int32_t>::max() / kPageSize)
+    fail(op, join(name, "num_pages"),
+         "expected 0.." + std::to_string(std::numeric_limits<int32_t>::max() / kPageSize) +
+             " (slots are int32), got " + std::to_string(c.num_pages));
+  const bool needed = c.num_pages > 0;
+  check_pointer(op, join(name, "latent"), c.latent, needed, 16);
+  check_pointer(op, join(name, "scale"), c.scale, needed, 16);
+  check_pointer(op, join(name, "rope"), c.rope, needed, 16);
+}
+
+void validate(const char* op, const PagedBf16Cache& c, const char* name) {
+  if (c.num_pages < 0 || c.num_pages > std::numeric_limits<int32_t>::max() / kPageSize)
+    fail(op, join(name, "num_pages"),
+         "expected 0.." + std::to_string(std::numeric_limits<int32_t>::max() / kPageSize) +
+             " (slots are int32), got " + std::to_string(c.num_pages));
+  check_pointer(op, join(name, "data"), c.data, c.num_pages > 0, 16);
+}
+
+void validate(const char* op, const KvRows& r, const char* name) {
+  if (r.num_tokens < 0)
+    fail(op, join(name, "num_tokens"), "expected >= 0, got " + std::to_string(r.num_tokens));
+  check_pointer(op, join(name, "data"), r.data, r.num_tokens > 0, 16);
+}
+
+void validate(const char* op, const SlotMapping& s, const char* name) {
+  if (s.num_tokens < 0)
+    fail(op, join(name, "num_tokens"), "expected >= 0, got " + std::to_string(s.num_tokens));
+  check_pointer(op, join(name, "slots"), s.slots, s.num_tokens > 0, 4);
+}
+
+void validate(const char* op, const QueryBf16& q, const char* name) {
+  if (q.batch < 0) fail(op, join(name, "batch"), "expected >= 0, got " + std::to_string(q.batch));
+  check_seqlen_q(op, join(name, "seqlen_q"), q.seqlen_q);
+  check_heads(op, join(name, "num_heads"), q.num_heads);
+  check_pointer(op, join(name, "data"), q.data, q.batch > 0, 16);
+}
+
+void validate(const char* op, const QuantizedQuery& q, const char* name) {
+  if (q.batch < 0) fail(op, join(name, "batch"), "expected >= 0, got " + std::to_string(q.batch));
+  check_seqlen_q(op, join(name, "seqlen_q"), q.seqlen_q);
+  check_heads(op, join(name, "num_heads"), q.num_heads);
+  const bool needed = q.batch > 0;
+  check_pointer(op, join(name, "nope"), q.nope, needed, 16);
+  check_pointer(op, join(name, "rope"), q.rope, needed, 16);
+  check_pointer(op, join(name, "scale"), q.scale, needed, 16);
+}
+
+void validate(const char* op, const PageTable& p, const char* name) {
+  if (p.batch < 0) fail(op, join(name, "batch"), "expected >= 0, got " + std::to_string(p.batch));
+  if (p.max_pages < 0)
+    fail(op, join(name, "max_pages"), "expected >= 0, got " + std::to_string(p.max_pages));
+  check_pointer(op, join(name, "cache_seqlens"), p.cache_seqlens, p.batch > 0, 4);
+  check_pointer(op, join(name, "block_table"), p.block_table, p.batch > 0 && p.max_pages > 0, 4);
+}
+
+void validate(const char* op, const DecodeOutput& o, const char* name) {
+  check_pointer(op, join(name, "out"), o.out, true, 16);
+  check_pointer(op, join(name, "lse"), o.lse, true, 16);
+}
+
+void validate(const char* op, const SplitPlan& p, const char* name) {
+  if (p.batch < 0) fail(op, join(name, "batch"), "expected >= 0, got " + std::to_string(p.batch));
+  if (p.capacity < p.batch || p.capacity < 1)
+    fail(op, join(name, "capacity"),
+         "expected >= max(batch, 1) = " + std::to_string(std::max(p.batch, 1)) + ", got " +
+             std::to_string(p.capacity) + " (size it with split_plan_capacity)");
+  check_pointer(op, join(name, "split_offsets"), p.split_offsets, true, 4);
+  check_pointer(op, join(name, "split_begin"), p.split_begin, true, 4);
+  if (p.split_order != nullptr) check_pointer(op, join(name, "split_order"), p.split_order, true, 4);
+}
+
+void validate(const char* op, const DecodeOptions& o, int batch) {
+  if (!(o.softmax_scale > 0.0f) || !std::isfinite(o.softmax_scale))
+    fail(op, "options.softmax_scale",
+         "expected a finite value > 0, got " + std::to_string(o.softmax_scale));
+  if (!std::isinf(o.empty_lse))
+    fail(op, "options.empty_lse", "expected -inf or +inf, got " + std::to_string(o.empty_lse));
+  if (o.plan != nullptr) {
+    validate(op, *o.plan, "options.plan");
+    if (o.plan->batch != batch)
+      fail(op, "options.plan.batch",
+           "expected the batch of q (" + std::to_string(batch) + "), got " +
+               std::to_string(o.plan->batch));
+  }
+}
+
+void check_rows_match(const char* op, const KvRows& kv, const SlotMapping& slots,
+                      const char* rows_name) {
+  if (slots.num_tokens != kv.num_tokens)
+    fail(op, std::string(rows_name) + ".num_tokens",
+         "expected one row per slot (" + std::to_string(slots.num_tokens) + "), got " +
+             std::to_string(kv.num_tokens));
+}
+
+void check_decode_common(const char* op, int q_batch, Device q_dev, const PageTable& pages,
+                         const DecodeOutput& out, const DecodeOptions& options, Device cache_dev) {
+  check_devices_match(op, q_dev, "cache", cache_dev);
+  check_devices_match(op, q_dev, "pages", pages.device);
+  check_devices_match(op, q_dev, "out", out.device);
+  if (options.plan) check_devices_match(op, q_dev, "options.plan", options.plan->device);
+  validate(op, pages);
+  validate(op, out);
+  validate(op, options, q_batch);
+  if (pages.batch != q_batch)
+    fail(op, "pages.batch",
+         "expected the batch of q (" + std::to_string(q_batch) + "), got " +
+             std::to_string(pages.batch));
+}
+
+void check_workspace(const char* op, const DecodeOptions& options, int seqlen_q, int num_heads) {
+  if (options.plan == nullptr) return;
+  const size_t need = decode_workspace_bytes(options.plan->capacity, seqlen_q, num_heads);
+  if (options.workspace == nullptr || options.workspace_bytes < need)
+    fail(op, "options.workspace",
+         "expected device memory of at least decode_workspace_bytes(capacity, s_q, h) = " +
+             std::to_string(need) + " bytes for the split partials, got " +
+             std::to_string(options.workspace_bytes));
+  if (reinterpret_cast<uintptr_t>(options.workspace) % 16 != 0)
+    fail(op, "options.workspace", "expected a 16-byte aligned pointer");
+}
+
+void check_plan_splits_args(const char* op, const PageTable& pages, int num_workers,
+                            const SplitPlan& plan) {
+  validate(op, pages);
+  validate(op, plan);
+  if (num_workers < 1) fail(op, "num_workers", "expected >= 1, got " + std::to_string(num_workers));
+  if (plan.batch != pages.batch)
+    fail(op, "plan.batch", "expected pages.batch (" + std::to_string(pages.batch) + "), got " +
+                               std::to_string(plan.batch));
+  if (plan.capacity < split_plan_capacity(pages.batch, num_workers))
+    fail(op, "plan.capacity",
+         "expected >= split_plan_capacity(batch, num_workers) = " +
+             std::to_string(split_plan_capacity(pages.batch, num_workers)) + ", got " +
+             std::to_string(plan.capacity));
+}
+
+void check_slots_in_range(const char* op, const SlotMapping& s, int64_t num_pages) {
+  const int64_t num_slots = num_pages * kPageSize;
+  for (int64_t i = 0; i < s.num_tokens; ++i) {
+    const int32_t slot = s.slots[i];
+    if (slot < -1 || slot >= num_slots)
+      fail(op, "slot_mapping",
+           "slot " + std::to_string(slot) + " at index " + std::to_string(i) +
+               " is out of range: expected -1 (skip) or 0.." + std::to_string(num_slots - 1) +
+               " (num_pages * 64 - 1)");
+  }
+}
+
+void check_page_table_contents(const char* op, const PageTable& p, int64_t num_pages) {
+  const int64_t capacity = static_cast<int64_t>(p.max_pages) * kPageSize;
+  for (int i = 0; i < p.batch; ++i) {
+    const int32_t len = p.cache_seqlens[i];
+    if (len < 0 || len > capacity)
+      fail(op, "cache_seqlens",
+           "cache_seqlens[" + std::to_string(i) + "] = " + std::to_string(len) +
+               (len < 0 ? " is negative" : " is beyond the block table row") + ": expected 0.." +
+               std::to_string(capacity) + " (max_pages * 64)");
+    const int used = (len + kPageSize - 1) / kPageSize;
+    for (int j = 0; j < used; ++j) {
+      const int32_t page = p.block_table[static_cast<int64_t>(i) * p.max_pages + j];
+      if (page < 0 || page >= num_pages)
+        fail(op, "block_table",
+             "page index " + std::to_string(page) + " at [" + std::to_string(i) + ", " +
+                 std::to_string(j) + "] is out of range: expected 0.." +
+                 std::to_string(num_pages - 1) + " (cache.num_pages - 1)");
+    }
+  }
+}
+
+void check_plan_contents(const char* op, const SplitPlan& plan, const PageTable& pages) {
+  if (plan.split_offsets[0] != 0)
+    fail(op, "options.plan.split_offsets", "expected split_offsets[0] == 0");
+  for (int i = 0; i < plan.batch; ++i) {
+    const int32_t lo = plan.split_offsets[i], hi = plan.split_offsets[i + 1];
+    if (hi <= lo || hi > plan.capacity)
+      fail(op, "options.plan.split_offsets",
+           "sequence " + std::to_string(i) + " has splits [" + std::to_string(lo) + ", " +
+               std::to_string(hi) + "): expected at least one and at most capacity " +
+               std::to_string(plan.capacity));
+    const int32_t len = pages.cache_seqlens[i];
+    // A length outside the block table makes the sequence's rows NaN whatever its splits say.
+    if (len < 0 || int64_t(len) > int64_t(pages.max_pages) * kPageSize) continue;
+    for (int32_t k = lo; k < hi; ++k) {
+      const int32_t b = plan.split_begin[k];
+      const bool ok = b % kPageSize == 0 && (k == lo ? b == 0 : b > plan.split_begin[k - 1]) &&
+                      (b < len || (k == lo && len == 0));
+      if (!ok)
+        fail(op, "options.plan.split_begin",
+             "split " + std::to_string(k) + " of sequence " + std::to_string(i) + " begins at " +
+                 std::to_string(b) +
+                 ": expected the first at 0, then increasing multiples of 64 below the "
+                 "sequence length " + std::to_string(len) + " (was the plan made for other "
+                 "cache_seqlens?)");
+    }
+  }
+  if (plan.split_order != nullptr) {
+    const int32_t total = plan.split_offsets[plan.batch];
+    std::vector<char> seen(static_cast<size_t>(total), 0);
+    for (int32_t k = 0; k < total; ++k) {
+      const int32_t v = plan.split_order[k];
+      if (v < 0 || v >= total || seen[static_cast<size_t>(v)])
+        fail(op, "options.plan.split_order",
+             "entry " + std::to_string(k) + " is " + std::to_string(v) +
+                 ": expected a permutation of the splits 0.." + std::to_string(total - 1) +
+                 " (was the plan made by plan_splits?)");
+      seen[static_cast<size_t>(v)] = 1;
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace snapmla

@@ -1,0 +1,139 @@
+// decode_fp8's 64-row tile: its configuration, shared-memory plan and named barriers.
+//
+// One CTA = one split of one sequence x 64 query rows, three warpgroups:
+//   WG0, the producer: warp 0 loads (TMA), warps 1-3 transpose each page's latent into V^T;
+//   WG1, WG2, the consumers: consumer c owns the pages j = c (mod 2) (QK and softmax of its own
+//   pages) and holds output dims [256 c, 256 c + 256) of all 64 rows (PV of every page).
+// The kernel (decode_fp8.cu) is written against these constants; every fragment that hard-wires
+// one of them says so with a static_assert here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../../common/wgmma.cuh"
+#include "params.hpp"
+#include "pipeline.cuh"
+
+namespace snapmla::cuda {
+
+struct Fp8TileConfig {
+  static constexpr int kRows = kTileRows;     // query rows per CTA: one wgmma M tile
+  static constexpr int kPageTokens = kPageSize;  // tokens per page, per softmax step and per P' block
+  static constexpr int kStages = 3;           // pages in flight (latent, rope, scales)
+  static constexpr int kVtStages = 2;         // transposed latents (V^T) ready for PV
+  static constexpr int kConsumers = 2;        // consumer warpgroups, one output half each
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kLoaderThreads = 32;   // warp 0 of the producer
+  static constexpr int kTransposerWarps = 3;  // warps 1-3 of the producer
+  static constexpr int kTransposers = 32 * kTransposerWarps;
+  static constexpr int kProducerRegs = 56;    // setmaxnreg of the producer warpgroup
+  static constexpr int kConsumerRegs = 224;   // setmaxnreg of each consumer warpgroup
+  static constexpr int kOutHalf = kLatentDim / kConsumers;  // output dims per consumer
+
+  // The fragments below hard-wire these: an m64n64 S fragment per page (8 n-tiles of 8 tokens,
+  // two rows per thread), two k32 steps of PV per page, m64n256 output halves, the consumers'
+  // page parity (j % 2) and the two P buffers, and the register file (64K registers per SM).
+  static_assert(kRows == 64, "wgmma M tile: the S and O fragments assume 64 rows");
+  static_assert(kPageTokens == 64, "S fragment m64n64 and two PV k-steps of 32 per page");
+  static_assert(kConsumers == 2, "page ownership by parity, two P buffers, two output halves");
+  static_assert(kOutHalf == 256, "one m64n256 accumulator per consumer");
+  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 65536 / 128, "register file per SM");
+  static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg takes multiples of 8");
+  static_assert(kStages >= 2 && kVtStages == 2, "V^T slots indexed by page parity in the consumers");
+};
+
+// Named barrier ids (bar.sync / bar.arrive over both consumers, 256 threads). The page hand-offs
+// take id `base + owner` (the consumer that owns page j is j % 2): the running max after page j
+// is published (Max), page j's P' and row factors are in place (P), the non-owner's PV of page j
+// is done so its P buffer may take page j + 2 (Free). Id 0 is __syncthreads'.
+enum class Fp8Barrier : int {
+  kAddSums = 1,  // the consumers' parts of l exchanged after the pages
+  kMax = 2,      // 2, 3
+  kP = 4,        // 4, 5
+  kFree = 6,     // 6, 7
+  kOwnPage0 = 8, // consumer 0's warps among themselves after page 0's P' (no hand-off before it)
+};
+
+// The shared-memory plan (its layout: offsets and size come from this struct, not from hand-kept
+// sums; the kernel addresses it through Fp8TileView). Tiles are K-major in 8 x 16-byte core matrices; the Q latent and the
+// pages' latent and rope come by TMA with the 128-byte swizzle (hence 1024-byte alignment).
+struct Fp8TileSmem {
+  using C = Fp8TileConfig;
+  static constexpr int kLatentBytes = C::kPageTokens * kLatentDim;   // one page's latent, 32 KB
+  static constexpr int kRopeBytes = C::kPageTokens * kRopeDim * 2;   // one page's rope, 8 KB
+  static constexpr int kVtHalfBytes = C::kOutHalf * C::kPageTokens;  // V^T of one output half, SBO 512
+  static constexpr int kPBytes = C::kRows * C::kPageTokens;          // one page's P' (e4m3), SBO 512
+  using Ring = PageRing<C::kStages>;
+
+  struct Stage {
+    alignas(1024) uint8_t latent[kLatentBytes];
+    alignas(1024) uint8_t rope[kRopeBytes];
+  };
+  alignas(1024) uint8_t q_latent[C::kRows * kLatentDim];  // as a page's latent (TMA, swizzled)
+  Stage stages[C::kStages];
+  alignas(1024) uint8_t vt[C::kVtStages][C::kConsumers][kVtHalfBytes];
+  alignas(1024) uint8_t p[2][kPBytes];  // P' of the pair's pages, slot j % 2
+  float scales[C::kStages][C::kPageTokens];
+  alignas(8) uint8_t ring[Ring::kBytes];  // the stages' full / empty barriers, the Q barrier, the fault flag
+  uint64_t vt_full[C::kVtStages];   // kTransposers arrivals: V^T written
+  uint64_t vt_empty[C::kVtStages];  // 256 consumer arrivals: PV done reading
+  float xmax[2][C::kRows];          // the running max after page j, slot j % 2
+  float2 xsig[2][C::kRows];         // page j's (sigma, rho) per row (sigma 0: nothing visible), slot j % 2
+  float xl[C::kConsumers][C::kRows];  // each consumer's part of l, after the pages
+
+};
+static_assert(sizeof(Fp8TileSmem) <= 227 * 1024, "shared memory per block on sm_90");
+static_assert(sizeof(Fp8TileSmem::Stage) % 1024 == 0, "stages keep the 1024-byte alignment of the swizzle");
+
+// The kernel's view of the plan: one pointer per region (the compiler keeps them as offsets from
+// the dynamic shared-memory base) and the addressing of pages and slots.
+struct Fp8TileView {
+  using C = Fp8TileConfig;
+  using L = Fp8TileSmem;
+  uint8_t* q_latent;
+  uint8_t* stage;
+  uint8_t* vt_base;
+  uint8_t* pbuf;
+  float* scales;
+  L::Ring ring;
+  uint64_t* vt_full;   // [kVtStages]
+  uint64_t* vt_empty;  // [kVtStages]
+  float* xmax;         // [2][kRows]
+  float2* xsig;        // [2][kRows]
+  float* xl;           // [kConsumers][kRows]
+
+  __device__ explicit Fp8TileView(uint8_t* base)
+      : q_latent(base + offsetof(L, q_latent)),
+        stage(base + offsetof(L, stages)),
+        vt_base(base + offsetof(L, vt)),
+        pbuf(base + offsetof(L, p)),
+        scales(reinterpret_cast<float*>(base + offsetof(L, scales))),
+        ring(base + offsetof(L, ring)),
+        vt_full(reinterpret_cast<uint64_t*>(base + offsetof(L, vt_full))),
+        vt_empty(reinterpret_cast<uint64_t*>(base + offsetof(L, vt_empty))),
+        xmax(reinterpret_cast<float*>(base + offsetof(L, xmax))),
+        xsig(reinterpret_cast<float2*>(base + offsetof(L, xsig))),
+        xl(reinterpret_cast<float*>(base + offsetof(L, xl))) {}
+  __device__ uint8_t* kl(int s) const { return stage + s * int(sizeof(L::Stage)); }
+  __device__ uint8_t* kr(int s) const { return stage + s * int(sizeof(L::Stage)) + offsetof(L::Stage, rope); }
+  __device__ float* scale(int s) const { return scales + s * C::kPageTokens; }
+  // P' of page j as e4m3 [64 rows x 64 slots] (K-major, in V^T's slot order).
+  __device__ uint8_t* p_tile(int j) const { return pbuf + (j % 2) * L::kPBytes; }
+  // V^T of page j, output half c (the halves are contiguous).
+  __device__ uint8_t* vt_half(int j, int c) const {
+    return vt_base + ((j % C::kVtStages) * C::kConsumers + c) * L::kVtHalfBytes;
+  }
+  // The running max after page j, (sigma, rho) of page j: slot j % 2.
+  __device__ float& max_after(int j, int r) const { return xmax[(j % 2) * C::kRows + r]; }
+  __device__ float2& factors_of(int j, int r) const { return xsig[(j % 2) * C::kRows + r]; }
+  // One thread, before a __syncthreads.
+  __device__ void init_vt() const {
+    for (int v = 0; v < C::kVtStages; ++v) {
+      wg::mbar_init(&vt_full[v], C::kTransposers);
+      wg::mbar_init(&vt_empty[v], 128 * C::kConsumers);
+    }
+  }
+};
+
+}  // namespace snapmla::cuda

@@ -1,0 +1,100 @@
+// decode_fp8's transposer (the 64-row tile's producer warps 1-3): each landed page's latent
+// (K-major, as TMA wrote it) -> V^T, the K-major B operand of the FP8 PV. FP8 wgmma reads both
+// shared-memory operands K-major only, and the PV's K is the token, so V must be transposed in
+// the kernel (the QK needs the same bytes with the dim as K).
+#pragma once
+
+#include <cstdint>
+
+#include "../../common/ptx.cuh"
+#include "fp8_tile.cuh"
+
+namespace snapmla::cuda {
+
+static_assert(Fp8TileSmem::kVtHalfBytes == 256 * 64 && Fp8TileConfig::kPageTokens == 64,
+              "the unit offsets below assume 256-dim halves of 64 token slots, 512 bytes per 8 dims");
+
+// The latent of one page (64 tokens x 512 dims, K-major) -> V^T for PV: two halves of 256 dims
+// x 64 token slots, K-major, slot 16 h + 4 q + j of 32-token chunk k holding token
+// 32 k + 16 h + {2q, 2q+1, 2q+8, 2q+9}[j]: the order of a thread's S fragment, so each row's
+// P' bytes of four slots are one 4-byte word. One unit of work is 16 tokens (group gi) x 128
+// dims (TMA box b) for one warp: per 32 dims one transposing ldmatrix (b16 units: two tokens x
+// two dims per register), byte permutes split the dim pairs into 4-token words, and one
+// stmatrix writes the 32 dims' 16-byte rows (each matrix row one dim's 16 slots). Lane 4 c + q
+// holds dims 2 c, 2 c + 1 (and 16 more); lanes c >= 4 swap which of the two goes to the even
+// matrix, so that each matrix's eight rows fall in eight different 16-byte bank groups (a V^T
+// row's bank group is its dim % 8). Transposer warp tw takes units tw, tw + 3, ...; its lanes'
+// offsets are the same for every page, so they are computed once.
+constexpr int kTransposerWarps = Fp8TileConfig::kTransposerWarps;
+constexpr int kLatentBox = kTmaBoxBytes;  // TMA box: 64 tokens x 128 bytes of latent
+constexpr int kUnitsPerWarp = (16 + kTransposerWarps - 1) / kTransposerWarps;
+struct TransposeLanes {
+  uint32_t src[kUnitsPerWarp];  // the lane's ldmatrix row in the latent tile, per unit
+  uint32_t dst[kUnitsPerWarp];  // the lane's stmatrix row in the page's V^T, per unit
+  uint32_t chunk[4];            // the lane's 16-byte chunk (swizzled) for each 32-dim step
+  int t0[kUnitsPerWarp];        // the first of the lane's four tokens, per unit
+  uint32_t sel_a, sel_b;        // byte permutes: the even matrix's dim first, then the odd one's
+  __device__ TransposeLanes(int tw, int lane) {
+    const int m = lane / 8, c = lane / 4, q = lane % 4, r = lane % 8;
+    // The dim (within 32) of matrix m's row r: 16 (m / 2) + 2 r, + 1 for the odd matrices,
+    // swapped for rows 4-7.
+    const int dk = 16 * (m / 2) + 2 * r + ((m % 2) ^ (r / 4));
+#pragma unroll
+    for (int k = 0; k < kUnitsPerWarp; ++k) {
+      const int u = tw + kTransposerWarps * k, gi = (u / 4) % 4, b = u % 4;
+      // The latent tile as TMA wrote it: box b = bytes [128 b, 128 b + 128) of each token's
+      // row, 128 bytes per token, 16-byte chunk x of row t at chunk x ^ (t % 8).
+      src[k] = b * (kPageSize * kLatentBox) + (16 * gi + (m % 2) * 8 + lane % 8) * kLatentBox;
+      dst[k] = (dk / 8) * 512 + (dk % 8) * 16 + gi * 128 + b * 4 * 2048;
+      t0[k] = 16 * gi + 2 * q;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) chunk[i] = (((2 * i + m / 2) % 8) ^ (lane % 8)) * 16;
+    sel_a = c < 4 ? 0x6420u : 0x7531u;
+    sel_b = c < 4 ? 0x7531u : 0x6420u;
+  }
+};
+
+// One unit; keep masks the bytes of tokens at or past the split end (P is 0 there, but V may
+// be NaN). The four ldmatrix are issued before any store (they would otherwise wait on each
+// other through the stores' memory order).
+__device__ __forceinline__ void transpose_unit(const uint8_t* src, uint8_t* dst, const TransposeLanes& tl,
+                                               uint32_t keep) {
+  uint32_t r[4][4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) ptx::ldsm_x4_trans(src + tl.chunk[i], r[i]);
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    ptx::stsm_x4(dst + i * 2048, ptx::prmt(r[i][0], r[i][1], tl.sel_a) & keep,
+                 ptx::prmt(r[i][0], r[i][1], tl.sel_b) & keep, ptx::prmt(r[i][2], r[i][3], tl.sel_a) & keep,
+                 ptx::prmt(r[i][2], r[i][3], tl.sel_b) & keep);
+}
+
+// Page i of the split by transposer warp tw: once the page has landed and PV of the page that
+// last used its V^T slot is done, its latent -> the slot's V^T (tokens at or past ntok zeroed),
+// then the slot is marked full and the stage released (the transposers are readers of it).
+__device__ __forceinline__ void transpose_page(const Fp8TileView& sm, int i, int tw, const TransposeLanes& tl, int ntok) {
+  using C = Fp8TileConfig;
+  sm.ring.wait(i);
+  if (i >= C::kVtStages) wg::mbar_wait(&sm.vt_empty[i % C::kVtStages], ((i / C::kVtStages) - 1) & 1);
+  const uint8_t* kl = sm.kl(i % C::kStages);
+  uint8_t* vt = sm.vt_half(i, 0);  // the halves are contiguous: unit offsets span both
+  if (ntok == C::kPageTokens) {  // a whole page: no masks
+#pragma unroll
+    for (int k = 0; k < kUnitsPerWarp; ++k)
+      if (tw + kTransposerWarps * k < 16) transpose_unit(kl + tl.src[k], vt + tl.dst[k], tl, 0xFFFFFFFFu);
+  } else {
+#pragma unroll
+    for (int k = 0; k < kUnitsPerWarp; ++k) {
+      const int t0 = tl.t0[k];
+      const uint32_t keep = (t0 < ntok ? 0xFFu : 0u) | (t0 + 1 < ntok ? 0xFF00u : 0u) |
+                            (t0 + 8 < ntok ? 0xFF0000u : 0u) | (t0 + 9 < ntok ? 0xFF000000u : 0u);
+      if (tw + kTransposerWarps * k < 16) transpose_unit(kl + tl.src[k], vt + tl.dst[k], tl, keep);
+    }
+  }
+  wg::fence_proxy_async();  // V^T written with st.shared, read by wgmma (async proxy)
+  wg::mbar_arrive(&sm.vt_full[i % C::kVtStages]);
+  sm.ring.release(i);          // done reading the stage's latent
+}
+
+}  // namespace snapmla::cuda

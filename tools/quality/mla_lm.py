@@ -1,0 +1,281 @@
+"""A small MLA decoder language model for the quality study (a study, not part of the package).
+
+Attention is MLA with the decode kernels' shapes: a 512-dim latent c_t (after its RMSNorm) and
+one 64-dim rope key k_t shared by all heads are what the cache holds ([c_t, k_t] = 576 values
+per token and layer); each head has a 128 + 64 query and a 128-dim value. Training and the
+model's own ("exact") attention use the explicit per-head keys and values with torch's SDPA.
+Decoding through a paged cache uses the absorbed form the kernels compute:
+
+    q576[h] = [W_uk[h]^T q_nope[h], q_rope[h]]     score_t = softmax_scale * q576[h] . [c_t, k_t]
+    out[h]  = W_uv[h] (sum_t p_t c_t)
+
+so the rest of the model is the same code either way and the only difference between the
+caches is the attention arithmetic. The query is projected directly from the hidden state
+(no query low-rank path); everything else is the usual pre-norm decoder: RMSNorm, SwiGLU MLP,
+byte-level tokens with a BOS token at position 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import snapmla
+
+LATENT, ROPE, NOPE, VDIM = 512, 64, 128, 128
+BOS = 256  # token ids 0..255 are bytes
+CACHE_KINDS = ("bf16", "fp8", "tensor_fp8")
+
+
+@dataclass
+class Config:
+    vocab: int = 264  # 256 bytes + BOS, padded to a multiple of 8
+    d_model: int = 1024
+    n_layers: int = 8
+    n_heads: int = 16
+    d_ff: int = 2816
+    rope_base: float = 10000.0
+
+    def to_dict(self):
+        return asdict(self)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return y.to(x.dtype)
+
+
+def rope_angles(positions, base: float):
+    """cos, sin [n, 32] (fp32) for rotary pairs (d, d + 32) of a 64-dim rope vector."""
+    inv_freq = base ** (-torch.arange(0, ROPE, 2, dtype=torch.float32, device=positions.device) / ROPE)
+    ang = positions.float()[:, None] * inv_freq[None, :]
+    return ang.cos(), ang.sin()
+
+
+def apply_rope(x, cos, sin):
+    """x [..., n, (heads,) 64] with cos / sin broadcast over its leading dims."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class MLAttention(nn.Module):
+    def __init__(self, cfg: Config):
+        super().__init__()
+        h, d = cfg.n_heads, cfg.d_model
+        self.n_heads = h
+        self.rope_base = cfg.rope_base
+        self.wq = nn.Linear(d, h * (NOPE + ROPE), bias=False)
+        self.wkv = nn.Linear(d, LATENT + ROPE, bias=False)
+        self.kv_norm = RMSNorm(LATENT)
+        self.w_uk = nn.Parameter(torch.empty(h, NOPE, LATENT))
+        self.w_uv = nn.Parameter(torch.empty(h, VDIM, LATENT))
+        self.wo = nn.Linear(h * VDIM, d, bias=False)
+        self.softmax_scale = 1.0 / math.sqrt(NOPE + ROPE)
+
+    def project(self, x, positions):
+        """x [B, n, d] -> q_nope [B, n, h, 128], q_rope [B, n, h, 64] (rotated), c [B, n, 512]
+        (normed), k_rope [B, n, 64] (rotated): the query parts and the cache row."""
+        B, n, _ = x.shape
+        q = self.wq(x).view(B, n, self.n_heads, NOPE + ROPE)
+        kv = self.wkv(x)
+        cos, sin = rope_angles(positions, self.rope_base)
+        q_rope = apply_rope(q[..., NOPE:], cos[:, None, :], sin[:, None, :]).to(q.dtype)
+        k_rope = apply_rope(kv[..., LATENT:], cos, sin).to(kv.dtype)
+        return q[..., :NOPE], q_rope, self.kv_norm(kv[..., :LATENT]), k_rope
+
+    def absorbed_query(self, q_nope, q_rope):
+        """The 576-dim query rows [B, n, h, 576] (bf16) the decode kernels take."""
+        q_lat = torch.einsum("bnhd,hdc->bnhc", q_nope, self.w_uk.to(q_nope.dtype))
+        return torch.cat([q_lat, q_rope.to(q_lat.dtype)], dim=-1).to(torch.bfloat16).contiguous()
+
+    def forward(self, x, positions, cache=None, layer: int = 0):
+        B, n, _ = x.shape
+        h = self.n_heads
+        q_nope, q_rope, c, k_rope = self.project(x, positions)
+        if cache is None:
+            k_nope = torch.einsum("bnc,hdc->bnhd", c, self.w_uk.to(c.dtype))
+            v = torch.einsum("bnc,hdc->bnhd", c, self.w_uv.to(c.dtype))
+            q = torch.cat([q_nope, q_rope], dim=-1).transpose(1, 2)
+            k = torch.cat([k_nope, k_rope[:, :, None, :].expand(B, n, h, ROPE)], dim=-1).transpose(1, 2)
+            # v padded to the q/k head size: every SDPA backend takes equal head sizes
+            v = F.pad(v, (0, NOPE + ROPE - VDIM)).transpose(1, 2)
+            dt = torch.bfloat16 if torch.is_autocast_enabled() else q.dtype
+            o = F.scaled_dot_product_attention(q.to(dt), k.to(dt), v.to(dt), is_causal=True,
+                                               scale=self.softmax_scale)
+            o = o[..., :VDIM].transpose(1, 2)
+        else:
+            q576 = self.absorbed_query(q_nope, q_rope)
+            kv576 = torch.cat([c, k_rope.to(c.dtype)], dim=-1).to(torch.bfloat16)
+            o_lat = cache.attend(layer, q576, kv576, self.softmax_scale)
+            o = torch.einsum("bnhc,hdc->bnhd", o_lat.to(x.dtype), self.w_uv.to(x.dtype))
+        return self.wo(o.reshape(B, n, h * VDIM))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d: int, d_ff: int):
+        super().__init__()
+        self.w_gate = nn.Linear(d, d_ff, bias=False)
+        self.w_up = nn.Linear(d, d_ff, bias=False)
+        self.w_down = nn.Linear(d_ff, d, bias=False)
+
+    def forward(self, x):
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: Config):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model)
+        self.attn = MLAttention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model)
+        self.mlp = SwiGLU(cfg.d_model, cfg.d_ff)
+
+    def forward(self, x, positions, cache, layer):
+        x = x + self.attn(self.attn_norm(x), positions, cache, layer)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class MLALM(nn.Module):
+    def __init__(self, cfg: Config):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        g = torch.Generator().manual_seed(0)
+        depth_scale = 1.0 / math.sqrt(2 * self.cfg.n_layers)  # residual branches
+        for name, p in self.named_parameters():
+            if p.dim() < 2:
+                continue
+            fan_in = p.shape[-1]
+            std = 1.0 / math.sqrt(fan_in)
+            if name.endswith(("wo.weight", "w_down.weight")):
+                std *= depth_scale
+            with torch.no_grad():
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, tokens, cache=None):
+        """tokens [B, n] -> logits [B, n, vocab] (fp32). Without a cache: the whole sequence with
+        the model's own causal attention. With a cache: the n tokens after the cache's current
+        length (the same for every sequence), attended through the cache's decode kernel."""
+        start = cache.length if cache is not None else 0
+        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+        x = self.embed(tokens)
+        for i, block in enumerate(self.blocks):
+            x = block(x, positions, cache, i)
+        if cache is not None:
+            cache.advance(tokens.shape[1])
+        with torch.autocast(tokens.device.type, enabled=False):
+            return F.linear(self.norm(x).float(), self.head.weight.float())
+
+
+def e4m3_saturate(x):
+    """x -> float8_e4m3fn, round to nearest even, saturating at +-448 (NaN stays NaN): the
+    conversion of a static scale-1.0 FP8 cache and query."""
+    return x.float().clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+
+class PagedMLACache:
+    """One paged cache per layer for a batch of sequences of equal length, in shuffled pages,
+    read through the library's decode kernels:
+
+      bf16        BF16 cache, decode_bf16
+      fp8         SnapMLA: append (per-token latent scale, rope bf16 pre-scaled), quantize_query,
+                  decode_fp8
+      tensor_fp8  the static per-tensor recipe: scale 1.0, all 576 cache and query values e4m3
+                  (saturating; rope values e4m3-rounded, then held in the bf16 rope plane, which
+                  represents them exactly), written into the FP8 cache planes directly and run
+                  through the same decode_fp8 (FP8 QK, P' in e4m3 per 64-token block, FP8 PV)
+
+    attend() appends the rows of n new tokens and computes all n queries in one decode call: a
+    sequence's chunk j of s_q queries (s_q = 4, 2 or 1, whichever divides n) is a batch entry
+    sharing the sequence's block table with cache_seqlens = length + (j + 1) s_q, so every
+    query sees exactly its prefix (the kernel's causal rule within the chunk)."""
+
+    def __init__(self, kind: str, n_layers: int, batch: int, max_len: int, device, seed: int = 0):
+        if kind not in CACHE_KINDS:
+            raise ValueError(f"kind: expected one of {CACHE_KINDS}, got {kind!r}")
+        self.kind = kind
+        self.length = 0
+        self.max_len = max_len
+        page = snapmla.PAGE_SIZE
+        pages_per_seq = (max_len + page - 1) // page
+        num_pages = batch * pages_per_seq
+        perm = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed))
+        self.block_table = perm.view(batch, pages_per_seq).to(torch.int32).to(device)
+        like = torch.empty(1, dtype=torch.bfloat16, device=device)
+        alloc = snapmla.alloc_bf16_cache if kind == "bf16" else snapmla.alloc_fp8_cache
+        self.layers = [alloc(num_pages, like) for _ in range(n_layers)]
+        # layer -> (q [B, n, h, 576], kv [B, n, 576], lse [B, n, h]) of the last attend call,
+        # kept when record is set (the cache statistics)
+        self.record = False
+        self.recorded = {}
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+    def _write(self, layer: int, rows, slots):
+        cache = self.layers[layer]
+        if self.kind != "tensor_fp8":
+            snapmla.append(cache, rows, slots)
+            return
+        idx = slots.long()
+        cache.latent.view(torch.uint8).view(-1, LATENT)[idx] = e4m3_saturate(rows[:, :LATENT]).view(torch.uint8)
+        cache.scale.view(-1)[idx] = 1.0
+        cache.rope.view(-1, ROPE)[idx] = e4m3_saturate(rows[:, LATENT:]).to(torch.bfloat16)
+
+    def attend(self, layer: int, q, kv, softmax_scale: float):
+        """q [B, n, h, 576], kv [B, n, 576] (bf16) -> out [B, n, h, 512] (bf16)."""
+        B, n, h, _ = q.shape
+        if self.length + n > self.max_len:
+            raise ValueError(f"n: {self.length} + {n} tokens exceed the cache's max_len {self.max_len}")
+        dev = q.device
+        pos = torch.arange(self.length, self.length + n, device=dev)
+        page = snapmla.PAGE_SIZE
+        slots = self.block_table[:, pos // page] * page + (pos % page).to(torch.int32)
+        self._write(layer, kv.reshape(B * n, LATENT + ROPE).contiguous(), slots.reshape(-1).contiguous())
+
+        s_q = next(s for s in (4, 2, 1) if n % s == 0)
+        chunks = n // s_q
+        qe = q.reshape(B * chunks, s_q, h, LATENT + ROPE).contiguous()
+        table = self.block_table.repeat_interleave(chunks, dim=0).contiguous()
+        ends = self.length + s_q * torch.arange(1, chunks + 1, device=dev, dtype=torch.int32)
+        seqlens = ends.repeat(B).contiguous()
+        workers = snapmla.recommended_num_workers(qe, s_q, h)
+        # Splits only where the batch does not fill the device anyway (a plan's workspace grows
+        # with the batch).
+        plan = snapmla.plan_splits(seqlens, workers) if B * chunks < workers else None
+        cache = self.layers[layer]
+        if self.kind == "bf16":
+            out, lse = snapmla.decode_bf16(qe, cache, table, seqlens, softmax_scale=softmax_scale, plan=plan)
+        else:
+            if self.kind == "fp8":
+                qq = snapmla.quantize_query(qe)
+            else:
+                qq = snapmla.QuantizedQuery(
+                    e4m3_saturate(qe[..., :LATENT]).contiguous(),
+                    e4m3_saturate(qe[..., LATENT:]).to(torch.bfloat16).contiguous(),
+                    torch.ones(qe.shape[:3], dtype=torch.float32, device=dev))
+            out, lse = snapmla.decode_fp8(qq, cache, table, seqlens, softmax_scale=softmax_scale, plan=plan)
+        if self.record:  # lse [B * chunks, h, s_q] -> [B, n, h]
+            lse = lse.view(B, chunks, h, s_q).permute(0, 1, 3, 2).reshape(B, n, h)
+            self.recorded[layer] = (q, kv, lse)
+        return out.view(B, n, h, LATENT)
