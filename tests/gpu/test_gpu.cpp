@@ -763,7 +763,7 @@ TEST(GpuDecodeHeads, PaddingRowsAreNeverWritten) {
           const DecodeOutput o{out.get(), lse.get(), kGpu};
           if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), o, opt);
           else decode_bf16(G.query(), G.bf16c(), G.pages(), o, opt);
-          test::cuda_ok(cudaDeviceSynchronize(), "decode");
+          device_memory::cuda_ok(cudaDeviceSynchronize(), "decode");
           const auto got = out.download();
           const auto got_lse = lse.download();
           for (size_t i = rows * kLatentDim; i < got.size(); ++i)
@@ -799,7 +799,7 @@ TEST(GpuErrors, BadDeviceInputsStayInTheirRow) {
           auto run = [&] {
             if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), opt);
             else decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), opt);
-            test::cuda_ok(cudaDeviceSynchronize(), "decode");
+            device_memory::cuda_ok(cudaDeviceSynchronize(), "decode");
             return std::make_pair(G.out.download(), G.lse.download());
           };
           G.seqlens.upload(B.seqlens);
@@ -865,7 +865,7 @@ TEST(GpuErrors, NonFiniteQueryOrTokenGivesNaNInTheRowsTheReferenceDoes) {
                               : ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), cpu_opt);
         if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), gpu_opt);
         else decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), gpu_opt);
-        test::cuda_ok(cudaDeviceSynchronize(), "decode");
+        device_memory::cuda_ok(cudaDeviceSynchronize(), "decode");
         const auto out = G.out.download();
         const auto lse = G.lse.download();
         int nan_rows = 0;
