@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Python package on the H200 (device tool): build it there with `pip install .`
-# (lab/h200_pip_install.sh), then the whole pytest suite (PyTorch GPU tests included), the
-# example and the call-overhead probe.
+# (lab/h200_pip_install.sh), then the whole pytest suite (PyTorch GPU tests included: FlashMLA's
+# dense-decoding cases among them), the example and the call-overhead probe.
 # Logs under $OUT (or /tmp/h200).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,4 +15,5 @@ python3 -c "import snapmla; print(snapmla.info())"
 python3 -m pytest -q -rs -p no:cacheprovider "$OLDPWD/tests/python" 2>&1 | tee "$out/pytest.log" | tail -25
 python3 "$OLDPWD/examples/decode_step.py" 2>&1 | tee "$out/decode_step.log"
 python3 "$OLDPWD/examples/decode_step.py" --batch 128 --heads 128 --context 8192 2>&1 | tee "$out/decode_step_b128.log" | tail -4
-python3 "$OLDPWD/lab/py_call_overhead.py" 2>&1 | tee "$out/call_overhead.log"
+# PEERS=path/to/peers.py adds other libraries' calls (the hook in lab/py_call_overhead.py).
+python3 "$OLDPWD/lab/py_call_overhead.py" ${PEERS:+--peers "$PEERS"} 2>&1 | tee "$out/call_overhead.log"

@@ -20,7 +20,7 @@ case "$mode" in
     "$bin/snapmla_gpu_tests" 2>&1 | tee "$out/gpu_tests.log" | grep -E "info|FAILED|PASSED|SKIPPED|Failure|error" | head -80
     ;;
   sanitize)
-    filter='GpuCacheOps*:GpuPlan*:*h16_sq1_w40*:*h64_sq3_w16*:GpuErrors*'
+    filter='GpuCacheOps*:GpuPlan*:*h16_sq1_w40*:*h64_sq3_w16*:GpuErrors*:GpuDecodeHeads*:*h3_sq4_w16*:*h126_sq4_w6*'
     compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/snapmla_gpu_tests" --gtest_filter="$filter" 2>&1 | tee "$out/memcheck.log" | tail -5
     echo "memcheck exit: ${PIPESTATUS[0]}"
     compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/snapmla_gpu_tests" --gtest_filter='*h16_sq1_w40*:*h48_sq2_w4*:*h128_sq2_w132*' 2>&1 | tee "$out/racecheck.log" | tail -5
@@ -52,7 +52,7 @@ case "$mode" in
         [ -x "$b" ] || continue
         case "$b" in *_st*|*gpu_tests*) continue ;; esac
         echo "== ${b##*/} round $r"
-        "$b" bench --reps 10 --case 128,128,1,8192 --case 128,64,1,8192 --case 128,16,1,8192 2>&1 | grep -E "^ +128"
+        "$b" bench --reps 10 --case 128,128,1,8192 --case 128,64,1,8192 --case 128,16,1,8192 --case 128,8,1,8192 2>&1 | grep -E "^ +128"
       done
     done 2>&1 | tee "$out/compare.log"
     ;;

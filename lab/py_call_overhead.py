@@ -1,46 +1,120 @@
-"""Host cost of one decode call from Python: snapmla.decode_fp8 (DLPack arguments), the torch
-custom op, and a CUDA-graph replay of the same step, against the kernel time (CUDA events).
-Needs PyTorch and an sm_90 GPU: `python lab/py_call_overhead.py`."""
+"""Host cost of one eager decode call from Python, in one process: snapmla.decode_fp8 /
+decode_bf16 (DLPack functions, pointer path after the first call), the torch custom ops, the
+FlashMLA drop-in and a CUDA-graph replay, and, through a hook, other libraries' calls on the
+same inputs.
 
+    python lab/py_call_overhead.py [--batch 4 --heads 128 --context 256 --calls 500]
+                                     [--peers path/to/peers.py]
+
+"host" is the time the Python loop takes per call without waiting (what an eager engine pays
+per layer when the GPU waits on the host), "wall" the time per call until the GPU is done,
+"GPU" the CUDA-event span of the loop per call (the kernels' time where they, not the host,
+are the bottleneck; the host's where it is).
+Needs PyTorch and an sm_90 GPU.
+
+The hook: --peers names a Python file defining
+
+    def peer_calls(case) -> dict[str, Callable[[], object]]
+
+that returns named zero-argument calls to time beside SnapMLA's. `case` holds the inputs as
+torch tensors on the GPU, FlashMLA's layout: case.q [b, 1, h, 576] bf16, case.k_cache
+[pages, 64, 1, 576] bf16, case.block_table [b, max_pages] int32, case.cache_seqlens [b] int32,
+case.softmax_scale, and the FP8 forms case.qq (snapmla.QuantizedQuery) and case.fp8
+(snapmla.PagedFp8Cache). A peer call should do what its library's eager decode step does
+(metadata once outside, the decode inside).
+"""
+
+import argparse
+import importlib.util
 import time
+from types import SimpleNamespace
 
 import torch
 
 import snapmla
 import snapmla.torch as st
+from snapmla import flash_mla
 
 
-def main(b=64, h=128, n=4096, calls=200):
+def make_case(b, h, n):
     dev = "cuda"
     pages = b * ((n + 63) // 64)
     table = torch.randperm(pages, dtype=torch.int32, device=dev).view(b, -1)
     seqlens = torch.full((b,), n, dtype=torch.int32, device=dev)
-    cache = snapmla.alloc_fp8_cache(pages, table)
-    kv = torch.randn(pages * 64, 576, device=dev).to(torch.bfloat16)
-    snapmla.append(cache, kv, torch.arange(pages * 64, dtype=torch.int32, device=dev))
-    qq = snapmla.quantize_query(torch.randn(b, 1, h, 576, device=dev).to(torch.bfloat16))
-    plan = snapmla.plan_splits(seqlens, snapmla.recommended_num_workers(table, 1, h))
-    variants = {
-        "snapmla.decode_fp8 (DLPack)": lambda: snapmla.decode_fp8(qq, cache, table, seqlens, softmax_scale=0.07, plan=plan),
-        "torch.ops.snapmla.decode_fp8": lambda: st.decode_fp8(qq, cache, table, seqlens, softmax_scale=0.07, plan=plan),
+    kv = (torch.randn(pages * 64, 576, device=dev) / 10).to(torch.bfloat16)
+    slots = torch.arange(pages * 64, dtype=torch.int32, device=dev)
+    fp8 = snapmla.alloc_fp8_cache(pages, table)
+    snapmla.append(fp8, kv, slots)
+    k_cache = kv.view(pages, 64, 1, 576).clone()
+    q = (torch.randn(b, 1, h, 576, device=dev) / 10).to(torch.bfloat16)
+    return SimpleNamespace(q=q, qq=snapmla.quantize_query(q), fp8=fp8, k_cache=k_cache, block_table=table,
+                           cache_seqlens=seqlens, softmax_scale=576 ** -0.5, b=b, h=h)
+
+
+def snapmla_calls(c):
+    plan = snapmla.plan_splits(c.cache_seqlens, snapmla.recommended_num_workers(c.q, 1, c.h))
+    k16 = c.k_cache.view(-1, 64, 576)
+    meta, num_splits = flash_mla.get_mla_metadata(c.cache_seqlens, c.h, 1)
+    sched, _ = flash_mla.get_mla_metadata()
+    kw = dict(softmax_scale=c.softmax_scale, plan=plan)
+    return {
+        "snapmla.decode_fp8": lambda: snapmla.decode_fp8(c.qq, c.fp8, c.block_table, c.cache_seqlens, **kw),
+        "snapmla.decode_bf16": lambda: snapmla.decode_bf16(c.q, k16, c.block_table, c.cache_seqlens, **kw),
+        "torch.ops.snapmla.decode_fp8": lambda: st.decode_fp8(c.qq, c.fp8, c.block_table, c.cache_seqlens, **kw),
+        "torch.ops.snapmla.decode_bf16": lambda: st.decode_bf16(c.q, k16, c.block_table, c.cache_seqlens, **kw),
+        "snapmla.flash_mla (arrays)": lambda: flash_mla.flash_mla_with_kvcache(
+            c.q, c.k_cache, c.block_table, c.cache_seqlens, 512, meta, num_splits, causal=True),
+        "snapmla.flash_mla (sched meta)": lambda: flash_mla.flash_mla_with_kvcache(
+            c.q, c.k_cache, c.block_table, c.cache_seqlens, 512, sched, None, causal=True),
     }
+
+
+def load_peers(path, case):
+    spec = importlib.util.spec_from_file_location("peers", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.peer_calls(case)
+
+
+def time_call(fn, calls):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0 = time.perf_counter()
+    start.record()
+    for _ in range(calls):
+        fn()
+    host_us = (time.perf_counter() - t0) / calls * 1e6
+    end.record()
+    torch.cuda.synchronize()
+    wall_us = (time.perf_counter() - t0) / calls * 1e6
+    return host_us, wall_us, start.elapsed_time(end) * 1e3 / calls
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=128)
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--calls", type=int, default=500)
+    ap.add_argument("--peers", help="a Python file with peer_calls(case) (see the module doc)")
+    a = ap.parse_args()
+    case = make_case(a.batch, a.heads, a.context)
+    calls = snapmla_calls(case)
     graph = torch.cuda.CUDAGraph()
-    variants["torch.ops.snapmla.decode_fp8"]()
+    calls["torch.ops.snapmla.decode_fp8"]()
     torch.cuda.synchronize()
     with torch.cuda.graph(graph):
-        variants["torch.ops.snapmla.decode_fp8"]()
-    variants["CUDA graph replay"] = graph.replay
-    for name, fn in variants.items():
-        for _ in range(10):
-            fn()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        host_us = (time.perf_counter() - t0) / calls * 1e6
-        torch.cuda.synchronize()
-        wall_us = (time.perf_counter() - t0) / calls * 1e6
-        print(f"{name:32} host {host_us:8.1f} us/call, wall {wall_us:8.1f} us/call")
+        calls["torch.ops.snapmla.decode_fp8"]()
+    calls["CUDA graph replay (decode_fp8 op)"] = graph.replay
+    if a.peers:
+        calls.update({f"peer: {k}": v for k, v in load_peers(a.peers, case).items()})
+    print(f"b={a.batch} h={a.heads} s_k={a.context}, {a.calls} calls each (us per call)")
+    print(f"{'call':40} {'host':>8} {'wall':>8} {'GPU':>8}")
+    for name, fn in calls.items():
+        host, wall, gpu = time_call(fn, a.calls)
+        print(f"{name:40} {host:8.1f} {wall:8.1f} {gpu:8.1f}")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ scripts/setup.sh
 BUILD_DIR=${BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DSNAPMLA_BUILD_TESTS=ON -DSNAPMLA_WERROR=ON
 cmake --build "$BUILD_DIR" -j "$(nproc)"
-ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" "$@"
+ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" --output-junit "$(cd "$BUILD_DIR" && pwd)/ctest.xml" "$@"
+python3 scripts/skip_summary.py "$BUILD_DIR/ctest.xml"
 
 # Python package: the same library through scikit-build-core + nanobind (pinned in
 # pyproject.toml), tested with NumPy against the float64 formulation in tests/python, and with
@@ -20,6 +21,8 @@ VENV="$BUILD_DIR/venv"
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 extras=test
 [ "${SNAPMLA_TEST_TORCH:-1}" = 0 ] || extras=test,torch,plot
-"$VENV/bin/python" -m pip install --quiet ".[$extras]"
+# The build directory is passed here (pyproject.toml has none, so that `pip install <path>` writes
+# nothing into the source tree) so that a second run reuses the build.
+"$VENV/bin/python" -m pip install --quiet ".[$extras]" -C build-dir="$BUILD_DIR/python"
 "$VENV/bin/python" -c "import snapmla; print(snapmla.info())"
 "$VENV/bin/python" -m pytest -q -rs tests/python

@@ -175,7 +175,11 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, DecodeFp8Shapes,
     ::testing::Values(Shape{16, 1, {0, 1, 63, 64, 65, 300}}, Shape{32, 2, {1, 2, 129, 64}},
                       Shape{64, 3, {200, 3, 0}}, Shape{128, 4, {257, 64}},
-                      Shape{128, 1, {1000}}, Shape{48, 2, {130, 5}}),
+                      Shape{128, 1, {1000}}, Shape{48, 2, {130, 5}},
+                      // Any head count: rows that fill no 16- or 64-row tile.
+                      Shape{1, 1, {70, 0, 5}}, Shape{3, 4, {130, 2}}, Shape{8, 2, {64, 200}},
+                      Shape{9, 1, {129}}, Shape{24, 3, {65, 1}}, Shape{63, 1, {200}},
+                      Shape{126, 4, {70}}),
     [](const ::testing::TestParamInfo<Shape>& info) {
       char name[48];
       std::snprintf(name, sizeof name, "h%d_sq%d_%zu", info.param.h, info.param.s_q, info.index);
@@ -319,6 +323,8 @@ TEST(SplitKv, PlanCoversEverySequenceWithinCapacity) {
     OwnedPlan P(pages, w);
     ASSERT_EQ(P.offsets[0], 0);
     ASSERT_LE(P.offsets[b], split_plan_capacity(b, w));
+    for (size_t k = size_t(P.offsets[b]); k < P.begins.size(); ++k)
+      ASSERT_TRUE(P.begins[k] == -1 && P.order[k] == -1) << "unused capacity " << k;
     int64_t total_blocks = 0;
     for (int32_t l : seqlens) total_blocks += (l + 63) / 64;
     const int64_t share = (total_blocks + w - 1) / w;
@@ -372,6 +378,42 @@ TEST(Causal, EachQuerySeesExactlyItsPrefix) {
   for (int i = 0; i < s_q; ++i)
     EXPECT_TRUE(std::isfinite(full.lse[(size_t(1) * h) * s_q + i])) << "3-token sequence, query " << i;
   EXPECT_TRUE(std::isinf(all.lse[(size_t(1) * h) * s_q + 0])) << "causal: query 0 of 4 sees none of 3 tokens";
+}
+
+// FlashMLA's convention on request: a row that sees no token gets lse +inf (out still 0), with
+// or without splits; every other row is unchanged.
+TEST(EdgeCases, EmptyLseCanBePlusInf) {
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  Batch B = make_batch(rng, {0, 130, 3}, 4, 5);
+  OwnedPlan P(B.pages(), 6);
+  for (const SplitPlan* plan : {static_cast<const SplitPlan*>(nullptr), static_cast<const SplitPlan*>(&P.plan)}) {
+    DecodeOptions opt = options(B, plan);
+    const auto minus = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), opt);
+    opt.empty_lse = std::numeric_limits<float>::infinity();
+    const auto plus = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), opt);
+    const auto plus16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), opt);
+    int empty = 0;
+    for (size_t i = 0; i < minus.lse.size(); ++i) {
+      if (minus.lse[i] == -std::numeric_limits<float>::infinity()) {
+        ++empty;
+        EXPECT_EQ(plus.lse[i], std::numeric_limits<float>::infinity()) << i;
+        EXPECT_EQ(plus16.lse[i], std::numeric_limits<float>::infinity()) << i;
+      } else {
+        EXPECT_EQ(plus.lse[i], minus.lse[i]) << i;
+        EXPECT_TRUE(std::isfinite(plus16.lse[i])) << i;
+      }
+    }
+    // Sequence 0 (5 heads x 4 queries) and query 0 of sequence 2 (4 queries, 3 tokens).
+    EXPECT_EQ(empty, 20 + 5);
+    EXPECT_EQ(plus.out, minus.out);
+  }
+  DecodeOptions bad = options(B);
+  bad.empty_lse = 0.0f;
+  std::vector<bf16> out(size_t(3) * 4 * 5 * kLatentDim);
+  std::vector<float> lse(60);
+  EXPECT_ARG_ERROR(decode_fp8(B.qq(), B.fp8(), B.pages(), {out.data(), lse.data(), Device::cpu()}, bad),
+                   "options.empty_lse");
 }
 
 TEST(EdgeCases, EmptySequenceIsZeroWithMinusInfLseAndOneTokenIsThatToken) {

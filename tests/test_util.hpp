@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -170,8 +171,8 @@ struct OwnedPlan {
   SplitPlan plan;
   OwnedPlan(PageTable pages, int workers)
       : offsets(pages.batch + 1),
-        begins(split_plan_capacity(pages.batch, workers)),
-        order(begins.size()) {
+        begins(split_plan_capacity(pages.batch, workers), 0x5A5A5A5A),  // garbage the plan must not leave
+        order(begins.size(), 0x5A5A5A5A) {
     plan = {offsets.data(), begins.data(), int(begins.size()), pages.batch, Device::cpu(), order.data()};
     plan_splits(pages, workers, plan);
   }
@@ -197,6 +198,17 @@ inline double rel_l2(const std::vector<float>& a, const std::vector<double>& b) 
       EXPECT_EQ(e.argument().rfind((arg), 0), 0u)                                      \
           << "error names '" << e.argument() << "', expected '" << (arg) << "': " << e.what(); \
       EXPECT_NE(std::string(e.what()).find("expected"), std::string::npos) << e.what(); \
+    }                                                                                  \
+  } while (0)
+
+// stmt throws snapmla::Error whose message contains `text`.
+#define EXPECT_MESSAGE(stmt, text)                                                     \
+  do {                                                                                 \
+    try {                                                                              \
+      stmt;                                                                            \
+      ADD_FAILURE() << "expected snapmla::Error containing '" << (text) << "'";        \
+    } catch (const ::snapmla::Error& e) {                                              \
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();      \
     }                                                                                  \
   } while (0)
 

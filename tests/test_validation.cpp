@@ -23,7 +23,7 @@ struct Bad : ::testing::Test {
 };
 
 TEST_F(Bad, HeadCountNotSupported) {
-  for (int h : {0, 8, 20, 144, 256}) {
+  for (int h : {0, -1, 129, 144, 256}) {
     QuantizedQuery q = B.qq();
     q.num_heads = h;
     EXPECT_ARG_ERROR(decode8(q, B.fp8(), B.pages(), test::options(B)), "q.num_heads");
@@ -44,8 +44,35 @@ TEST_F(Bad, QueriesPerSequenceOutOfRange) {
 TEST_F(Bad, SeqlenBeyondTheBlockTable) {
   B.seqlens[1] = B.max_pages * kPageSize + 1;
   EXPECT_ARG_ERROR(decode8(B.qq(), B.fp8(), B.pages(), test::options(B)), "cache_seqlens");
+  EXPECT_MESSAGE(decode8(B.qq(), B.fp8(), B.pages(), test::options(B)),
+                 "snapmla::decode_fp8: argument 'cache_seqlens': cache_seqlens[1] = " +
+                     std::to_string(B.max_pages * kPageSize + 1) + " is beyond the block table row");
   B.seqlens[1] = -3;
   EXPECT_ARG_ERROR(decode8(B.qq(), B.fp8(), B.pages(), test::options(B)), "cache_seqlens");
+  EXPECT_MESSAGE(decode8(B.qq(), B.fp8(), B.pages(), test::options(B)), "cache_seqlens[1] = -3 is negative");
+}
+
+// The public entry points on host memory name the operation the caller called, not the
+// reference behind it.
+TEST_F(Bad, ErrorsNameTheOperationCalled) {
+  QuantizedQuery q = B.qq();
+  q.num_heads = 0;
+  EXPECT_MESSAGE(decode8(q, B.fp8(), B.pages(), test::options(B)), "snapmla::decode_fp8: argument 'q.num_heads'");
+  QueryBf16 q16 = B.query();
+  q16.seqlen_q = 9;
+  EXPECT_MESSAGE(decode_bf16(q16, B.bf16_cache(), B.pages(), o(), test::options(B)),
+                 "snapmla::decode_bf16: argument 'q.seqlen_q'");
+  EXPECT_MESSAGE(quantize_query(q16, B.qq()), "snapmla::quantize_query: ");
+  const int32_t bad_slot = -7;
+  EXPECT_MESSAGE(append(B.fp8(), KvRows{B.kv[0].data(), 1, Device::cpu()}, SlotMapping{&bad_slot, 1, Device::cpu()}),
+                 "snapmla::append: argument 'slot_mapping'");
+  EXPECT_MESSAGE(ref::decode_fp8(q, B.fp8(), B.pages(), o(), test::options(B)), "snapmla::ref::decode_fp8: ");
+}
+
+TEST(BadArguments, RecommendedNumWorkersChecksTheQueryShape) {
+  for (int h : {1, 3, 24, 126, 128}) EXPECT_GE(recommended_num_workers(Device::cpu(), 1, h), 1) << h;
+  for (int h : {0, 129}) EXPECT_ARG_ERROR(recommended_num_workers(Device::cpu(), 1, h), "num_heads");
+  for (int s_q : {0, 5}) EXPECT_ARG_ERROR(recommended_num_workers(Device::cpu(), s_q, 16), "seqlen_q");
 }
 
 TEST_F(Bad, PageIndexOutOfRange) {

@@ -236,9 +236,11 @@ int bench_command(const std::vector<std::string>& args) {
       else if (std::sscanf(v.c_str(), "%d,%d,%d,%d", &c.b, &c.h, &c.s_q, &c.s_k) != 4 || c.b < 1 || c.s_k < 1)
         throw std::invalid_argument("--case: expected b,h,s_q,s_k or b,h,s_q,U (e.g. 128,128,1,8192)");
       only.push_back(c);
+    } else if (args[i] == "--help" || args[i] == "-h") {
+      std::printf("%s", bench_help());
+      return 0;
     } else
-      throw std::invalid_argument("unknown option '" + args[i] +
-                                  "' (options: --json F --md F --commit C --reps N --passes N --quick --case b,h,s_q,s_k|U)");
+      throw std::invalid_argument("unknown option '" + args[i] + "' (snapmla bench --help lists the options)");
   }
   if (!cuda_device_available()) {
     std::printf("snapmla bench: no sm_90 GPU here; nothing to time (run it on an H100/H200)\n");
@@ -292,6 +294,7 @@ int bench_command(const std::vector<std::string>& args) {
     for (int s_q : {1, 2})
       for (int h : {128, 64, 16})
         for (int s_k : ks) cases.push_back({128, h, s_q, s_k});
+    cases.push_back({128, 8, 1, 8192});  // 8 heads per GPU (DeepSeek-V3 at TP16, Kimi-K2 at TP8)
     cases.push_back({32, 128, 1, 65536});
     cases.push_back({128, 128, 1, 0, true});
   }

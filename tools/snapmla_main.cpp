@@ -10,6 +10,8 @@
 
 namespace {
 
+constexpr const char* kVersion = SNAPMLA_VERSION;
+
 void usage() {
   std::printf(
       "usage: snapmla <command> [options]\n"
@@ -18,11 +20,13 @@ void usage() {
       "  accuracy   the paper's quantization ablation on the CPU against float64 truth\n"
       "             (snapmla accuracy --help for options)\n"
       "  bench      time decode_fp8 against decode_bf16 on the GPU (CUDA builds)\n"
-      "  info       what this build and machine can run\n");
+      "  info       what this build and machine can run\n"
+      "\n"
+      "  snapmla --version   the version; snapmla <command> --help   a command's options\n");
 }
 
 int info() {
-  std::printf("SnapMLA 0.1.0\n");
+  std::printf("SnapMLA %s\n", kVersion);
   std::printf("  CUDA kernels in this build: %s\n", snapmla::built_with_cuda() ? "yes" : "no");
   std::printf("  usable sm_90 GPU:           %s\n",
               snapmla::cuda_device_available() ? "yes" : "no (the CPU reference runs instead)");
@@ -40,8 +44,17 @@ int main(int argc, char** argv) {
     usage();
     return args.empty() ? 2 : 0;
   }
+  if (args[0] == "--version" || args[0] == "-V") {
+    std::printf("snapmla %s\n", kVersion);
+    return 0;
+  }
   const std::string cmd = args[0];
   args.erase(args.begin());
+  const bool help = !args.empty() && (args[0] == "--help" || args[0] == "-h");
+  if (cmd == "bench" && help) {
+    std::printf("%s", snapmla::cli::bench_help());
+    return 0;
+  }
   try {
     if (cmd == "accuracy") return snapmla::cli::accuracy_command(args);
     if (cmd == "info") return info();

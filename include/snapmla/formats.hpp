@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 #include "snapmla/types.hpp"
 
@@ -139,6 +140,9 @@ enum class Fp8Tile { kAuto, kRows64, kNarrow16 };
 struct DecodeOptions {
   float softmax_scale = 0.0f;  // required, > 0 (DeepSeek-V3: 1/sqrt(192) times yarn mscale^2)
   bool causal = true;          // only matters for seqlen_q > 1
+  // The lse of a query row that sees no token (its out is 0): -inf, the log of the empty sum,
+  // or +inf, what FlashMLA reports. Nothing else is accepted.
+  float empty_lse = -std::numeric_limits<float>::infinity();
   const SplitPlan* plan = nullptr;  // null: one split per sequence
   // Room for the fp32 partial results of split sequences, decode_workspace_bytes() large.
   // Needed by the GPU path when a plan is given; the CPU path uses its own scratch.

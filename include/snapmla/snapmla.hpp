@@ -50,8 +50,9 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
 int recommended_num_workers(Device device, int seqlen_q, int num_heads);
 
 // Debug checks of table contents. The GPU path cannot read device-resident tables without a
-// host synchronization, so there a bad page index turns the affected rows into NaN and a bad
-// slot is skipped, instead of an error. These functions copy the tables to the host
+// host synchronization, so there a bad page index or a length outside the block-table row turns
+// that sequence's rows into NaN and a bad slot is skipped, instead of an error
+// (docs/reference.md, "Bad inputs"). These functions copy the tables to the host
 // (synchronizing `stream` on the GPU; not for the hot path, not capturable in a CUDA graph) and
 // throw snapmla::Error for the first bad entry, exactly as the CPU path does.
 void check_page_table(const PageTable& pages, int64_t num_pages, Stream stream = nullptr);

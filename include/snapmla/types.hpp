@@ -19,8 +19,8 @@ inline constexpr float kE4m3Max = 448.0f;
 // |k| < 1e3, far inside bf16's range).
 inline constexpr float kMinAmax = 1e-10f;
 
-inline constexpr int kMinHeads = 16;
-inline constexpr int kMaxHeads = 128;  // per GPU; h must also be a multiple of 16
+inline constexpr int kMinHeads = 1;
+inline constexpr int kMaxHeads = 128;  // per GPU, any h in between (the kernels pad rows to their tile)
 inline constexpr int kMaxQueriesPerSeq = 4;  // s_q: 1, or 2..4 with MTP / speculative decoding
 
 // Storage types. Bit patterns only, so the public headers need no CUDA headers; they have the

@@ -9,9 +9,10 @@ arrays to reuse memory. Bad arguments raise SnapMLAError (a ValueError) naming t
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, NamedTuple, Optional
 
-from . import _C
+from . import _C, _fastpath
 from ._frameworks import bits_view, current_stream, device_index, empty, is_cuda, raw
 
 SnapMLAError = _C.SnapMLAError
@@ -160,8 +161,8 @@ def plan_splits(cache_seqlens: Any, num_workers: int, *, out: Optional[SplitPlan
     return SplitPlan(out.split_offsets, out.split_begin, int(num_workers), out.split_order)
 
 
-def _order(plan: Optional[SplitPlan]) -> Any:
-    return raw(plan.split_order) if plan is not None and plan.split_order is not None else None
+def _nbytes(x: Any) -> int:
+    return 0 if x is None else _numel(x) * int(getattr(x, "itemsize", None) or x.element_size())
 
 
 def _decode_outputs(q: Any, b: int, s_q: int, h: int, plan: Optional[SplitPlan], out: Any,
@@ -176,31 +177,71 @@ def _decode_outputs(q: Any, b: int, s_q: int, h: int, plan: Optional[SplitPlan],
     return out, lse, workspace
 
 
+def run_decode_fp8(q_nope: Any, q_rope: Any, q_scale: Any, latent: Any, scale: Any, rope: Any,
+                   block_table: Any, cache_seqlens: Any, out: Any, lse: Any, split_offsets: Any,
+                   split_begin: Any, split_order: Any, workspace: Any, softmax_scale: float,
+                   causal: bool, empty_lse: float, stream: int) -> None:
+    """decode_fp8 into given outputs: the pointer path where a call with the same argument
+    layouts was accepted before (_fastpath), else the array path (every check), then recorded."""
+    arrays = (q_nope, q_rope, q_scale, latent, scale, rope, block_table, cache_seqlens, out, lse,
+              split_offsets, split_begin, split_order, workspace)
+    sig, ptrs = _fastpath.prepare("decode_fp8", arrays)
+    shape = _fastpath.lookup(sig)
+    if shape is not None:
+        _C.decode_fp8_raw(*ptrs, shape, float(softmax_scale), bool(causal), float(empty_lse), stream)
+        return
+    _C.decode_fp8(*(raw(x) for x in arrays[:10]), float(softmax_scale), bool(causal), raw(split_offsets),
+                  raw(split_begin), raw(workspace), stream, raw(split_order), float(empty_lse))
+    b, s_q, h = (int(d) for d in q_nope.shape[:3])
+    _fastpath.accept(sig, q_nope, b, s_q, h, _numel(latent) // (PAGE_SIZE * LATENT_DIM),
+                     int(block_table.shape[1]), _numel(split_begin) if split_offsets is not None else 0,
+                     _nbytes(workspace))
+
+
+def run_decode_bf16(q: Any, cache: Any, block_table: Any, cache_seqlens: Any, out: Any, lse: Any,
+                    split_offsets: Any, split_begin: Any, split_order: Any, workspace: Any,
+                    softmax_scale: float, causal: bool, empty_lse: float, stream: int) -> None:
+    """decode_bf16 into given outputs, as run_decode_fp8."""
+    arrays = (q, cache, block_table, cache_seqlens, out, lse, split_offsets, split_begin, split_order,
+              workspace)
+    sig, ptrs = _fastpath.prepare("decode_bf16", arrays)
+    shape = _fastpath.lookup(sig)
+    if shape is not None:
+        _C.decode_bf16_raw(*ptrs, shape, float(softmax_scale), bool(causal), float(empty_lse), stream)
+        return
+    _C.decode_bf16(*(raw(x) for x in arrays[:6]), float(softmax_scale), bool(causal), raw(split_offsets),
+                   raw(split_begin), raw(workspace), stream, raw(split_order), float(empty_lse))
+    b, s_q, h = (int(d) for d in q.shape[:3])
+    _fastpath.accept(sig, q, b, s_q, h, _numel(cache) // (PAGE_SIZE * HEAD_DIM), int(block_table.shape[1]),
+                     _numel(split_begin) if split_offsets is not None else 0, _nbytes(workspace))
+
+
+def _plan_arrays(plan: Optional[SplitPlan]):
+    return (plan.split_offsets, plan.split_begin, plan.split_order) if plan else (None, None, None)
+
+
 def decode_fp8(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Any, cache_seqlens: Any, *,
                softmax_scale: float, causal: bool = True, plan: Optional[SplitPlan] = None,
                workspace: Any = None, out: Any = None, lse: Any = None,
-               stream: Any = None):
-    """SnapMLA decoding: returns (out [b, s_q, h, 512] bf16, lse [b, h, s_q] f32)."""
+               stream: Any = None, empty_lse: float = -math.inf):
+    """SnapMLA decoding: returns (out [b, s_q, h, 512] bf16, lse [b, h, s_q] f32). A query row
+    that sees no token gets out = 0 and lse = empty_lse (-inf, or +inf as FlashMLA reports it)."""
     b, s_q, h = (int(d) for d in q.nope.shape[:3])
     out, lse, workspace = _decode_outputs(q.nope, b, s_q, h, plan, out, lse, workspace)
-    _C.decode_fp8(raw(q.nope), raw(q.rope), raw(q.scale), raw(cache.latent), raw(cache.scale),
-                  raw(cache.rope), raw(block_table), raw(cache_seqlens), raw(out), raw(lse),
-                  float(softmax_scale), bool(causal), raw(plan.split_offsets) if plan else None,
-                  raw(plan.split_begin) if plan else None, raw(workspace),
-                  current_stream(q.nope, stream), _order(plan))
+    run_decode_fp8(q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table,
+                   cache_seqlens, out, lse, *_plan_arrays(plan), workspace, softmax_scale, causal,
+                   empty_lse, current_stream(q.nope, stream))
     return out, lse
 
 
 def decode_bf16(q: Any, cache: Any, block_table: Any, cache_seqlens: Any, *, softmax_scale: float,
                 causal: bool = True, plan: Optional[SplitPlan] = None, workspace: Any = None,
-                out: Any = None, lse: Any = None, stream: Any = None):
+                out: Any = None, lse: Any = None, stream: Any = None, empty_lse: float = -math.inf):
     """Decoding on the BF16 cache (the baseline): returns (out, lse) as decode_fp8."""
     b, s_q, h = (int(d) for d in q.shape[:3])
     out, lse, workspace = _decode_outputs(q, b, s_q, h, plan, out, lse, workspace)
-    _C.decode_bf16(raw(q), raw(cache), raw(block_table), raw(cache_seqlens), raw(out), raw(lse),
-                   float(softmax_scale), bool(causal), raw(plan.split_offsets) if plan else None,
-                   raw(plan.split_begin) if plan else None, raw(workspace), current_stream(q, stream),
-                   _order(plan))
+    run_decode_bf16(q, cache, block_table, cache_seqlens, out, lse, *_plan_arrays(plan), workspace,
+                    softmax_scale, causal, empty_lse, current_stream(q, stream))
     return out, lse
 
 

@@ -22,16 +22,20 @@ Caches may have FluentLLM's flat per-slot shapes ([slots, 1, 512], [slots, 1], [
 FlashMLA-style [pages, 64, 1, D], or SnapMLA's [pages, 64, D]: any contiguous layout of whole
 64-token pages (slot = page * 64 + offset). Stored as uint8 or float8_e4m3fn alike.
 q_scale comes back as [b, s_q, h, 1] (any shape with b*s_q*h elements is accepted).
-The default softmax_scale is 576 ** -0.5, as FlashMLA's for a 576-wide query.
+The default softmax_scale is 576 ** -0.5, as FlashMLA's for a 576-wide query, and a query
+that sees no token gets out = 0 and lse = +inf, as in FlashMLA (of which FluentLLM's kernel is a
+fork). get_mla_metadata is FlashMLA's older interface (arguments required).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional, Tuple
 
 from ._api import (LATENT_DIM, PagedFp8Cache, QuantizedQuery, append, decode_fp8,
                    gather_dequant, quantize_query)
-from .flash_mla import get_mla_metadata, plan_of_metadata
+from . import flash_mla
+from .flash_mla import plan_of_metadata
 
 __all__ = ["quantize_and_cache_k", "quantize_ckv_per_token_head", "get_mla_metadata",
            "flash_mla_ckv_fp8_per_token", "dequantize_ckv_fused_indexed"]
@@ -44,6 +48,12 @@ def _check_latent_width(name: str, value: int) -> None:
 
 def _rows(x: Any) -> Any:
     return x.reshape(-1, x.shape[-1])
+
+
+def get_mla_metadata(cache_seqlens: Any, num_q_tokens_per_head_k: int,
+                     num_heads_k: int) -> Tuple[Any, Any]:
+    """(tile_scheduler_metadata, num_splits) for flash_mla_ckv_fp8_per_token."""
+    return flash_mla.get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k)
 
 
 def quantize_and_cache_k(key: Any, k_lora_cache: Any, k_lora_scale_cache: Any, k_rope_cache: Any,
@@ -69,7 +79,8 @@ def flash_mla_ckv_fp8_per_token(q_nope: Any, q_rope: Any, k_cache_lora: Any, k_c
     plan = plan_of_metadata(tile_scheduler_metadata, num_splits)
     return decode_fp8(QuantizedQuery(q_nope, q_rope, q_scale),
                       PagedFp8Cache(k_cache_lora, k_scale, k_cache_rope), block_table,
-                      cache_seqlens, softmax_scale=softmax_scale, causal=causal, plan=plan)
+                      cache_seqlens, softmax_scale=softmax_scale, causal=causal, plan=plan,
+                      empty_lse=math.inf)
 
 
 def _contiguous(x: Any) -> Any:

@@ -22,6 +22,7 @@ The functions below wrap them with the native API's argument style (snapmla.deco
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -30,18 +31,27 @@ from torch import Tensor
 from . import _C
 from ._frameworks import raw as _dl
 from ._api import (HEAD_DIM, LATENT_DIM, ROPE_DIM, PagedFp8Cache, QuantizedQuery, SplitPlan,
-                   decode_workspace_bytes, recommended_num_workers, split_plan_capacity)
+                   decode_workspace_bytes, recommended_num_workers, run_decode_bf16, run_decode_fp8,
+                   split_plan_capacity)
+from ._frameworks import current_stream
 
 __all__ = ["append", "quantize_query", "gather_dequant", "plan_splits", "decode_fp8",
            "decode_bf16", "recommended_num_workers"]
 
 
 def _stream(t: Tensor) -> int:
-    return int(torch.cuda.current_stream(t.device).cuda_stream) if t.is_cuda else 0
+    return current_stream(t, None)
 
 
 def _on(t: Tensor):
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+    """t's device made current for the call and restored after (a no-op, and nearly free, when
+    it is already current: the common case)."""
+    if t.is_cuda and t.get_device() != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return _NO_GUARD
+
+
+_NO_GUARD = contextlib.nullcontext()
 
 
 @torch.library.custom_op("snapmla::append_fp8", mutates_args=("latent", "scale", "rope"))
@@ -129,11 +139,12 @@ def _decode_fp8(q_nope: Tensor, q_rope: Tensor, q_scale: Tensor, latent: Tensor,
                 causal: bool, split_offsets: Optional[Tensor], split_begin: Optional[Tensor],
                 split_order: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     out, lse, ws = _decode_outputs(q_nope, split_begin)
+    # The pointer path where an earlier call with these layouts passed every check
+    # (snapmla/_fastpath.py), else the array path.
     with _on(q_nope):
-        _C.decode_fp8(_dl(q_nope), _dl(q_rope), _dl(q_scale), _dl(latent), _dl(scale), _dl(rope),
-                      _dl(block_table), _dl(cache_seqlens), _dl(out), _dl(lse), softmax_scale,
-                      causal, _dl(split_offsets), _dl(split_begin), _dl(ws), _stream(q_nope),
-                      _dl(split_order))
+        run_decode_fp8(q_nope, q_rope, q_scale, latent, scale, rope, block_table, cache_seqlens, out, lse,
+                       split_offsets, split_begin, split_order, ws, softmax_scale, causal, -math.inf,
+                       _stream(q_nope))
     return out, lse
 
 
@@ -150,9 +161,8 @@ def _decode_bf16(q: Tensor, cache: Tensor, block_table: Tensor, cache_seqlens: T
                  split_begin: Optional[Tensor], split_order: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     out, lse, ws = _decode_outputs(q, split_begin)
     with _on(q):
-        _C.decode_bf16(_dl(q), _dl(cache), _dl(block_table), _dl(cache_seqlens), _dl(out), _dl(lse),
-                       softmax_scale, causal, _dl(split_offsets), _dl(split_begin), _dl(ws), _stream(q),
-                       _dl(split_order))
+        run_decode_bf16(q, cache, block_table, cache_seqlens, out, lse, split_offsets, split_begin,
+                        split_order, ws, softmax_scale, causal, -math.inf, _stream(q))
     return out, lse
 
 

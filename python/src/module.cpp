@@ -7,6 +7,7 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -118,7 +119,8 @@ SplitPlan split_plan(const char* op, int b, const char* like, Device d, const Ar
 DecodeArgs decode_args(const char* op, int b, int s_q, int h, Device d, const Array& out,
                        const Array& lse, float softmax_scale, bool causal,
                        const OptArray& split_offsets, const OptArray& split_begin,
-                       const OptArray& workspace, uintptr_t stream, const OptArray& split_order) {
+                       const OptArray& workspace, uintptr_t stream, const OptArray& split_order,
+                       float empty_lse) {
   const Arg o(op, "out", out), l(op, "lse", lse);
   o.kind(Kind::kBf16).numel(int64_t(b) * s_q * h * kLatentDim);
   l.kind(Kind::kF32).numel(int64_t(b) * h * s_q);
@@ -127,6 +129,7 @@ DecodeArgs decode_args(const char* op, int b, int s_q, int h, Device d, const Ar
   r.out = {o.as<bf16>(), l.as<float>(), d};
   r.options.softmax_scale = softmax_scale;
   r.options.causal = causal;
+  r.options.empty_lse = empty_lse;
   r.options.stream = to_stream(stream);
   if (split_offsets.has_value() != split_begin.has_value())
     throw Error(op, split_offsets ? "split_begin" : "split_offsets",
@@ -146,6 +149,44 @@ DecodeArgs decode_args(const char* op, int b, int s_q, int h, Device d, const Ar
   }
   return r;
 }
+
+// What the pointer path passes besides pointers: the sizes the array path derived from the
+// arrays' shapes, and their device (one tuple, so a call converts one argument, not nine).
+struct RawShape {
+  int b = 0, s_q = 0, h = 0;
+  int64_t num_pages = 0;
+  int max_pages = 0;
+  int plan_capacity = 0;  // 0: no plan
+  int64_t workspace_bytes = 0;
+  int device_type = 0, device_index = 0;  // DLPack's: 1 CPU, 2 CUDA
+  Device device() const { return device_type == 2 ? Device::cuda(device_index) : Device::cpu(); }
+};
+
+// The page table, output, plan and options of a pointer-path decode call.
+struct RawCall {
+  PageTable pages;
+  DecodeOutput out;
+  SplitPlan plan;
+  DecodeOptions options;
+  RawCall(const RawShape& s, uintptr_t block_table, uintptr_t cache_seqlens, uintptr_t out_p, uintptr_t lse,
+          uintptr_t split_offsets, uintptr_t split_begin, uintptr_t split_order, uintptr_t workspace,
+          float softmax_scale, bool causal, float empty_lse, uintptr_t stream) {
+    const Device d = s.device();
+    pages = {reinterpret_cast<int32_t*>(block_table), reinterpret_cast<int32_t*>(cache_seqlens), s.b, s.max_pages, d};
+    out = {reinterpret_cast<bf16*>(out_p), reinterpret_cast<float*>(lse), d};
+    options.softmax_scale = softmax_scale;
+    options.causal = causal;
+    options.empty_lse = empty_lse;
+    options.stream = to_stream(stream);
+    if (s.plan_capacity > 0) {
+      plan = {reinterpret_cast<int32_t*>(split_offsets), reinterpret_cast<int32_t*>(split_begin), s.plan_capacity,
+              s.b, d, reinterpret_cast<int32_t*>(split_order)};
+      options.plan = &plan;
+    }
+    options.workspace = reinterpret_cast<void*>(workspace);
+    options.workspace_bytes = size_t(s.workspace_bytes);
+  }
+};
 
 void bind_ops(nb::module_& m) {
   m.def(
@@ -235,7 +276,7 @@ void bind_ops(nb::module_& m) {
          const Array& scale, const Array& rope, const Array& block_table,
          const Array& cache_seqlens, const Array& out, const Array& lse, float softmax_scale,
          bool causal, const OptArray& split_offsets, const OptArray& split_begin,
-         const OptArray& workspace, uintptr_t stream, const OptArray& split_order) {
+         const OptArray& workspace, uintptr_t stream, const OptArray& split_order, float empty_lse) {
         constexpr const char* op = "decode_fp8";
         const Arg qn(op, "q_nope", q_nope), qr(op, "q_rope", q_rope), qs(op, "q_scale", q_scale);
         int b, s_q, h;
@@ -250,14 +291,15 @@ void bind_ops(nb::module_& m) {
         const PagedFp8Cache cache = fp8_cache(op, latent, scale, rope);
         const PageTable pages = page_table(op, block_table, cache_seqlens);
         const DecodeArgs a = decode_args(op, b, s_q, h, d, out, lse, softmax_scale, causal,
-                                         split_offsets, split_begin, workspace, stream, split_order);
+                                         split_offsets, split_begin, workspace, stream, split_order,
+                                         empty_lse);
         gil_scoped_release release;
         decode_fp8(q, cache, pages, a.out, a.options);
       },
       "q_nope"_a, "q_rope"_a, "q_scale"_a, "latent"_a, "scale"_a, "rope"_a, "block_table"_a,
       "cache_seqlens"_a, "out"_a, "lse"_a, "softmax_scale"_a, "causal"_a = true,
       "split_offsets"_a = nb::none(), "split_begin"_a = nb::none(), "workspace"_a = nb::none(),
-      "stream"_a = 0, "split_order"_a = nb::none(),
+      "stream"_a = 0, "split_order"_a = nb::none(), "empty_lse"_a = -std::numeric_limits<float>::infinity(),
       "SnapMLA decoding on the FP8 cache into out [b, s_q, h, 512], lse [b, h, s_q].");
 
   m.def(
@@ -265,7 +307,7 @@ void bind_ops(nb::module_& m) {
       [](const Array& q, const Array& cache, const Array& block_table, const Array& cache_seqlens,
          const Array& out, const Array& lse, float softmax_scale, bool causal,
          const OptArray& split_offsets, const OptArray& split_begin, const OptArray& workspace,
-         uintptr_t stream, const OptArray& split_order) {
+         uintptr_t stream, const OptArray& split_order, float empty_lse) {
         constexpr const char* op = "decode_bf16";
         const Arg qa(op, "q", q);
         int b, s_q, h;
@@ -276,14 +318,53 @@ void bind_ops(nb::module_& m) {
         const PageTable pages = page_table(op, block_table, cache_seqlens);
         const DecodeArgs a = decode_args(op, b, s_q, h, qv.device, out, lse, softmax_scale,
                                          causal, split_offsets, split_begin, workspace, stream,
-                                         split_order);
+                                         split_order, empty_lse);
         gil_scoped_release release;
         decode_bf16(qv, c, pages, a.out, a.options);
       },
       "q"_a, "cache"_a, "block_table"_a, "cache_seqlens"_a, "out"_a, "lse"_a, "softmax_scale"_a,
       "causal"_a = true, "split_offsets"_a = nb::none(), "split_begin"_a = nb::none(),
       "workspace"_a = nb::none(), "stream"_a = 0, "split_order"_a = nb::none(),
+      "empty_lse"_a = -std::numeric_limits<float>::infinity(),
       "Decoding on the BF16 cache (the baseline) into out [b, s_q, h, 512], lse [b, h, s_q].");
+
+  // The pointer path (snapmla/_fastpath.py): the same decode from data pointers and the sizes
+  // that the array path derived, for calls whose arguments' dtypes, shapes, strides and device
+  // match a call that the array path validated. What the arrays carried (dtype, shape,
+  // contiguity, one device) is that earlier validation; everything the views carry (pointers,
+  // alignment, head counts, plan and workspace sizes, table contents on the host) is checked by
+  // decode_fp8 / decode_bf16 as on every call.
+  m.def(
+      "decode_fp8_raw",
+      [](uintptr_t q_nope, uintptr_t q_rope, uintptr_t q_scale, uintptr_t latent, uintptr_t scale,
+         uintptr_t rope, uintptr_t block_table, uintptr_t cache_seqlens, uintptr_t out, uintptr_t lse,
+         uintptr_t split_offsets, uintptr_t split_begin, uintptr_t split_order, uintptr_t workspace,
+         const RawShape& shape, float softmax_scale, bool causal, float empty_lse, uintptr_t stream) {
+        const Device d = shape.device();
+        const QuantizedQuery q{reinterpret_cast<e4m3*>(q_nope), reinterpret_cast<bf16*>(q_rope),
+                               reinterpret_cast<float*>(q_scale), shape.b, shape.s_q, shape.h, d};
+        const PagedFp8Cache cache{reinterpret_cast<e4m3*>(latent), reinterpret_cast<float*>(scale),
+                                  reinterpret_cast<bf16*>(rope), shape.num_pages, d};
+        RawCall c(shape, block_table, cache_seqlens, out, lse, split_offsets, split_begin, split_order,
+                  workspace, softmax_scale, causal, empty_lse, stream);
+        gil_scoped_release release;
+        decode_fp8(q, cache, c.pages, c.out, c.options);
+      });
+
+  m.def(
+      "decode_bf16_raw",
+      [](uintptr_t q, uintptr_t cache, uintptr_t block_table, uintptr_t cache_seqlens, uintptr_t out,
+         uintptr_t lse, uintptr_t split_offsets, uintptr_t split_begin, uintptr_t split_order,
+         uintptr_t workspace, const RawShape& shape, float softmax_scale, bool causal, float empty_lse,
+         uintptr_t stream) {
+        const Device d = shape.device();
+        const QueryBf16 qv{reinterpret_cast<bf16*>(q), shape.b, shape.s_q, shape.h, d};
+        const PagedBf16Cache c16{reinterpret_cast<bf16*>(cache), shape.num_pages, d};
+        RawCall c(shape, block_table, cache_seqlens, out, lse, split_offsets, split_begin, split_order,
+                  workspace, softmax_scale, causal, empty_lse, stream);
+        gil_scoped_release release;
+        decode_bf16(qv, c16, c.pages, c.out, c.options);
+      });
 
   m.def(
       "check_page_table",
@@ -359,6 +440,13 @@ NB_MODULE(_C, m) {
                                        seqlen_q, num_heads);
       },
       "cuda"_a, "device_index"_a, "seqlen_q"_a, "num_heads"_a);
+  nb::class_<python::RawShape>(m, "RawShape")
+      .def("__init__",
+           [](python::RawShape* r, int b, int s_q, int h, int64_t num_pages, int max_pages, int plan_capacity,
+              int64_t workspace_bytes, int device_type, int device_index) {
+             new (r) python::RawShape{b, s_q, h, num_pages, max_pages, plan_capacity, workspace_bytes,
+                                      device_type, device_index};
+           });
   python::bind_ops(m);
   nb::module_ ref = m.def_submodule("reference", "Float64 ground truth");
   python::bind_reference(ref);

@@ -4,12 +4,13 @@
 // alignment and devices are checked for every call; the contents of int32 tables (page
 // indices, seqlens, slots) only where they are host memory, since reading device memory would
 // need a host synchronization. The kernels never access memory outside the cache for a bad
-// index: a bad page makes the affected rows NaN, a bad slot is skipped.
+// index: a bad page or length makes the sequence's rows NaN, a bad slot is skipped. On host
+// memory an error names the operation called (ref::named), not the reference behind it.
 #include <algorithm>
 #include <vector>
 
 #include "../core/validate.hpp"
-#include "snapmla/reference.hpp"
+#include "../reference/named.hpp"
 #include "snapmla/snapmla.hpp"
 
 #if SNAPMLA_HAVE_CUDA
@@ -55,7 +56,7 @@ namespace {
 // Both caches: same checks, then the reference or the kernel for that cache type.
 template <typename Cache>
 void append_impl(const Cache& cache, const KvRows& kv, const SlotMapping& slots, Stream s) {
-  if (!on_gpu("append", "cache", cache.device)) return ref::append(cache, kv, slots);
+  if (!on_gpu("append", "cache", cache.device)) return ref::named::append("append", cache, kv, slots);
   detail::check_devices_match("append", cache.device, "kv", kv.device);
   detail::check_devices_match("append", cache.device, "slot_mapping", slots.device);
   detail::validate("append", cache);
@@ -72,6 +73,7 @@ void append_impl(const Cache& cache, const KvRows& kv, const SlotMapping& slots,
 }  // namespace
 
 int recommended_num_workers(Device device, int seqlen_q, int num_heads) {
+  detail::check_query_shape("recommended_num_workers", "seqlen_q", seqlen_q, "num_heads", num_heads);
   if (!on_gpu("recommended_num_workers", "device", device)) return ref::num_threads();
 #if SNAPMLA_HAVE_CUDA
   const int sms = cuda::require_sm90("recommended_num_workers", "device", device);
@@ -124,7 +126,7 @@ void append(const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& sl
 }
 
 void quantize_query(const QueryBf16& q, const QuantizedQuery& out, Stream s) {
-  if (!on_gpu("quantize_query", "q", q.device)) return ref::quantize_query(q, out);
+  if (!on_gpu("quantize_query", "q", q.device)) return ref::named::quantize_query("quantize_query", q, out);
   detail::check_devices_match("quantize_query", q.device, "out", out.device);
   detail::validate("quantize_query", q);
   detail::validate("quantize_query", out, "out");
@@ -139,7 +141,7 @@ void quantize_query(const QueryBf16& q, const QuantizedQuery& out, Stream s) {
 
 void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const KvRows& out,
                     Stream s) {
-  if (!on_gpu("gather_dequant", "cache", cache.device)) return ref::gather_dequant(cache, slots, out);
+  if (!on_gpu("gather_dequant", "cache", cache.device)) return ref::named::gather_dequant("gather_dequant", cache, slots, out);
   detail::check_devices_match("gather_dequant", cache.device, "slot_mapping", slots.device);
   detail::check_devices_match("gather_dequant", cache.device, "out", out.device);
   detail::validate("gather_dequant", cache);
@@ -154,7 +156,7 @@ void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const 
 }
 
 void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, Stream s) {
-  if (!on_gpu("plan_splits", "pages", pages.device)) return ref::plan_splits(pages, num_workers, plan);
+  if (!on_gpu("plan_splits", "pages", pages.device)) return ref::named::plan_splits("plan_splits", pages, num_workers, plan);
   detail::check_devices_match("plan_splits", pages.device, "plan", plan.device);
   detail::check_plan_splits_args("plan_splits", pages, num_workers, plan);
 #if SNAPMLA_HAVE_CUDA
@@ -167,7 +169,7 @@ void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan,
 void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
                 const DecodeOutput& out, const DecodeOptions& options) {
   constexpr const char* op = "decode_fp8";
-  if (!on_gpu(op, "q", q.device)) return ref::decode_fp8(q, cache, pages, out, options);
+  if (!on_gpu(op, "q", q.device)) return ref::named::decode_fp8(op, q, cache, pages, out, options);
   detail::check_decode_common(op, q.batch, q.device, pages, out, options, cache.device);
   detail::validate(op, q, "q");
   detail::validate(op, cache);
@@ -180,7 +182,7 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
 void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
                  const DecodeOutput& out, const DecodeOptions& options) {
   constexpr const char* op = "decode_bf16";
-  if (!on_gpu(op, "q", q.device)) return ref::decode_bf16(q, cache, pages, out, options);
+  if (!on_gpu(op, "q", q.device)) return ref::named::decode_bf16(op, q, cache, pages, out, options);
   detail::check_decode_common(op, q.batch, q.device, pages, out, options, cache.device);
   detail::validate(op, q);
   detail::validate(op, cache);

@@ -26,10 +26,10 @@ void check_pointer(const char* op, const std::string& arg, const T* p, bool need
 }
 
 void check_heads(const char* op, const std::string& arg, int h) {
-  if (h < kMinHeads || h > kMaxHeads || h % 16 != 0)
+  if (h < kMinHeads || h > kMaxHeads)
     fail(op, arg,
-         "expected a multiple of 16 in [" + std::to_string(kMinHeads) + ", " +
-             std::to_string(kMaxHeads) + "], got " + std::to_string(h));
+         "expected " + std::to_string(kMinHeads) + ".." + std::to_string(kMaxHeads) + ", got " +
+             std::to_string(h));
 }
 
 void check_seqlen_q(const char* op, const std::string& arg, int s_q) {
@@ -39,6 +39,12 @@ void check_seqlen_q(const char* op, const std::string& arg, int s_q) {
 }
 
 }  // namespace
+
+void check_query_shape(const char* op, const char* seqlen_q_arg, int s_q, const char* num_heads_arg,
+                       int h) {
+  check_seqlen_q(op, seqlen_q_arg, s_q);
+  check_heads(op, num_heads_arg, h);
+}
 
 void fail(const char* op, const std::string& argument, const std::string& what) {
   throw Error(op, argument, what);
@@ -126,6 +132,8 @@ void validate(const char* op, const DecodeOptions& o, int batch) {
   if (!(o.softmax_scale > 0.0f) || !std::isfinite(o.softmax_scale))
     fail(op, "options.softmax_scale",
          "expected a finite value > 0, got " + std::to_string(o.softmax_scale));
+  if (!std::isinf(o.empty_lse))
+    fail(op, "options.empty_lse", "expected -inf or +inf, got " + std::to_string(o.empty_lse));
   if (o.plan != nullptr) {
     validate(op, *o.plan, "options.plan");
     if (o.plan->batch != batch)
@@ -204,8 +212,8 @@ void check_page_table_contents(const char* op, const PageTable& p, int64_t num_p
     if (len < 0 || len > capacity)
       fail(op, "cache_seqlens",
            "cache_seqlens[" + std::to_string(i) + "] = " + std::to_string(len) +
-               " is beyond the block table: expected 0.." + std::to_string(capacity) +
-               " (max_pages * 64)");
+               (len < 0 ? " is negative" : " is beyond the block table row") + ": expected 0.." +
+               std::to_string(capacity) + " (max_pages * 64)");
     const int used = (len + kPageSize - 1) / kPageSize;
     for (int j = 0; j < used; ++j) {
       const int32_t page = p.block_table[static_cast<int64_t>(i) * p.max_pages + j];
@@ -229,6 +237,8 @@ void check_plan_contents(const char* op, const SplitPlan& plan, const PageTable&
                std::to_string(hi) + "): expected at least one and at most capacity " +
                std::to_string(plan.capacity));
     const int32_t len = pages.cache_seqlens[i];
+    // A length outside the block table makes the sequence's rows NaN whatever its splits say.
+    if (len < 0 || int64_t(len) > int64_t(pages.max_pages) * kPageSize) continue;
     for (int32_t k = lo; k < hi; ++k) {
       const int32_t b = plan.split_begin[k];
       const bool ok = b % kPageSize == 0 && (k == lo ? b == 0 : b > plan.split_begin[k - 1]) &&

@@ -26,6 +26,9 @@ void validate(const char* op, const PageTable& pages, const char* name = "pages"
 void validate(const char* op, const DecodeOutput& out, const char* name = "out");
 void validate(const char* op, const SplitPlan& plan, const char* name = "plan");
 void validate(const char* op, const DecodeOptions& options, int batch);
+// seqlen_q in 1..4 and num_heads in 1..128 (so seqlen_q * num_heads <= 512 query rows).
+void check_query_shape(const char* op, const char* seqlen_q_arg, int seqlen_q, const char* num_heads_arg,
+                       int num_heads);
 
 // Relations between arguments: one kv/out row per slot; a decode call's devices, page table,
 // output and options against its query's batch and device; the split workspace (GPU only:

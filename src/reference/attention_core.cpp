@@ -53,6 +53,7 @@ struct RowState {
   float m = kNegInf;  // running max of the scores
   float l = 0.0f;     // running sum of exp(score - m)
   float sigma = 1.0f; // kFp8: the accumulator holds O / sigma
+  bool bad = false;   // a score was not finite (NaN / Inf in q or in a visible token)
   float acc[kLatentDim] = {};
 };
 
@@ -89,6 +90,7 @@ void attend_rows(const QueryRow* rows, int count, const KeySet& keys, int begin,
         const float acc = static_cast<float>(dot_f64(q.values, keys.values + int64_t(t) * kHeadDim,
                                                  kHeadDim));
         score[j] = (acc * q.factor) * keys.scale[t];
+        st.bad |= !std::isfinite(score[j]);
         blk_max = std::max(blk_max, score[j]);
       }
       const float m_new = std::max(st.m, blk_max);
@@ -134,6 +136,11 @@ void attend_rows(const QueryRow* rows, int count, const KeySet& keys, int begin,
   for (int r = 0; r < count; ++r) {
     const RowState& st = state[r];
     float* o = out + int64_t(r) * kLatentDim;
+    if (st.bad) {
+      std::fill(o, o + kLatentDim, std::numeric_limits<float>::quiet_NaN());
+      lse[r] = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
     if (st.l == 0.0f) {  // no visible token
       std::fill(o, o + kLatentDim, 0.0f);
       lse[r] = kNegInf;

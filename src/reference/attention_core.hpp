@@ -35,7 +35,7 @@ inline constexpr int kMaxBlockTokens = 256;
 // Attends `count` rows over tokens [begin, end) (begin a multiple of 64) in online-softmax steps
 // of `block_tokens` tokens from `begin` (64, 128 or 256; in kFp8 mode also the P' quantization
 // block): per row the normalized fp32 output [512] and lse (-inf, and out = 0, when the row sees
-// no token).
+// no token; NaN, and out = NaN, when a score of a token it sees is not finite).
 void attend_rows(const QueryRow* rows, int count, const KeySet& keys, int begin, int end,
                  PvMode mode, int block_tokens, float* out /* [count, 512] */, float* lse /* [count] */);
 

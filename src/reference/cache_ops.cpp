@@ -6,6 +6,7 @@
 #include "../core/validate.hpp"
 #include "attention_core.hpp"
 #include "snapmla/numeric.hpp"
+#include "named.hpp"
 #include "snapmla/reference.hpp"
 
 namespace snapmla::ref {
@@ -35,8 +36,9 @@ float quantize_row(const bf16* row, e4m3* latent_out, bf16* rope_out) {
 
 }  // namespace
 
-void append(const PagedFp8Cache& cache, const KvRows& kv, const SlotMapping& slots) {
-  constexpr const char* op = "ref::append";
+namespace named {
+
+void append(const char* op, const PagedFp8Cache& cache, const KvRows& kv, const SlotMapping& slots) {
   detail::validate(op, cache);
   detail::validate(op, kv, "kv");
   detail::validate(op, slots);
@@ -56,8 +58,7 @@ void append(const PagedFp8Cache& cache, const KvRows& kv, const SlotMapping& slo
   }
 }
 
-void append(const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& slots) {
-  constexpr const char* op = "ref::append";
+void append(const char* op, const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& slots) {
   detail::validate(op, cache);
   detail::validate(op, kv, "kv");
   detail::validate(op, slots);
@@ -76,8 +77,7 @@ void append(const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& sl
   }
 }
 
-void quantize_query(const QueryBf16& q, const QuantizedQuery& out) {
-  constexpr const char* op = "ref::quantize_query";
+void quantize_query(const char* op, const QueryBf16& q, const QuantizedQuery& out) {
   detail::validate(op, q);
   detail::validate(op, out, "out");
   require_cpu(op, "q", q.device);
@@ -92,8 +92,7 @@ void quantize_query(const QueryBf16& q, const QuantizedQuery& out) {
                                 out.rope + r * kRopeDim);
 }
 
-void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const KvRows& out) {
-  constexpr const char* op = "ref::gather_dequant";
+void gather_dequant(const char* op, const PagedFp8Cache& cache, const SlotMapping& slots, const KvRows& out) {
   detail::validate(op, cache);
   detail::validate(op, slots);
   detail::validate(op, out, "out");
@@ -118,6 +117,21 @@ void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const 
     for (int d = 0; d < kRopeDim; ++d)
       row[kLatentDim + d] = to_bf16(to_float(cache.rope[slot * kRopeDim + d]) * s);
   }
+}
+
+}  // namespace named
+
+void append(const PagedFp8Cache& cache, const KvRows& kv, const SlotMapping& slots) {
+  named::append("ref::append", cache, kv, slots);
+}
+void append(const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& slots) {
+  named::append("ref::append", cache, kv, slots);
+}
+void quantize_query(const QueryBf16& q, const QuantizedQuery& out) {
+  named::quantize_query("ref::quantize_query", q, out);
+}
+void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const KvRows& out) {
+  named::gather_dequant("ref::gather_dequant", cache, slots, out);
 }
 
 }  // namespace snapmla::ref

@@ -6,6 +6,7 @@
 
 #include "../core/validate.hpp"
 #include "attention_core.hpp"
+#include "named.hpp"
 #include "snapmla/numeric.hpp"
 #include "snapmla/reference.hpp"
 
@@ -29,12 +30,28 @@ struct DecodeShape {
   int batch, s_q, h;
 };
 
+// What a decode does with bad table contents: the public entry points on host memory throw
+// (the tables are cheap to read there); ref::decode_* models the GPU, which cannot read them
+// before the launch: the sequence's rows become NaN and every other sequence is unaffected.
+enum class TableFaults { kThrow, kNanRows };
+
+// Whether sequence b's table entries are usable: 0 <= len <= max_pages * 64 and every page
+// index its length uses in 0..num_pages - 1 (docs/reference.md, "Bad inputs").
+bool sequence_ok(const PageTable& pages, int b, int64_t num_pages) {
+  const int32_t len = pages.cache_seqlens[b];
+  if (len < 0 || int64_t(len) > int64_t(pages.max_pages) * kPageSize) return false;
+  const int32_t* table = pages.block_table + int64_t(b) * pages.max_pages;
+  for (int j = 0; j < (len + kPageSize - 1) / kPageSize; ++j)
+    if (table[j] < 0 || table[j] >= num_pages) return false;
+  return true;
+}
+
 // Shared driver: keys of each sequence are gathered once (decoded to float), then its query
 // rows are attended per split in groups of kRowsPerTask rows, and the splits are combined.
 template <typename GatherKeys>
 DecodeResultF32 run_decode(const char* op, DecodeShape shape, const std::vector<float>& q_values,
                            const std::vector<float>& q_factor, const PageTable& pages,
-                           const DecodeOptions& options, detail::PvMode mode,
+                           int64_t num_pages, const DecodeOptions& options, detail::PvMode mode,
                            GatherKeys&& gather_keys) {
   const auto [batch, s_q, h] = shape;
   const int rows = s_q * h;
@@ -46,6 +63,12 @@ DecodeResultF32 run_decode(const char* op, DecodeShape shape, const std::vector<
   std::vector<float> keys, scales, part_out, part_lse;
   std::vector<int> split_begin;
   for (int b = 0; b < batch; ++b) {
+    if (!sequence_ok(pages, b, num_pages)) {
+      constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+      std::fill_n(res.out.begin() + int64_t(b) * rows * kLatentDim, int64_t(rows) * kLatentDim, kNaN);
+      std::fill_n(res.lse.begin() + int64_t(b) * rows, rows, kNaN);
+      continue;
+    }
     const int len = pages.cache_seqlens[b];
     keys.resize(size_t(len) * kHeadDim);
     scales.resize(len);
@@ -104,9 +127,9 @@ DecodeResultF32 run_decode(const char* op, DecodeShape shape, const std::vector<
   return res;
 }
 
-void check_decode_args(const char* op, int q_batch, int q_s_q, int q_h, Device q_dev,
-                       int64_t num_pages, Device cache_dev, const PageTable& pages,
-                       const DecodeOptions& options) {
+void check_decode_args(const char* op, Device q_dev, int q_batch, int64_t num_pages,
+                       Device cache_dev, const PageTable& pages, const DecodeOptions& options,
+                       TableFaults faults) {
   detail::validate(op, pages);
   detail::validate(op, options, q_batch);
   require_cpu(op, "q", q_dev);
@@ -117,9 +140,7 @@ void check_decode_args(const char* op, int q_batch, int q_s_q, int q_h, Device q
     detail::fail(op, "pages.batch",
                  "expected the batch of q (" + std::to_string(q_batch) + "), got " +
                      std::to_string(pages.batch));
-  detail::check_page_table_contents(op, pages, num_pages);
-  (void)q_s_q;
-  (void)q_h;
+  if (faults == TableFaults::kThrow) detail::check_page_table_contents(op, pages, num_pages);
 }
 
 void write_bf16(const DecodeResultF32& r, const DecodeOutput& out) {
@@ -127,12 +148,26 @@ void write_bf16(const DecodeResultF32& r, const DecodeOutput& out) {
   std::copy(r.lse.begin(), r.lse.end(), out.lse);
 }
 
+// A row that sees no token has lse -inf in the engine; the caller may ask for +inf.
+void set_empty_lse(DecodeResultF32& r, float empty_lse) {
+  if (empty_lse == -std::numeric_limits<float>::infinity()) return;
+  for (float& l : r.lse)
+    if (l == -std::numeric_limits<float>::infinity()) l = empty_lse;
+}
+
 }  // namespace
 
 void combine_row(int num_splits, const float* partial_out, const float* partial_lse, float* out,
                  float* lse) {
   float m = -std::numeric_limits<float>::infinity();
-  for (int k = 0; k < num_splits; ++k) m = std::max(m, partial_lse[k]);
+  for (int k = 0; k < num_splits; ++k) {
+    if (std::isnan(partial_lse[k])) {  // a faulted split: the row is NaN
+      std::fill(out, out + kLatentDim, partial_lse[k]);
+      *lse = partial_lse[k];
+      return;
+    }
+    m = std::max(m, partial_lse[k]);
+  }
   if (m == -std::numeric_limits<float>::infinity()) {
     std::fill(out, out + kLatentDim, 0.0f);
     *lse = m;
@@ -150,8 +185,9 @@ void combine_row(int num_splits, const float* partial_out, const float* partial_
   *lse = total;
 }
 
-void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan) {
-  constexpr const char* op = "ref::plan_splits";
+namespace named {
+
+void plan_splits(const char* op, const PageTable& pages, int num_workers, const SplitPlan& plan) {
   require_cpu(op, "pages", pages.device);
   require_cpu(op, "plan", plan.device);
   detail::check_plan_splits_args(op, pages, num_workers, plan);
@@ -176,7 +212,10 @@ void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan)
     for (int64_t j = 0; j < n; ++j) plan.split_begin[k++] = static_cast<int32_t>(j * blocks / n * kPageSize);
     plan.split_offsets[i + 1] = k;
   }
+  // Capacity past the last split is never read; -1 there, so a printed plan shows no garbage.
+  std::fill(plan.split_begin + k, plan.split_begin + plan.capacity, -1);
   if (plan.split_order == nullptr) return;
+  std::fill(plan.split_order + k, plan.split_order + plan.capacity, -1);
   // Launch order: longest split first (pages descending, ties in index order), so that the
   // GPU's CTAs for short splits fill in behind the long ones instead of leaving the long ones
   // for last. Above kMaxOrderedSplits the index order (the GPU planner sorts in one block).
@@ -195,13 +234,15 @@ void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan)
                      [&](int32_t a, int32_t b) { return pages_of[static_cast<size_t>(a)] > pages_of[static_cast<size_t>(b)]; });
 }
 
-DecodeResultF32 decode_fp8_f32(const QuantizedQuery& q, const PagedFp8Cache& cache,
-                               const PageTable& pages, const DecodeOptions& options) {
-  constexpr const char* op = "ref::decode_fp8";
+}  // namespace named
+
+namespace {
+
+DecodeResultF32 fp8_f32(const char* op, const QuantizedQuery& q, const PagedFp8Cache& cache,
+                        const PageTable& pages, const DecodeOptions& options, TableFaults faults) {
   detail::validate(op, q, "q");
   detail::validate(op, cache);
-  check_decode_args(op, q.batch, q.seqlen_q, q.num_heads, q.device, cache.num_pages,
-                    cache.device, pages, options);
+  check_decode_args(op, q.device, q.batch, cache.num_pages, cache.device, pages, options, faults);
   const int64_t rows = int64_t(q.batch) * q.seqlen_q * q.num_heads;
   std::vector<float> qv(rows * kHeadDim), qf(rows);
   for (int64_t r = 0; r < rows; ++r) {
@@ -210,7 +251,7 @@ DecodeResultF32 decode_fp8_f32(const QuantizedQuery& q, const PagedFp8Cache& cac
       qv[r * kHeadDim + kLatentDim + d] = to_float(q.rope[r * kRopeDim + d]);
     qf[r] = options.softmax_scale * q.scale[r];
   }
-  return run_decode(op, {q.batch, q.seqlen_q, q.num_heads}, qv, qf, pages, options,
+  DecodeResultF32 r = run_decode(op, {q.batch, q.seqlen_q, q.num_heads}, qv, qf, pages, cache.num_pages, options,
                     detail::PvMode::kFp8, [&](int b, int len, float* kv, float* scale) {
                       const int32_t* table = pages.block_table + int64_t(b) * pages.max_pages;
                       for (int t = 0; t < len; ++t) {
@@ -223,19 +264,19 @@ DecodeResultF32 decode_fp8_f32(const QuantizedQuery& q, const PagedFp8Cache& cac
                         scale[t] = cache.scale[slot];
                       }
                     });
+  set_empty_lse(r, options.empty_lse);
+  return r;
 }
 
-DecodeResultF32 decode_bf16_f32(const QueryBf16& q, const PagedBf16Cache& cache,
-                                const PageTable& pages, const DecodeOptions& options) {
-  constexpr const char* op = "ref::decode_bf16";
+DecodeResultF32 bf16_f32(const char* op, const QueryBf16& q, const PagedBf16Cache& cache,
+                         const PageTable& pages, const DecodeOptions& options, TableFaults faults) {
   detail::validate(op, q);
   detail::validate(op, cache);
-  check_decode_args(op, q.batch, q.seqlen_q, q.num_heads, q.device, cache.num_pages,
-                    cache.device, pages, options);
+  check_decode_args(op, q.device, q.batch, cache.num_pages, cache.device, pages, options, faults);
   const int64_t rows = int64_t(q.batch) * q.seqlen_q * q.num_heads;
   std::vector<float> qv(rows * kHeadDim), qf(rows, options.softmax_scale);
   for (int64_t i = 0; i < rows * kHeadDim; ++i) qv[i] = to_float(q.data[i]);
-  return run_decode(op, {q.batch, q.seqlen_q, q.num_heads}, qv, qf, pages, options,
+  DecodeResultF32 r = run_decode(op, {q.batch, q.seqlen_q, q.num_heads}, qv, qf, pages, cache.num_pages, options,
                     detail::PvMode::kBf16, [&](int b, int len, float* kv, float* scale) {
                       const int32_t* table = pages.block_table + int64_t(b) * pages.max_pages;
                       for (int t = 0; t < len; ++t) {
@@ -245,19 +286,56 @@ DecodeResultF32 decode_bf16_f32(const QueryBf16& q, const PagedBf16Cache& cache,
                         scale[t] = 1.0f;
                       }
                     });
+  set_empty_lse(r, options.empty_lse);
+  return r;
+}
+
+void check_out(const char* op, const DecodeOutput& out) {
+  detail::validate(op, out);
+  require_cpu(op, "out", out.device);
+}
+
+}  // namespace
+
+namespace named {
+
+void decode_fp8(const char* op, const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
+                const DecodeOutput& out, const DecodeOptions& options) {
+  check_out(op, out);
+  write_bf16(fp8_f32(op, q, cache, pages, options, TableFaults::kThrow), out);
+}
+
+void decode_bf16(const char* op, const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
+                 const DecodeOutput& out, const DecodeOptions& options) {
+  check_out(op, out);
+  write_bf16(bf16_f32(op, q, cache, pages, options, TableFaults::kThrow), out);
+}
+
+}  // namespace named
+
+void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan) {
+  named::plan_splits("ref::plan_splits", pages, num_workers, plan);
+}
+
+DecodeResultF32 decode_fp8_f32(const QuantizedQuery& q, const PagedFp8Cache& cache,
+                               const PageTable& pages, const DecodeOptions& options) {
+  return fp8_f32("ref::decode_fp8", q, cache, pages, options, TableFaults::kNanRows);
+}
+
+DecodeResultF32 decode_bf16_f32(const QueryBf16& q, const PagedBf16Cache& cache,
+                                const PageTable& pages, const DecodeOptions& options) {
+  return bf16_f32("ref::decode_bf16", q, cache, pages, options, TableFaults::kNanRows);
 }
 
 void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
                 const DecodeOutput& out, const DecodeOptions& options) {
-  detail::validate("ref::decode_fp8", out);
-  require_cpu("ref::decode_fp8", "out", out.device);
+  check_out("ref::decode_fp8", out);
   write_bf16(decode_fp8_f32(q, cache, pages, options), out);
 }
 
 void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
                  const DecodeOutput& out, const DecodeOptions& options) {
-  detail::validate("ref::decode_bf16", out);
-  require_cpu("ref::decode_bf16", "out", out.device);
+  check_out("ref::decode_bf16", out);
   write_bf16(decode_bf16_f32(q, cache, pages, options), out);
 }
 

@@ -326,6 +326,9 @@ TEST(GpuPlan, SameSplitsAsTheReference) {
     // past kMaxOrderedSplits).
     const auto go = gord.download();
     ASSERT_TRUE(std::equal(ord.begin(), ord.begin() + off[b], go.begin())) << "b=" << b << " workers=" << workers;
+    // Unused capacity: -1 in both planners (poisoned before), so a printed plan holds no garbage.
+    ASSERT_EQ(gb, beg) << "b=" << b << " workers=" << workers;
+    ASSERT_EQ(go, ord) << "b=" << b << " workers=" << workers;
     if (many) {
       for (int k = 0; k < off[b]; ++k) ASSERT_EQ(go[k], k);
     }
@@ -515,7 +518,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{32, 2, {2, 129, 64, 700}, 0}, Case{64, 1, {4096, 1, 100}, 64},
                       Case{64, 3, {5, 200, 1300}, 16}, Case{128, 1, {2048, 0, 777}, 0},
                       Case{128, 2, {1, 2, 3, 5000}, 132}, Case{128, 4, {65, 513}, 8},
-                      Case{48, 2, {300, 64}, 4}),
+                      Case{48, 2, {300, 64}, 4},
+                      // Any head count: rows that fill no tile (the narrow one up to 16 rows).
+                      Case{1, 1, {0, 1, 65, 700}, 0}, Case{3, 4, {2, 3, 130, 900}, 16},
+                      Case{8, 1, {64, 2000, 5}, 24}, Case{8, 2, {1, 300}, 0}, Case{9, 1, {129, 4000}, 32},
+                      Case{24, 3, {70, 1, 1200}, 8}, Case{63, 1, {640, 2}, 0}, Case{63, 2, {3000, 17}, 20},
+                      Case{126, 4, {65, 700}, 6}, Case{126, 1, {1, 2500, 64}, 0}),
     [](const ::testing::TestParamInfo<Case>& info) {
       char name[64];
       std::snprintf(name, sizeof name, "h%d_sq%d_w%d_%zu", info.param.h, info.param.s_q, info.param.workers, info.index);
@@ -726,6 +734,151 @@ TEST(GpuErrors, BadPageInTheMiddleTurnsOnlyItsSequenceNaN) {
         for (size_t i = row; i < 2 * row; ++i) finite1 += std::isfinite(to_float(o[i]));
         EXPECT_EQ(nan0, int(row)) << (fp8 ? "decode_fp8" : "decode_bf16") << ": sequence 0 rows not all NaN";
         EXPECT_EQ(finite1, int(row)) << (fp8 ? "decode_fp8" : "decode_bf16") << ": sequence 1 rows not all finite";
+      }
+    }
+}
+
+// Any head count: a tile's padding rows (past h * s_q) are never written. The output buffers
+// carry a guard of poisoned rows past their end, which must keep its bytes, and every sequence's
+// rows must equal the same call with the sequence alone (a padding row written into the next
+// sequence's rows would change them).
+TEST(GpuDecodeHeads, PaddingRowsAreNeverWritten) {
+  REQUIRE_GPU();
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  for (int h : {1, 3, 9, 24, 63, 126})
+    for (int s_q : {1, 3}) {
+      SCOPED_TRACE("h=" + std::to_string(h) + " s_q=" + std::to_string(s_q));
+      Batch B = make_batch(rng, {130, 70, 2}, s_q, h);
+      GpuBatch G(B);
+      const size_t rows = size_t(B.batch) * s_q * h, guard_rows = 64;
+      DeviceBuffer<bf16> out((rows + guard_rows) * kLatentDim);
+      DeviceBuffer<float> lse(rows + guard_rows * 8);
+      GpuPlan plan(G.pages(), 7, s_q, h);
+      for (bool split : {false, true})
+        for (bool fp8 : {true, false}) {
+          out.poison(0xA5);
+          lse.poison(0xA5);
+          const DecodeOptions opt = split ? plan.options(B.softmax_scale) : test::options(B);
+          const DecodeOutput o{out.get(), lse.get(), kGpu};
+          if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), o, opt);
+          else decode_bf16(G.query(), G.bf16c(), G.pages(), o, opt);
+          device_memory::cuda_ok(cudaDeviceSynchronize(), "decode");
+          const auto got = out.download();
+          const auto got_lse = lse.download();
+          for (size_t i = rows * kLatentDim; i < got.size(); ++i)
+            ASSERT_EQ(got[i].bits, 0xA5A5) << (fp8 ? "decode_fp8" : "decode_bf16") << " wrote guard element " << i;
+          for (size_t i = rows; i < got_lse.size(); ++i)
+            ASSERT_EQ(std::memcmp(&got_lse[i], "\xA5\xA5\xA5\xA5", 4), 0) << "lse guard " << i;
+          size_t finite = 0;
+          for (size_t i = 0; i < rows * kLatentDim; ++i) finite += std::isfinite(to_float(got[i]));
+          EXPECT_EQ(finite, rows * kLatentDim) << (fp8 ? "decode_fp8" : "decode_bf16");
+        }
+    }
+}
+
+// Bad device inputs stay in their row, as the reference models them (docs/reference.md, "Bad
+// inputs"): a length beyond the block-table row (1e6, 2^31 - 1) or negative, or an out-of-range
+// page index, makes that sequence's rows NaN, and every other sequence is bit-identical to the
+// run without the bad one under the same plan (the last batch row included). Then NaN / Inf in
+// q or in a cached token: NaN exactly in the rows the reference gives NaN.
+TEST(GpuErrors, BadDeviceInputsStayInTheirRow) {
+  REQUIRE_GPU();
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  for (int h : {3, 16, 64})
+    for (bool split : {false, true})
+      for (int bad : {0, 2}) {
+        SCOPED_TRACE("h=" + std::to_string(h) + (split ? " split" : "") + " bad sequence " + std::to_string(bad));
+        Batch B = make_batch(rng, {300, 640, 129}, 2, h);
+        GpuBatch G(B);
+        GpuPlan plan(G.pages(), 9, 2, h);  // planned for the good lengths, reused for the bad ones
+        const DecodeOptions opt = split ? plan.options(B.softmax_scale) : test::options(B);
+        const size_t per_seq = size_t(2) * h * kLatentDim, per_lse = size_t(2) * h;
+        for (bool fp8 : {true, false}) {
+          auto run = [&] {
+            if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), opt);
+            else decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), opt);
+            device_memory::cuda_ok(cudaDeviceSynchronize(), "decode");
+            return std::make_pair(G.out.download(), G.lse.download());
+          };
+          G.seqlens.upload(B.seqlens);
+          G.table.upload(B.block_table);
+          const auto good = run();
+          auto expect_only_bad = [&](const std::string& what) {
+            const auto got = run();
+            for (size_t i = 0; i < got.first.size(); ++i) {
+              if (i / per_seq == size_t(bad))
+                ASSERT_TRUE(std::isnan(to_float(got.first[i]))) << what << ": out " << i;
+              else
+                ASSERT_EQ(got.first[i].bits, good.first[i].bits) << what << ": out " << i;
+            }
+            for (size_t i = 0; i < got.second.size(); ++i) {
+              if (i / per_lse == size_t(bad)) ASSERT_TRUE(std::isnan(got.second[i])) << what << ": lse " << i;
+              else ASSERT_EQ(std::memcmp(&got.second[i], &good.second[i], 4), 0) << what << ": lse " << i;
+            }
+          };
+          const std::string kernel = fp8 ? "decode_fp8" : "decode_bf16";
+          for (int64_t len : {int64_t(B.max_pages) * kPageSize + 1, int64_t(1000000), int64_t(INT32_MAX), int64_t(-1)}) {
+            std::vector<int32_t> lens = B.seqlens;
+            lens[bad] = int32_t(len);
+            G.seqlens.upload(lens);
+            expect_only_bad(kernel + " length " + std::to_string(len));
+            EXPECT_ARG_ERROR(check_page_table(G.pages(), B.num_pages), "cache_seqlens");
+          }
+          G.seqlens.upload(B.seqlens);
+          for (int32_t page : {-1, int32_t(B.num_pages), INT32_MAX}) {
+            std::vector<int32_t> table = B.block_table;
+            table[size_t(bad) * B.max_pages + 1] = page;  // every sequence has >= 2 pages
+            G.table.upload(table);
+            expect_only_bad(kernel + " page " + std::to_string(page));
+          }
+          G.table.upload(B.block_table);
+        }
+      }
+}
+
+TEST(GpuErrors, NonFiniteQueryOrTokenGivesNaNInTheRowsTheReferenceDoes) {
+  REQUIRE_GPU();
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  for (int h : {3, 16, 64})
+    for (bool split : {false, true}) {
+      SCOPED_TRACE("h=" + std::to_string(h) + (split ? " split" : ""));
+      Batch B = make_batch(rng, {300, 129}, 2, h);
+      const int rows = 2 * h;
+      // Query row h + 1 of sequence 0 (query 1, head 1): NaN in its latent; sequence 1's last
+      // token (seen by its query 1 only): NaN latent / +Inf rope in both caches.
+      B.q_nope[size_t(h + 1) * kLatentDim + 7] = e4m3{0x7F};
+      B.q[size_t(h + 1) * kHeadDim + 7] = to_bf16(test::kNaN);
+      const int64_t slot = B.slot(1, 128);
+      B.latent[size_t(slot) * kLatentDim + 3] = e4m3{0xFF};
+      B.bf16_data[size_t(slot) * kHeadDim + 3] = to_bf16(test::kNaN);
+      B.rope[size_t(slot) * kRopeDim + 5] = to_bf16(INFINITY);
+      GpuBatch G(B);
+      GpuPlan plan(G.pages(), 6, 2, h);
+      test::OwnedPlan host_plan(B.pages(), 6);
+      DecodeOptions cpu_opt = test::options(B, split ? &host_plan.plan : nullptr);
+      const DecodeOptions gpu_opt = split ? plan.options(B.softmax_scale) : test::options(B);
+      for (bool fp8 : {true, false}) {
+        const auto want = fp8 ? ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), cpu_opt)
+                              : ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), cpu_opt);
+        if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), gpu_opt);
+        else decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), gpu_opt);
+        device_memory::cuda_ok(cudaDeviceSynchronize(), "decode");
+        const auto out = G.out.download();
+        const auto lse = G.lse.download();
+        int nan_rows = 0;
+        for (int r = 0; r < B.batch * rows; ++r) {
+          const bool want_nan = std::isnan(want.out[size_t(r) * kLatentDim]);
+          nan_rows += want_nan;
+          for (int d = 0; d < kLatentDim; d += 37)
+            ASSERT_EQ(std::isnan(to_float(out[size_t(r) * kLatentDim + d])), want_nan)
+                << (fp8 ? "decode_fp8" : "decode_bf16") << " row " << r << " dim " << d;
+        }
+        for (size_t i = 0; i < lse.size(); ++i)
+          ASSERT_EQ(std::isnan(lse[i]), std::isnan(want.lse[i])) << (fp8 ? "decode_fp8" : "decode_bf16") << " lse " << i;
+        EXPECT_EQ(nan_rows, 1 + h);  // the bad query row, and sequence 1's query-1 rows
       }
     }
 }

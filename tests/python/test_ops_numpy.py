@@ -139,7 +139,9 @@ def build_case(rng, seqlens, s_q, h):
     return q, table, rows, cache8, cache16
 
 
-@pytest.mark.parametrize("s_q,h,causal", [(1, 16, True), (2, 32, True), (4, 16, False)])
+@pytest.mark.parametrize("s_q,h,causal", [(1, 16, True), (2, 32, True), (4, 16, False), (1, 1, True),
+                                          (4, 3, True), (2, 8, True), (1, 9, False), (3, 24, True),
+                                          (1, 63, True), (4, 126, True)])
 def test_decode_fp8_against_float64(rng, s_q, h, causal):
     seqlens = np.array([0, 1, 70, 300], np.int32)
     q, table, rows, cache8, _ = build_case(rng, seqlens, s_q, h)
@@ -164,7 +166,8 @@ def test_decode_fp8_against_float64(rng, s_q, h, causal):
             assert np.max(np.abs(lse[i].T[seen] - ref_lse.T[seen])) < 1e-4 * (1 + np.max(np.abs(ref_lse[np.isfinite(ref_lse)])))
 
 
-@pytest.mark.parametrize("s_q,h", [(1, 16), (2, 48)])
+@pytest.mark.parametrize("s_q,h", [(1, 16), (2, 48), (1, 1), (4, 3), (1, 8), (2, 9), (1, 24), (1, 63),
+                                   (2, 126)])
 def test_decode_bf16_against_float64(rng, s_q, h):
     seqlens = np.array([5, 64, 200], np.int32)
     q, table, rows, _, cache16 = build_case(rng, seqlens, s_q, h)
@@ -245,6 +248,13 @@ def test_errors_name_the_argument(rng):
     plan = snapmla.plan_splits(seqlens, 2)
     assert "split_begin" in error_of(lambda: dec(plan=snapmla.SplitPlan(plan.split_offsets, None, 2)))
     assert "num_workers" in error_of(lambda: snapmla.plan_splits(seqlens, 0))
+    # The operation named is the one called, not the reference behind it.
+    msg = error_of(lambda: dec(softmax_scale=0.0))
+    assert msg.startswith("snapmla::decode_fp8: ") and "ref::" not in msg
+    assert "num_heads" in error_of(lambda: snapmla.recommended_num_workers(q, 1, 0))
+    assert "num_heads" in error_of(lambda: snapmla.recommended_num_workers(q, 1, 129))
+    assert "seqlen_q" in error_of(lambda: snapmla.recommended_num_workers(q, 5, 16))
+    assert snapmla.recommended_num_workers(q, 1, 24) >= 1 and snapmla.recommended_num_workers(q, 4, 3) >= 1
 
 
 def test_stream_argument_is_checked():
@@ -271,6 +281,9 @@ def test_table_contents_are_checked_on_the_cpu(rng):
     msg = error_of(lambda: snapmla.decode_fp8(qq, cache8, bad, seqlens, softmax_scale=0.1))
     assert "block_table" in msg
     long = np.array([table.shape[1] * 64 + 1], np.int32)
-    assert "cache_seqlens" in error_of(lambda: snapmla.decode_fp8(qq, cache8, table, long, softmax_scale=0.1))
+    msg = error_of(lambda: snapmla.decode_fp8(qq, cache8, table, long, softmax_scale=0.1))
+    assert "cache_seqlens[0]" in msg and "beyond the block table row" in msg
+    msg = error_of(lambda: snapmla.decode_fp8(qq, cache8, table, np.array([-4], np.int32), softmax_scale=0.1))
+    assert "cache_seqlens[0] = -4 is negative" in msg
     assert "block_table" in error_of(lambda: snapmla.check_page_table(bad, seqlens, cache8.num_pages))
     assert "slot" in error_of(lambda: snapmla.check_slot_mapping(np.array([5, 1 << 20], np.int32), cache8.num_pages))

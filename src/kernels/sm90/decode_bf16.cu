@@ -258,8 +258,8 @@ __global__ void __launch_bounds__(384, 1)
     wg::wait<0>();
     wg::fence_operands(acc);
     if (mine) {
-      if (full) page_scores<false, false>(acc, factor, vis, blk, nullptr, q, mx);
-      else if (!none) page_scores<true, false>(acc, factor, vis, blk, nullptr, q, mx);
+      if (full) page_scores<false, false, true>(acc, factor, vis, blk, nullptr, q, mx);
+      else if (!none) page_scores<true, false, true>(acc, factor, vis, blk, nullptr, q, mx);
     }
     // P of page j as bf16 into the rope box of its stage (the QK has read it), K-major: row r's
     // tokens 8 n + 2 q, + 1 are one word; zeros without a page.
@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(384, 1)
   wg::wait<0>();
   wg::fence_operands(acc);
   wg::fence_operands(o);
-  const bool fault = split_has_bad_page(p, w, nblk, lane);
+  const bool fault = split_has_bad_page(p, w, nblk, lane) || w.bad_len;
   // (In a separate area: the other consumer may still be reading this one's last max.)
   add_other_sums(st, sm.xmax + 2 * kRows, c, r0, q);
   // Past add_other_sums' barrier no wgmma is in flight: each warp stages its 8 KB of output in

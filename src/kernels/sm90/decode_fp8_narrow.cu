@@ -248,7 +248,9 @@ __global__ void __launch_bounds__(384, 1)
       for (int e = 0; e < 4; ++e) {
         const int i = 2 * n + e % 2, h = e / 2;
         const float raw = __fmul_rn(acc[n][e], factor[i]);
-        const float sc = blk + tok0 + 8 * h < vis[i] ? __fmul_rn(raw, ks[h]) : -INFINITY;
+        float v = __fmul_rn(raw, ks[h]);
+        if (!(fabsf(v) < INFINITY)) v = INFINITY;  // a non-finite score poisons the row (softmax.cuh's kPoison)
+        const float sc = blk + tok0 + 8 * h < vis[i] ? v : -INFINITY;
         acc[n][e] = sc;
         mx[i] = fmaxf(mx[i], sc);
       }
@@ -358,7 +360,8 @@ __global__ void __launch_bounds__(384, 1)
     return;
   }
   ptx::named_barrier(kBarMerge, 256);
-  const bool fault = sm.ring.faulted();  // every page was acquired before the merge barrier
+  // Every page was acquired before the merge barrier; a bad length faults the whole sequence.
+  const bool fault = sm.ring.faulted() || w.bad_len;
   // Both parts in the domain of the larger max: weight_c = sigma_c exp(m_c - M) (l_c and O^T_c
   // are kept over sigma_c), 0 for a part that saw nothing.
   float w0[kCols], w1[kCols], scale[kCols];

@@ -21,7 +21,7 @@ __device__ __forceinline__ int64_t blocks_of(int32_t len) {
 }
 
 __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __restrict__ seqlens,
-                                                               int batch, int num_workers,
+                                                               int batch, int num_workers, int capacity,
                                                                int32_t* __restrict__ offsets,
                                                                int32_t* __restrict__ begins,
                                                                int32_t* __restrict__ order) {
@@ -55,6 +55,11 @@ __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __
       offsets[i + 1] = first + n;
     }
     running += tile_total;
+  }
+  // Capacity past the last split is never read; -1 there, so a printed plan shows no garbage.
+  for (int k = running + int(threadIdx.x); k < capacity; k += kThreads) {
+    begins[k] = -1;
+    if (order != nullptr) order[k] = -1;
   }
   if (order == nullptr) return;
   // Launch order (the reference's rule): pages descending, ties in index order. Radix sort is
@@ -95,7 +100,7 @@ __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __
 
 void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, Stream s) {
   plan_splits_kernel<<<1, kThreads, 0, as_stream(s)>>>(pages.cache_seqlens, pages.batch,
-                                                       num_workers, plan.split_offsets,
+                                                       num_workers, plan.capacity, plan.split_offsets,
                                                        plan.split_begin, plan.split_order);
   check_launch("plan_splits_kernel");
 }

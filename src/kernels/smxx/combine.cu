@@ -27,15 +27,25 @@ __device__ __forceinline__ void combine_row_quarter(const CombineParams& p, int 
                                                     int lane) {
   const float* lse_of = p.partial_lse + r;  // split k's at k * rows
   float m = -INFINITY;
-  for (int k = lo + lane; k < hi; k += 32) m = fmaxf(m, lse_of[int64_t(k) * p.rows]);
+  bool faulted = false;  // a split wrote NaN (bad page, bad length, non-finite score): so does the row
+  for (int k = lo + lane; k < hi; k += 32) {
+    const float v = lse_of[int64_t(k) * p.rows];
+    faulted |= isnan(v);
+    m = fmaxf(m, v);
+  }
   m = warp_max(m);
   const int i = r / p.num_heads, h = r % p.num_heads;
   float* lse_out = p.lse + (int64_t(b) * p.num_heads + h) * p.seqlen_q + i;
   const int d0 = quarter * (kLatentDim / kQuarters) + 4 * lane;
   uint2* out = reinterpret_cast<uint2*>(p.out + (int64_t(b) * p.rows + r) * kLatentDim + d0);
+  if (__any_sync(0xffffffffu, faulted)) {
+    *out = make_uint2(bf16x2_bits(NAN, NAN), bf16x2_bits(NAN, NAN));
+    if (quarter == 0 && lane == 0) *lse_out = NAN;
+    return;
+  }
   if (m == -INFINITY) {
     *out = make_uint2(0u, 0u);
-    if (quarter == 0 && lane == 0) *lse_out = -INFINITY;
+    if (quarter == 0 && lane == 0) *lse_out = p.empty_lse;
     return;
   }
   float sum = 0.f;

@@ -14,6 +14,7 @@ struct CombineParams {
   uint16_t* out;                 // bf16 [batch, s_q, h, 512]
   float* lse;                    // [batch, h, s_q]
   int batch, rows, seqlen_q, num_heads;
+  float empty_lse;  // the lse of a row that sees no token (-inf or +inf)
 };
 
 void combine(const CombineParams& p, cudaStream_t stream);

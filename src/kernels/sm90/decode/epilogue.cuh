@@ -12,12 +12,13 @@
 
 namespace snapmla::cuda {
 
-// Row r's lse: into lse ([b, h, s_q], r = i * h + head) for a sequence with one split, else
-// into the split's partial lse for the combine.
+// Row r's lse: into lse ([b, h, s_q], r = i * h + head) for a sequence with one split (-inf,
+// a row that saw no token, as the caller's empty_lse), else into the split's partial lse for
+// the combine (-inf there: the combine's rule for an empty split).
 __device__ __forceinline__ void store_lse(const DecodeParams& p, const Work& w, int r, float lse) {
   if (w.single) {
     const int i = r / p.num_heads, h = r % p.num_heads;
-    p.lse[(int64_t(w.seq) * p.num_heads + h) * p.seqlen_q + i] = lse;
+    p.lse[(int64_t(w.seq) * p.num_heads + h) * p.seqlen_q + i] = lse == -INFINITY ? p.empty_lse : lse;
   } else {
     p.partial_lse[int64_t(w.split) * p.rows + r] = lse;
   }

@@ -26,6 +26,7 @@ inline DecodeParams make_params(const char* /*op*/, int batch, int s_q, int h, c
   p.rows = s_q * h;
   p.softmax_scale = options.softmax_scale;
   p.causal = options.causal;
+  p.empty_lse = options.empty_lse;
   p.out = reinterpret_cast<uint16_t*>(out.out);
   p.lse = out.lse;
   if (options.plan) {
@@ -51,7 +52,7 @@ inline dim3 decode_grid(const char* op, const DecodeParams& p, const DecodeOptio
 
 inline CombineParams combine_params(const DecodeParams& p) {
   return {p.split_offsets, p.partial_out, p.partial_lse, p.out, p.lse,
-          p.batch,         p.rows,        p.seqlen_q,    p.num_heads};
+          p.batch,         p.rows,        p.seqlen_q,    p.num_heads, p.empty_lse};
 }
 
 // A decode kernel (384 threads, `smem` bytes of dynamic shared memory, arguments p and then

@@ -23,6 +23,7 @@ struct DecodeParams {
   int batch = 0, seqlen_q = 1, num_heads = 0, rows = 0;  // rows = seqlen_q * num_heads
   float softmax_scale = 0.f;
   bool causal = true;
+  float empty_lse = 0.f;  // the final lse of a row that sees no token (-inf or +inf)
   // Split plan (null: one split per sequence) and the fp32 partials of split sequences.
   const int32_t* split_offsets = nullptr;
   const int32_t* split_begin = nullptr;

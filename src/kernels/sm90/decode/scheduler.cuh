@@ -13,7 +13,10 @@ struct Work {
   int split = 0;      // global split index (row of the partial buffers)
   bool single = true; // the sequence has one split: write the final output directly
   int begin = 0, end = 0;  // tokens [begin, end) of this split
-  int len = 0;             // tokens in the sequence
+  int len = 0;             // tokens in the sequence (clamped to the block-table row)
+  // cache_seqlens is negative or beyond the block-table row: the kernels write the sequence's
+  // rows as NaN (lse NaN), as for an out-of-range page index.
+  bool bad_len = false;
   // Pages (of kPageSize tokens) the split covers; the last one may be partial.
   __device__ int pages() const { return (end - begin + kPageSize - 1) / kPageSize; }
 };
@@ -60,9 +63,12 @@ __device__ __forceinline__ Work work_of(const DecodeParams& p, int item) {
     if (p.split_order != nullptr) item = min(max(p.split_order[item], 0), p.split_offsets[p.batch] - 1);
     w.seq = seq_of_split(p.split_offsets, p.batch, item);
   }
-  // Lengths beyond the block table are clamped (the host validates them where it can).
-  const int cap = p.max_pages * kPageSize;
-  w.len = min(max(p.seqlens[w.seq], 0), cap);
+  // Lengths outside the block table are clamped, so that nothing outside it is read, and mark
+  // the work as faulted (the host validates them where the tables are host memory).
+  const int64_t cap = int64_t(p.max_pages) * kPageSize;
+  const int32_t len = p.seqlens[w.seq];
+  w.bad_len = len < 0 || len > cap;
+  w.len = int(min(max(int64_t(len), int64_t(0)), cap));
   w.split = item;
   if (p.split_offsets == nullptr) {
     w.single = true;

@@ -64,7 +64,10 @@ __device__ __forceinline__ void scale_rows(float (&o)[NT][4], const float (&r)[2
 // where not visible) and their row max over the page (quad-reduced). kMasked = false: the caller
 // knows every token of the page is visible to both rows (no compares, no -inf). kScaled = false
 // (decode_bf16): no per-token scale, scores = raw * softmax_scale, and kscale is not read.
-template <bool kMasked, bool kScaled = true>
+// kPoison: a visible score that is not finite (NaN / Inf in q or in the token) becomes +inf, so
+// the row's max is +inf from then on, its l and output NaN and its lse NaN (docs/reference.md,
+// "Bad inputs"); without it a -inf score would just weigh 0 and a NaN one drop out of the max.
+template <bool kMasked, bool kScaled = true, bool kPoison = false>
 __device__ __forceinline__ void page_scores(float (&s)[8][4], const float (&factor)[2],
                                             const int (&vis)[2], int blk, const float* kscale,
                                             int q, float (&mx)[2]) {
@@ -76,8 +79,9 @@ __device__ __forceinline__ void page_scores(float (&s)[8][4], const float (&fact
     for (int e = 0; e < 4; ++e) {
       const int ri = e / 2, tok = 8 * n + 2 * q + (e & 1);
       const float raw = __fmul_rn(s[n][e], factor[ri]);
-      const float sc = !kMasked || blk + tok < vis[ri] ? (kScaled ? __fmul_rn(raw, e & 1 ? ks.y : ks.x) : raw)
-                                                       : -INFINITY;
+      float v = kScaled ? __fmul_rn(raw, e & 1 ? ks.y : ks.x) : raw;
+      if (kPoison && !(fabsf(v) < INFINITY)) v = INFINITY;
+      const float sc = !kMasked || blk + tok < vis[ri] ? v : -INFINITY;
       s[n][e] = sc;
       mx[ri] = fmaxf(mx[ri], sc);
     }
