@@ -12,6 +12,11 @@
 
 namespace snapmla::cuda {
 
+// The bytes of `w` in `mask` that are e4m3 NaN (S.1111.111; e4m3 has no infinity) set to 0.
+__device__ __forceinline__ uint32_t zero_e4m3_nan(uint32_t w, uint32_t mask) {
+  return w & ~(__vcmpeq4(w & 0x7F7F7F7Fu, 0x7F7F7F7Fu) & mask);
+}
+
 struct DevScale {
   float scale, inv_scale;
 };

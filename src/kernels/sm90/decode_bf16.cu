@@ -124,6 +124,18 @@ __device__ __forceinline__ void pv_page(float (&o)[32][4], const uint8_t* pt, co
   wg::commit();
 }
 
+// Latent values of tokens [from, to) of page j that are not finite (bf16 exponent all ones) set
+// to 0, by the 128 threads of one consumer (t: its thread). The latent boxes hold 64 dims of 64
+// tokens each, 128-byte rows with the 128-byte swizzle (16-byte chunk x of row r at x ^ r % 8).
+__device__ __forceinline__ void zero_nonfinite_tokens(const Smem& sm, int j, int from, int to, int t) {
+  for (int tt = from; tt < to; ++tt)
+    for (int d = t; d < kLatentDim; d += 128) {
+      uint16_t* v = reinterpret_cast<uint16_t*>(sm.box(j, d / 64) + tt * kTmaBoxBytes +
+                                                ((((d % 64) / 8) ^ (tt % 8)) * 16) + (d % 8) * 2);
+      if ((*v & 0x7F80u) == 0x7F80u) *v = 0;
+    }
+}
+
 __global__ void __launch_bounds__(384, 1)
     decode_bf16_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_kv,
                        const __grid_constant__ CUtensorMap tm_q) {
@@ -247,6 +259,7 @@ __global__ void __launch_bounds__(384, 1)
     qk_first(min(c, nblk - 1), c < nblk);
     qk_second(min(c, nblk - 1), c < nblk);
   }
+  const int band = band_start(p, w);  // tokens from here on are not seen by every query row
   for (int k = 0; 2 * k < nblk; ++k) {
     const int ja = 2 * k, jb = 2 * k + 1, j = ja + c;  // the pair's pages; this consumer's
     const bool mine = j < nblk, has_b = jb < nblk;
@@ -275,6 +288,11 @@ __global__ void __launch_bounds__(384, 1)
         for (int n = 0; n < 8; ++n)
           ptx::sts32(pt + km_offset(r0 + 8 * ri, 16 * n + 4 * q, kPageSize * 2),
                      live ? bf16x2_bits(acc[n][2 * ri], acc[n][2 * ri + 1]) : 0u);
+      // Tokens some query rows do not see (causal, s_q > 1): their non-finite V values set to 0
+      // now that this page's QK has read them (those rows' P is 0, and 0 x NaN is NaN in PV; the
+      // rows that see them already have a non-finite score).
+      const int from = max(band - blk, 0), to = min(kPageSize, w.end - blk);
+      if (mine && from < to) zero_nonfinite_tokens(sm, j, from, to, t);
       wg::fence_proxy_async();  // P written with st.shared, read by wgmma
       if (q == 0) {
         sm.xmax[c * kRows + r0] = m[0];

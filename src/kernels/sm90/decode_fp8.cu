@@ -123,8 +123,9 @@ __device__ __forceinline__ PageFactors softmax_and_publish(float (&acc)[8][4], c
   const bool full = __all_sync(0xffffffffu, blk + Cfg::kPageTokens <= min(rv.vis[0], rv.vis[1]));
   const bool none = __all_sync(0xffffffffu, blk >= max(rv.vis[0], rv.vis[1]));
   float mx[2] = {-INFINITY, -INFINITY};
-  if (full) page_scores<false>(acc, rv.factor, rv.vis, blk, sm.scale(s), q, mx);
-  else if (!none) page_scores<true>(acc, rv.factor, rv.vis, blk, sm.scale(s), q, mx);
+  // kPoison: a non-finite visible score makes its row NaN, as in the reference.
+  if (full) page_scores<false, true, true>(acc, rv.factor, rv.vis, blk, sm.scale(s), q, mx);
+  else if (!none) page_scores<true, true, true>(acc, rv.factor, rv.vis, blk, sm.scale(s), q, mx);
   // The running max after page j - 1, from its owner (the chain of the reference).
   float m_prev[2] = {-INFINITY, -INFINITY}, m_cur[2];
   if (j > 0) {
@@ -217,8 +218,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (t >= Cfg::kLoaderThreads) {
       const int tw = (t - Cfg::kLoaderThreads) / 32;
       const TransposeLanes tl(tw, t % 32);
-      for (int i = 0; i < nblk; ++i)
-        transpose_page(sm, i, tw, tl, min(Cfg::kPageTokens, w.end - (w.begin + i * Cfg::kPageTokens)));
+      const int band = band_start(p, w);
+      for (int i = 0; i < nblk; ++i) {
+        const int blk = w.begin + i * Cfg::kPageTokens;
+        transpose_page(sm, i, tw, tl, min(Cfg::kPageTokens, w.end - blk), band - blk);
+      }
       return;
     }
     // The Q latent tile first (one TMA request; it needs no page index), then the pages: both
@@ -299,7 +303,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   wg::wait<0>();
   wg::fence_operands(acc);
   add_other_sums(st, sm.xl, c, rv.r0, rv.q);
-  const bool fault = sm.ring.faulted();  // every page was acquired before add_other_sums' barrier
+  // Every page was acquired before add_other_sums' barrier; a bad length faults the whole sequence.
+  const bool fault = sm.ring.faulted() || w.bad_len;
   // l was kept over sigma; the running max after the last page (lse) is in its xmax slot (the
   // barrier in add_other_sums made it visible to every thread).
 #pragma unroll

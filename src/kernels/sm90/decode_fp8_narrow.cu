@@ -118,8 +118,10 @@ __device__ __forceinline__ void rows_max(float (&v)[kCols], const Smem& sm, int 
 // 4q + 3 (matrix 1) and the same at + 16 (matrices 2, 3); the permutes make one word per dim over
 // four consecutive tokens. M row g is dim 2g, row g + 8 dim 2g + 1; K slot k is token 32 ks + k
 // (the P' tile holds tokens in order). Tokens at or past ntok are zeroed (P' is 0 there, but the
-// cache slot may hold NaN).
-__device__ __forceinline__ void load_v(uint32_t (&a)[kMTiles][2][4], const uint8_t* kl, int w, int lane, int ntok) {
+// cache slot may hold NaN), and NaN bytes of tokens at or past `band` (tokens some query rows do
+// not see; the scores read the stage, not these fragments).
+__device__ __forceinline__ void load_v(uint32_t (&a)[kMTiles][2][4], const uint8_t* kl, int w, int lane, int ntok,
+                                       int band) {
   const int m = lane / 8, r = lane % 8, q = lane % 4;
 #pragma unroll
   for (int ks = 0; ks < 2; ++ks) {
@@ -135,7 +137,7 @@ __device__ __forceinline__ void load_v(uint32_t (&a)[kMTiles][2][4], const uint8
       a[mt][ks][3] = ptx::prmt(v[2], v[3], 0x7531u);
     }
   }
-  if (ntok < kPageSize) {
+  if (ntok < kPageSize || band < kPageSize) {
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks)
 #pragma unroll
@@ -143,10 +145,12 @@ __device__ __forceinline__ void load_v(uint32_t (&a)[kMTiles][2][4], const uint8
         const int t0 = 32 * ks + 16 * h + 4 * q;
         const uint32_t keep = (t0 < ntok ? 0xFFu : 0u) | (t0 + 1 < ntok ? 0xFF00u : 0u) |
                               (t0 + 2 < ntok ? 0xFF0000u : 0u) | (t0 + 3 < ntok ? 0xFF000000u : 0u);
+        const uint32_t sanitize = (t0 >= band ? 0xFFu : 0u) | (t0 + 1 >= band ? 0xFF00u : 0u) |
+                                  (t0 + 2 >= band ? 0xFF0000u : 0u) | (t0 + 3 >= band ? 0xFF000000u : 0u);
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
-          a[mt][ks][2 * h] &= keep;
-          a[mt][ks][2 * h + 1] &= keep;
+          a[mt][ks][2 * h] = zero_e4m3_nan(a[mt][ks][2 * h] & keep, sanitize);
+          a[mt][ks][2 * h + 1] = zero_e4m3_nan(a[mt][ks][2 * h + 1] & keep, sanitize);
         }
       }
   }
@@ -211,6 +215,7 @@ __global__ void __launch_bounds__(384, 1)
   wg::mbar_wait(sm.ring.qbar, 0);
   const uint64_t qn = wg::desc(sm.qn, 128, 8 * kLatentDim), qr = wg::desc(sm.qr, 128, 8 * kRopeDim * 2);
 
+  const int band = band_start(p, w);  // tokens from here on are not seen by every query row
   for (int k = 0, j = c; j < nblk; ++k, j += 2) {
     const int s = j % kStages;
     const int blk = w.begin + j * kPageSize;
@@ -311,7 +316,7 @@ __global__ void __launch_bounds__(384, 1)
         o[mt][n][3] *= r[2 * n + 1];
       }
     uint32_t a[kMTiles][2][4];
-    load_v(a, sm.kl(s), warp, lane, ntok);
+    load_v(a, sm.kl(s), warp, lane, ntok, band - blk);
     sm.ring.release(j);  // the QK retired and V is in registers
     wg::fence_proxy_async();  // P' written with st.shared, read by wgmma
     ptx::named_barrier(1 + c, 128);

@@ -53,6 +53,7 @@ enum class Fp8Barrier : int {
   kP = 4,        // 4, 5
   kFree = 6,     // 6, 7
   kOwnPage0 = 8, // consumer 0's warps among themselves after page 0's P' (no hand-off before it)
+  kTransposers = 9,  // the transposer warps among themselves (a page's V^T fix-up)
 };
 
 // The shared-memory plan (its layout: offsets and size come from this struct, not from hand-kept

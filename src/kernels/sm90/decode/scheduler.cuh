@@ -84,6 +84,14 @@ __device__ __forceinline__ Work work_of(const DecodeParams& p, int item) {
 }
 
 // Tokens query row r (r = i * h + head) may see.
+// The first token some query row of the sequence does not see (causal, s_q > 1: tokens in
+// [band_start, len) are visible to the later queries only), or len. The PV reads such a token's V
+// for every row, so a non-finite value there must be zeroed after the scores have used it (its P
+// is 0 for the rows that do not see it, and 0 x NaN is NaN).
+__device__ __forceinline__ int band_start(const DecodeParams& p, const Work& w) {
+  return p.causal ? max(0, w.len - p.seqlen_q + 1) : w.len;
+}
+
 __device__ __forceinline__ int visible_end(const DecodeParams& p, const Work& w, int r) {
   const int i = r / p.num_heads;
   const int vis = p.causal ? max(0, w.len - p.seqlen_q + i + 1) : w.len;

@@ -63,23 +63,46 @@ __device__ __forceinline__ void transpose_unit(const uint8_t* src, uint8_t* dst,
   uint32_t r[4][4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) ptx::ldsm_x4_trans(src + tl.chunk[i], r[i]);
+  auto word = [&](uint32_t x) { return x & keep; };
 #pragma unroll
   for (int i = 0; i < 4; ++i)
-    ptx::stsm_x4(dst + i * 2048, ptx::prmt(r[i][0], r[i][1], tl.sel_a) & keep,
-                 ptx::prmt(r[i][0], r[i][1], tl.sel_b) & keep, ptx::prmt(r[i][2], r[i][3], tl.sel_a) & keep,
-                 ptx::prmt(r[i][2], r[i][3], tl.sel_b) & keep);
+    ptx::stsm_x4(dst + i * 2048, word(ptx::prmt(r[i][0], r[i][1], tl.sel_a)), word(ptx::prmt(r[i][0], r[i][1], tl.sel_b)),
+                 word(ptx::prmt(r[i][2], r[i][3], tl.sel_a)), word(ptx::prmt(r[i][2], r[i][3], tl.sel_b)));
+}
+
+// After a page's transposition (all transposer warps), V^T bytes of tokens [from, to) that are
+// e4m3 NaN set to 0: tokens some query rows do not see (at most 3 per split) meet those rows'
+// P' = 0 in the PV, and 0 x NaN is NaN; the rows that see them already have a NaN score (the QK
+// reads the stage, not V^T). Token t sits at slot 32 k + 16 h + 4 q + j of V^T (the order of
+// transpose_unit, see TransposeLanes).
+__device__ __forceinline__ void zero_nan_tokens(uint8_t* vt, int from, int to) {
+  using C = Fp8TileConfig;
+  ptx::named_barrier(int(Fp8Barrier::kTransposers), C::kTransposers);  // every unit is written
+  const int tid = int(threadIdx.x) - C::kLoaderThreads;
+  for (int t = from; t < to; ++t) {
+    const int u = t % 32, v = u % 16;
+    const int slot = 32 * (t / 32) + 16 * (u / 16) + 4 * ((v % 8) / 2) + 2 * (v / 8) + v % 2;
+    for (int d = tid; d < kLatentDim; d += C::kTransposers) {
+      // The two 256-dim halves are contiguous; each is K-major over 64 slots (SBO 512, LBO 128).
+      const int half = d / 256, dd = d % 256;
+      uint8_t* b = vt + half * Fp8TileSmem::kVtHalfBytes + (dd / 8) * 512 + (slot / 16) * 128 + (dd % 8) * 16 + slot % 16;
+      if ((*b & 0x7F) == 0x7F) *b = 0;
+    }
+  }
 }
 
 // Page i of the split by transposer warp tw: once the page has landed and PV of the page that
-// last used its V^T slot is done, its latent -> the slot's V^T (tokens at or past ntok zeroed),
-// then the slot is marked full and the stage released (the transposers are readers of it).
-__device__ __forceinline__ void transpose_page(const Fp8TileView& sm, int i, int tw, const TransposeLanes& tl, int ntok) {
+// last used its V^T slot is done, its latent -> the slot's V^T (tokens at or past ntok zeroed,
+// NaN bytes of tokens at or past `band`, which some query rows do not see, zeroed after), then
+// the slot is marked full and the stage released (the transposers are readers of it).
+__device__ __forceinline__ void transpose_page(const Fp8TileView& sm, int i, int tw, const TransposeLanes& tl, int ntok,
+                                               int band) {
   using C = Fp8TileConfig;
   sm.ring.wait(i);
   if (i >= C::kVtStages) wg::mbar_wait(&sm.vt_empty[i % C::kVtStages], ((i / C::kVtStages) - 1) & 1);
   const uint8_t* kl = sm.kl(i % C::kStages);
   uint8_t* vt = sm.vt_half(i, 0);  // the halves are contiguous: unit offsets span both
-  if (ntok == C::kPageTokens) {  // a whole page: no masks
+  if (ntok == C::kPageTokens && band >= C::kPageTokens) {  // a whole page seen by every row: no masks
 #pragma unroll
     for (int k = 0; k < kUnitsPerWarp; ++k)
       if (tw + kTransposerWarps * k < 16) transpose_unit(kl + tl.src[k], vt + tl.dst[k], tl, 0xFFFFFFFFu);
@@ -91,6 +114,7 @@ __device__ __forceinline__ void transpose_page(const Fp8TileView& sm, int i, int
                             (t0 + 8 < ntok ? 0xFF0000u : 0u) | (t0 + 9 < ntok ? 0xFF000000u : 0u);
       if (tw + kTransposerWarps * k < 16) transpose_unit(kl + tl.src[k], vt + tl.dst[k], tl, keep);
     }
+    if (band < ntok) zero_nan_tokens(vt, max(band, 0), ntok);
   }
   wg::fence_proxy_async();  // V^T written with st.shared, read by wgmma (async proxy)
   wg::mbar_arrive(&sm.vt_full[i % C::kVtStages]);
