@@ -675,7 +675,7 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
   PagedFp8Cache host_cache = B.fp8();
   EXPECT_ARG_ERROR(decode_fp8(G.qq(), host_cache, G.pages(), G.output(), opt), "cache.device");
   QuantizedQuery q = G.qq();
-  q.num_heads = 24;
+  q.num_heads = 129;  // any h in 1..128 is valid; past it, the error names the argument
   EXPECT_ARG_ERROR(decode_fp8(q, G.fp8(), G.pages(), G.output(), test::options(B)), "q.num_heads");
   {
     // Forcing the narrow tile on more rows than it holds (h = 16, s_q = 2: 32 rows).
