@@ -141,7 +141,9 @@ int accuracy_command(const std::vector<std::string>& args) {
   std::printf("SnapMLA accuracy ablation on the CPU (%d threads): decode output vs float64 attention\n"
               "on the unquantized inputs. Data is synthetic (real weights are not available here).\n",
               ref::num_threads());
-  std::printf("s_q=%d, %d seed(s) per case, batch of one sequence per case.\n\n", o.seqlen_q, o.seeds);
+  std::printf("s_q=%d, %d seed(s) per case, batch of one sequence per case; P' quantized per row and block of %d\n"
+              "tokens, the kernels' block (the reference also runs 128 and 256: docs/reference.md).\n\n",
+              o.seqlen_q, o.seeds, kPageSize);
   for (Recipe r : accuracy::kAllRecipes)
     std::printf("  %-13s %s\n", accuracy::name(r).c_str(), accuracy::description(r).c_str());
   std::printf("\n");
@@ -219,7 +221,7 @@ int accuracy_command(const std::vector<std::string>& args) {
     f << "{\n  \"tool\": \"snapmla accuracy\",\n  \"date\": \"" << iso_date()
       << "\",\n  \"device\": \"cpu (reference emulation)\",\n"
       << "  \"data_note\": \"synthetic data shaped like MLA caches (docs/accuracy.md); no real model weights\",\n"
-      << "  \"seqlen_q\": " << o.seqlen_q << ",\n  \"results\": [\n";
+      << "  \"seqlen_q\": " << o.seqlen_q << ",\n  \"p_block_tokens\": " << kPageSize << ",\n  \"results\": [\n";
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       char buf[512];
