@@ -218,6 +218,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise SystemExit("--device cuda: this snapmla build has no CUDA kernels or there is no sm_90 GPU "
                          "(snapmla.info() says which)")
     tp = init_distributed(args)
+    if tp.size == 1:
+        return _run(args, tp)
+    import torch.distributed as dist
+    try:
+        rc = _run(args, tp)
+        # Every rank leaves the group together: a rank that exits while another still tears down
+        # its gloo threads can abort it ("terminate called without an active exception").
+        dist.barrier()
+        return rc
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(args, tp: TensorParallel) -> int:
     lead = tp.rank == 0
     progress = Progress(lead)
     device = torch.device(f"cuda:{torch.cuda.current_device()}") if args.device == "cuda" else torch.device("cpu")
