@@ -551,19 +551,11 @@ TEST(DecodedOperands, PBlockOfOneTwoOrFourPages) {
     for (size_t i = 0; i < kvf.size(); ++i) kvf[i] = to_float(B.kv[0][i]);
     std::vector<double> truth(size_t(s_q) * h * kLatentDim), truth_lse(size_t(s_q) * h);
     ref::attention_f64(qf.data(), s_q, h, kvf.data(), len, B.softmax_scale, true, truth.data(), truth_lse.data());
-    auto rel_err = [&](const std::vector<float>& out) {
-      double num = 0, den = 0;
-      for (size_t i = 0; i < out.size(); ++i) {
-        num += (out[i] - truth[i]) * (out[i] - truth[i]);
-        den += truth[i] * truth[i];
-      }
-      return std::sqrt(num / den);
-    };
     std::vector<ref::DecodeResultF32> res;
     for (const int blk : {64, 128, 256})
       res.push_back(ref::decode_fp8_decoded(d.q.data(), d.q_factor.data(), s_q, h, d.keys.data(), d.key_scale.data(),
                                             len, true, blk));
-    const double e64 = rel_err(res[0].out);
+    const double e64 = test::rel_l2(res[0].out, truth);
     EXPECT_GT(e64, 1e-3) << "FP8 error should be visible";
     for (int k = 1; k < 3; ++k) {
       if (len <= 64) {
@@ -571,7 +563,7 @@ TEST(DecodedOperands, PBlockOfOneTwoOrFourPages) {
         EXPECT_EQ(res[k].lse, res[0].lse);
       } else {
         EXPECT_NE(res[k].out, res[0].out) << "block " << (64 << k) << " should round differently";
-        EXPECT_NEAR(rel_err(res[k].out), e64, 0.15 * e64) << "block " << (64 << k);
+        EXPECT_NEAR(test::rel_l2(res[k].out, truth), e64, 0.15 * e64) << "block " << (64 << k);
       }
     }
   }

@@ -3,8 +3,8 @@
 //
 // One warpgroup issues N chained wgmmas (FP8 m64n64k32 from shared memory, the QK's instruction,
 // 32 tensor cycles each; or m64n256k32, the PV's, 128 each), commits, and waits; thread 0 reads
-// clock64 before the first issue, after the commit, and after the wait. If the issue were
-// asynchronous the first interval would stay flat as N grows; if the warp is held until the tensor
+// clock64 before the first instruction goes out, after the commit, and after the wait. If issuing
+// were asynchronous the first interval would stay flat as N grows; if the warp is held until the tensor
 // pipe takes each instruction, it grows with N past the pipe's queue. Mode 1 runs a second
 // warpgroup that keeps the pipe busy with 64 wgmmas of its own at the same time (as the other
 // consumer does in decode_fp8). Operands are zeros: the timing does not depend on the values.

@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(384, 1)
 
 void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
                  const DecodeOutput& out, const DecodeOptions& options) {
-  DecodeParams p = make_params("decode_bf16", q.batch, q.seqlen_q, q.num_heads, pages, out, options);
+  DecodeParams p = make_params(q.batch, q.seqlen_q, q.num_heads, pages, out, options);
   if (q.batch == 0) return;
   p.q_bf16 = reinterpret_cast<const uint16_t*>(q.data);
   p.num_pages = cache.num_pages;

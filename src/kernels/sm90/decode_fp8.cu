@@ -343,7 +343,7 @@ bool use_narrow_tile(int rows, Fp8Tile tile) {
 
 void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
                 const DecodeOutput& out, const DecodeOptions& options) {
-  DecodeParams p = make_params("decode_fp8", q.batch, q.seqlen_q, q.num_heads, pages, out, options);
+  DecodeParams p = make_params(q.batch, q.seqlen_q, q.num_heads, pages, out, options);
   const bool narrow = use_narrow_tile(p.rows, options.fp8_tile);
   if (q.batch == 0) return;
   p.q_nope = reinterpret_cast<const uint8_t*>(q.nope);

@@ -14,7 +14,7 @@
 
 namespace snapmla::cuda {
 
-inline DecodeParams make_params(const char* /*op*/, int batch, int s_q, int h, const PageTable& pages,
+inline DecodeParams make_params(int batch, int s_q, int h, const PageTable& pages,
                                 const DecodeOutput& out, const DecodeOptions& options) {
   DecodeParams p;
   p.block_table = pages.block_table;

@@ -63,11 +63,11 @@ __device__ __forceinline__ void transpose_unit(const uint8_t* src, uint8_t* dst,
   uint32_t r[4][4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) ptx::ldsm_x4_trans(src + tl.chunk[i], r[i]);
-  auto word = [&](uint32_t x) { return x & keep; };
 #pragma unroll
   for (int i = 0; i < 4; ++i)
-    ptx::stsm_x4(dst + i * 2048, word(ptx::prmt(r[i][0], r[i][1], tl.sel_a)), word(ptx::prmt(r[i][0], r[i][1], tl.sel_b)),
-                 word(ptx::prmt(r[i][2], r[i][3], tl.sel_a)), word(ptx::prmt(r[i][2], r[i][3], tl.sel_b)));
+    ptx::stsm_x4(dst + i * 2048, ptx::prmt(r[i][0], r[i][1], tl.sel_a) & keep,
+                 ptx::prmt(r[i][0], r[i][1], tl.sel_b) & keep, ptx::prmt(r[i][2], r[i][3], tl.sel_a) & keep,
+                 ptx::prmt(r[i][2], r[i][3], tl.sel_b) & keep);
 }
 
 // After a page's transposition (all transposer warps), V^T bytes of tokens [from, to) that are
