@@ -28,7 +28,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _C
+from . import _C, _fastpath
 from ._frameworks import raw as _dl
 from ._api import (HEAD_DIM, LATENT_DIM, ROPE_DIM, PagedFp8Cache, QuantizedQuery, SplitPlan,
                    decode_arrays, recommended_num_workers, split_plan_capacity)
@@ -170,6 +170,10 @@ def _decode(op: str, inputs: tuple, softmax_scale: float, causal: bool):
     if index >= 0 and index != _current_device():
         with torch.cuda.device(index):
             return decode_arrays(op, inputs, None, None, None, softmax_scale, causal, -math.inf, None)
+    # decode_arrays' first step, called here directly: one Python call less on the hot path.
+    done = _fastpath.decode_allocated(op, inputs, softmax_scale, causal, -math.inf)
+    if done is not None:
+        return done
     return decode_arrays(op, inputs, None, None, None, softmax_scale, causal, -math.inf, None)
 
 

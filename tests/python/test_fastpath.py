@@ -18,9 +18,9 @@ def fresh(x):
 
 @pytest.fixture(autouse=True)
 def empty_signatures():
-    _fastpath._accepted.clear()
+    _fastpath.forget()
     yield
-    _fastpath._accepted.clear()
+    _fastpath.forget()
 
 
 def test_pointer_path_is_bit_identical_and_follows_new_memory(rng):
@@ -75,7 +75,7 @@ def test_torch_tensors_take_the_pointer_path(rng):
     q, table, _, _, cache16 = build_case(rng, seqlens, 2, 9)
     devices = ["cpu"] + (["cuda"] if snapmla.cuda_device_available() and torch.cuda.is_available() else [])
     for dev in devices:
-        _fastpath._accepted.clear()
+        _fastpath.forget()
         t = lambda x: torch.from_numpy(np.ascontiguousarray(x)).to(dev)
         qt = t(q).view(torch.bfloat16)
         ct, bt, st = t(cache16).view(torch.bfloat16), t(table), t(seqlens)
