@@ -188,12 +188,10 @@ def decode_arrays(op: str, inputs: tuple, out: Any, lse: Any, workspace: Any, so
                   causal: bool, empty_lse: float, stream: Any):
     """decode_fp8 / decode_bf16 (`op`) on `inputs` (see _CACHE): returns (out, lse), allocated
     here where not given. The pointer path where a call of the same kind with the same arrays'
-    layouts was accepted before (_fastpath), else the array path (every check), then recorded."""
+    layouts was accepted before (_fastpath), else the array path (every check), then recorded.
+    (A call that allocates its outputs on the current stream has tried
+    _fastpath.decode_allocated, its pointer path, first: the callers do, one call less.)"""
     allocating = out is None and lse is None and workspace is None and stream is None
-    if allocating:
-        done = _fastpath.decode_allocated(op, inputs, softmax_scale, causal, empty_lse)
-        if done is not None:
-            return done
     q, split_offsets, split_begin = inputs[0], inputs[-3], inputs[-2]
     b, s_q, h = (int(d) for d in q.shape[:3])
     out, lse, workspace = _decode_outputs(q, b, s_q, h, split_begin, out, lse, workspace)
@@ -222,18 +220,22 @@ def decode_arrays(op: str, inputs: tuple, out: Any, lse: Any, workspace: Any, so
     return out, lse
 
 
-def _plan_arrays(plan: Optional[SplitPlan]):
-    return (plan.split_offsets, plan.split_begin, plan.split_order) if plan else (None, None, None)
-
-
 def decode_fp8(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Any, cache_seqlens: Any, *,
                softmax_scale: float, causal: bool = True, plan: Optional[SplitPlan] = None,
                workspace: Any = None, out: Any = None, lse: Any = None,
                stream: Any = None, empty_lse: float = -math.inf):
     """SnapMLA decoding: returns (out [b, s_q, h, 512] bf16, lse [b, h, s_q] f32). A query row
     that sees no token gets out = 0 and lse = empty_lse (-inf, or +inf as FlashMLA reports it)."""
-    inputs = (q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table, cache_seqlens,
-              *_plan_arrays(plan))
+    if plan is None:
+        inputs = (q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table, cache_seqlens,
+                  None, None, None)
+    else:
+        inputs = (q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table, cache_seqlens,
+                  plan.split_offsets, plan.split_begin, plan.split_order)
+    if out is None and lse is None and workspace is None and stream is None:
+        done = _fastpath.decode_allocated("decode_fp8", inputs, softmax_scale, causal, empty_lse)
+        if done is not None:
+            return done
     return decode_arrays("decode_fp8", inputs, out, lse, workspace, softmax_scale, causal, empty_lse, stream)
 
 
@@ -241,7 +243,14 @@ def decode_bf16(q: Any, cache: Any, block_table: Any, cache_seqlens: Any, *, sof
                 causal: bool = True, plan: Optional[SplitPlan] = None, workspace: Any = None,
                 out: Any = None, lse: Any = None, stream: Any = None, empty_lse: float = -math.inf):
     """Decoding on the BF16 cache (the baseline): returns (out, lse) as decode_fp8."""
-    inputs = (q, cache, block_table, cache_seqlens, *_plan_arrays(plan))
+    if plan is None:
+        inputs = (q, cache, block_table, cache_seqlens, None, None, None)
+    else:
+        inputs = (q, cache, block_table, cache_seqlens, plan.split_offsets, plan.split_begin, plan.split_order)
+    if out is None and lse is None and workspace is None and stream is None:
+        done = _fastpath.decode_allocated("decode_bf16", inputs, softmax_scale, causal, empty_lse)
+        if done is not None:
+            return done
     return decode_arrays("decode_bf16", inputs, out, lse, workspace, softmax_scale, causal, empty_lse, stream)
 
 

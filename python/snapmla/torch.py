@@ -161,6 +161,13 @@ def _decode_outputs_fake(q: Tensor):
             q.new_empty((b, h, s_q), dtype=torch.float32))
 
 
+def _decode_here(op: str, inputs: tuple, softmax_scale: float, causal: bool):
+    done = _fastpath.decode_allocated(op, inputs, softmax_scale, causal, -math.inf)
+    if done is not None:
+        return done
+    return decode_arrays(op, inputs, None, None, None, softmax_scale, causal, -math.inf, None)
+
+
 def _decode(op: str, inputs: tuple, softmax_scale: float, causal: bool):
     """decode_arrays with the outputs allocated there (torch.empty, the caching allocator) on the
     current stream: the pointer path where these inputs' layouts were accepted before
@@ -169,8 +176,8 @@ def _decode(op: str, inputs: tuple, softmax_scale: float, causal: bool):
     index = inputs[0].get_device()
     if index >= 0 and index != _current_device():
         with torch.cuda.device(index):
-            return decode_arrays(op, inputs, None, None, None, softmax_scale, causal, -math.inf, None)
-    # decode_arrays' first step, called here directly: one Python call less on the hot path.
+            return _decode_here(op, inputs, softmax_scale, causal)
+    # _decode_here inlined: one Python call less on the hot path.
     done = _fastpath.decode_allocated(op, inputs, softmax_scale, causal, -math.inf)
     if done is not None:
         return done
