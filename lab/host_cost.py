@@ -22,6 +22,7 @@ the cost of the Python no-op that stands in for the binding: entry rows include 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -193,6 +194,8 @@ def main():
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build", "lab_host_cost"))
     ap.add_argument("--no-floor", action="store_true", help="skip building the nanobind floor extension")
     ap.add_argument("--json", help="write the medians here")
+    ap.add_argument("--inference-mode", action="store_true",
+                    help="time under torch.inference_mode(), as engines run decode steps (autograd has nothing to follow)")
     a = ap.parse_args()
     floor = None if a.no_floor else build_floor(a.build_dir)
     c = make_case(a.batch, a.heads, a.context, a.device)
@@ -200,7 +203,7 @@ def main():
     for fn in entries.values():  # the array path once: every check, the signature recorded
         fn()
     results = {}
-    with Stubs() as stubs:
+    with Stubs() as stubs, (torch.inference_mode() if a.inference_mode else contextlib.nullcontext()):
         for name, fn in entries.items():
             before = dict(stubs.calls)
             results[name] = time_per_call(fn, a.calls, a.rounds)
@@ -210,7 +213,8 @@ def main():
     for name, fn in piece_calls(c, floor).items():
         results[name] = time_per_call(fn, a.calls, a.rounds)
     print(f"b={a.batch} h={a.heads} s_k={a.context} on {a.device}, torch {torch.__version__}, "
-          f"median of {a.rounds} rounds x {a.calls} calls (us per call)")
+          f"median of {a.rounds} rounds x {a.calls} calls (us per call)"
+          + (", entries under inference_mode" if a.inference_mode else ""))
     for name, us in results.items():
         print(f"{name:52} {us:8.2f}")
     if a.json:

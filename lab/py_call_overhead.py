@@ -33,6 +33,7 @@ case.softmax_scale, and the FP8 forms case.qq (snapmla.QuantizedQuery) and case.
 """
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import statistics
@@ -140,6 +141,8 @@ def main():
     ap.add_argument("--calls", type=int, default=500)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--peers", help="a Python file with peer_calls(case), or the shared peers' peers.py")
+    ap.add_argument("--inference-mode", action="store_true",
+                    help="time under torch.inference_mode(), as engines run decode steps")
     a = ap.parse_args()
     case = make_case(a.batch, a.heads, a.context)
     calls = snapmla_calls(case)
@@ -152,13 +155,15 @@ def main():
     calls["CUDA graph replay (decode_fp8 op)"] = graph.replay
     if a.peers:
         calls.update({f"peer: {k}": v for k, v in load_peers(a.peers, case).items()})
-    times = time_all(calls, a.calls, a.rounds)
+    mode = torch.inference_mode if a.inference_mode else contextlib.nullcontext
+    with mode():
+        times = time_all(calls, a.calls, a.rounds)
     # The same calls with the decode entry points stubbed: the Python side alone.
-    with host_cost.Stubs():
+    with host_cost.Stubs(), mode():
         stubbed = time_all({k: calls[k] for k in ours}, a.calls, a.rounds)
     stub = host_cost.time_per_call((lambda f: lambda: f(*range(19)))(lambda *x: None), a.calls, a.rounds)
     print(f"b={a.batch} h={a.heads} s_k={a.context}, torch {torch.__version__}, median of {a.rounds} rounds "
-          f"x {a.calls} calls (us per call)")
+          f"x {a.calls} calls (us per call)" + (", under inference_mode" if a.inference_mode else ""))
     print(f"{'call':40} {'host':>8} {'wall':>8} {'GPU':>8} {'Python':>8} {'library':>8}")
     for name, (host, wall, gpu) in times.items():
         if name in stubbed:
