@@ -72,11 +72,18 @@ def snapmla_calls(c):
     meta, num_splits = flash_mla.get_mla_metadata(c.cache_seqlens, c.h, 1)
     sched, _ = flash_mla.get_mla_metadata()
     kw = dict(softmax_scale=c.softmax_scale, plan=plan)
+    ops = torch.ops.snapmla
     return {
         "snapmla.decode_fp8": lambda: snapmla.decode_fp8(c.qq, c.fp8, c.block_table, c.cache_seqlens, **kw),
         "snapmla.decode_bf16": lambda: snapmla.decode_bf16(c.q, k16, c.block_table, c.cache_seqlens, **kw),
-        "torch.ops.snapmla.decode_fp8": lambda: st.decode_fp8(c.qq, c.fp8, c.block_table, c.cache_seqlens, **kw),
-        "torch.ops.snapmla.decode_bf16": lambda: st.decode_bf16(c.q, k16, c.block_table, c.cache_seqlens, **kw),
+        "snapmla.torch.decode_fp8 (op wrapper)": lambda: st.decode_fp8(c.qq, c.fp8, c.block_table,
+                                                                        c.cache_seqlens, **kw),
+        "snapmla.torch.decode_bf16 (op wrapper)": lambda: st.decode_bf16(c.q, k16, c.block_table,
+                                                                          c.cache_seqlens, **kw),
+        "torch.ops.snapmla.decode_fp8": lambda: ops.decode_fp8(
+            *c.qq, *c.fp8, c.block_table, c.cache_seqlens, c.softmax_scale, True, *plan[:2], plan.split_order),
+        "torch.ops.snapmla.decode_bf16": lambda: ops.decode_bf16(
+            c.q, k16, c.block_table, c.cache_seqlens, c.softmax_scale, True, *plan[:2], plan.split_order),
         "snapmla.flash_mla (arrays)": lambda: flash_mla.flash_mla_with_kvcache(
             c.q, c.k_cache, c.block_table, c.cache_seqlens, 512, meta, num_splits, causal=True),
         "snapmla.flash_mla (sched meta)": lambda: flash_mla.flash_mla_with_kvcache(
@@ -148,11 +155,11 @@ def main():
     calls = snapmla_calls(case)
     ours = list(calls)
     graph = torch.cuda.CUDAGraph()
-    calls["torch.ops.snapmla.decode_fp8"]()
+    calls["snapmla.torch.decode_fp8 (op wrapper)"]()
     torch.cuda.synchronize()
     with torch.cuda.graph(graph):
-        calls["torch.ops.snapmla.decode_fp8"]()
-    calls["CUDA graph replay (decode_fp8 op)"] = graph.replay
+        calls["snapmla.torch.decode_fp8 (op wrapper)"]()
+    calls["CUDA graph replay (decode_fp8 op wrapper)"] = graph.replay
     if a.peers:
         calls.update({f"peer: {k}": v for k, v in load_peers(a.peers, case).items()})
     mode = torch.inference_mode if a.inference_mode else contextlib.nullcontext

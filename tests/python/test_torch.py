@@ -314,6 +314,7 @@ def test_gpu_errors_name_the_argument(rng):
                            case.block_table, case.cache_seqlens, softmax_scale=0.1)
 
 
+@pytest.mark.filterwarnings("ignore:Warning. Profiler clears events")
 def test_wrappers_call_the_op_wherever_something_would_see_it(rng):
     """snapmla.torch.decode_fp8 / decode_bf16 run the op's pointer path themselves only in plain
     eager mode; a dispatch mode, FakeTensorMode, the profiler or autograd get the op."""
