@@ -13,7 +13,7 @@ import math
 from typing import Any, NamedTuple, Optional
 
 from . import _C, _fastpath
-from ._frameworks import bits_view, current_stream, device_index, empty, is_cuda, raw
+from ._frameworks import bits_view, current_stream, device_index, empty, is_cuda, raw, stream_getter
 
 SnapMLAError = _C.SnapMLAError
 LATENT_DIM, ROPE_DIM, HEAD_DIM, PAGE_SIZE = _C.LATENT_DIM, _C.ROPE_DIM, _C.HEAD_DIM, _C.PAGE_SIZE
@@ -165,59 +165,59 @@ def _nbytes(x: Any) -> int:
     return 0 if x is None else _numel(x) * int(getattr(x, "itemsize", None) or x.element_size())
 
 
-def _decode_outputs(q: Any, b: int, s_q: int, h: int, plan: Optional[SplitPlan], out: Any,
-                    lse: Any, workspace: Any):
+def _decode_outputs(q: Any, b: int, s_q: int, h: int, split_begin: Any, out: Any, lse: Any,
+                    workspace: Any):
     if out is None:
         out = empty(q, (b, s_q, h, LATENT_DIM), "bf16")
     if lse is None:
         lse = empty(q, (b, h, s_q), "f32")
-    if plan is not None and workspace is None and is_cuda(q):
-        cap = _numel(plan.split_begin)
-        workspace = empty(q, (decode_workspace_bytes(cap, s_q, h),), "u8")
+    if split_begin is not None and workspace is None and is_cuda(q):
+        workspace = empty(q, (decode_workspace_bytes(_numel(split_begin), s_q, h),), "u8")
     return out, lse, workspace
 
 
-def run_decode_fp8(q_nope: Any, q_rope: Any, q_scale: Any, latent: Any, scale: Any, rope: Any,
-                   block_table: Any, cache_seqlens: Any, out: Any, lse: Any, split_offsets: Any,
-                   split_begin: Any, split_order: Any, workspace: Any, softmax_scale: float,
-                   causal: bool, empty_lse: float, stream: int) -> None:
-    """decode_fp8 into given outputs: the pointer path where a call with the same argument
-    layouts was accepted before (_fastpath), else the array path (every check), then recorded."""
-    arrays = (q_nope, q_rope, q_scale, latent, scale, rope, block_table, cache_seqlens, out, lse,
-              split_offsets, split_begin, split_order, workspace)
-    sig, ptrs = _fastpath.prepare("decode_fp8", arrays)
-    shape = _fastpath.lookup(sig)
-    if shape is not None:
-        _C.decode_fp8_raw(*ptrs, shape, float(softmax_scale), bool(causal), float(empty_lse), stream)
-        return
-    _C.decode_fp8(*(raw(x) for x in arrays[:10]), float(softmax_scale), bool(causal), raw(split_offsets),
-                  raw(split_begin), raw(workspace), stream, raw(split_order), float(empty_lse))
-    b, s_q, h = (int(d) for d in q_nope.shape[:3])
-    _fastpath.accept(sig, q_nope, b, s_q, h, _numel(latent) // (PAGE_SIZE * LATENT_DIM),
-                     int(block_table.shape[1]), _numel(split_begin) if split_offsets is not None else 0,
-                     _nbytes(workspace))
+# The arrays of a decode call, in the order of _C.decode_fp8_raw / decode_bf16_raw: the inputs
+# (the query, the cache, block_table, cache_seqlens, then the plan's split_offsets, split_begin,
+# split_order) and then out, lse and workspace. _CACHE is where the inputs' cache starts (its
+# first plane, whose rows give the page count); block_table is inputs[-5].
+_CACHE = {"decode_fp8": 3, "decode_bf16": 1}
+_CACHE_ROW = {"decode_fp8": LATENT_DIM, "decode_bf16": HEAD_DIM}
 
 
-def run_decode_bf16(q: Any, cache: Any, block_table: Any, cache_seqlens: Any, out: Any, lse: Any,
-                    split_offsets: Any, split_begin: Any, split_order: Any, workspace: Any,
-                    softmax_scale: float, causal: bool, empty_lse: float, stream: int) -> None:
-    """decode_bf16 into given outputs, as run_decode_fp8."""
-    arrays = (q, cache, block_table, cache_seqlens, out, lse, split_offsets, split_begin, split_order,
-              workspace)
-    sig, ptrs = _fastpath.prepare("decode_bf16", arrays)
-    shape = _fastpath.lookup(sig)
-    if shape is not None:
-        _C.decode_bf16_raw(*ptrs, shape, float(softmax_scale), bool(causal), float(empty_lse), stream)
-        return
-    _C.decode_bf16(*(raw(x) for x in arrays[:6]), float(softmax_scale), bool(causal), raw(split_offsets),
-                   raw(split_begin), raw(workspace), stream, raw(split_order), float(empty_lse))
+def decode_arrays(op: str, inputs: tuple, out: Any, lse: Any, workspace: Any, softmax_scale: float,
+                  causal: bool, empty_lse: float, stream: Any):
+    """decode_fp8 / decode_bf16 (`op`) on `inputs` (see _CACHE): returns (out, lse), allocated
+    here where not given. The pointer path where a call of the same kind with the same arrays'
+    layouts was accepted before (_fastpath), else the array path (every check), then recorded.
+    (A call that allocates its outputs on the current stream has tried
+    _fastpath.decode_allocated, its pointer path, first: the callers do, one call less.)"""
+    allocating = out is None and lse is None and workspace is None and stream is None
+    q, split_offsets, split_begin = inputs[0], inputs[-3], inputs[-2]
     b, s_q, h = (int(d) for d in q.shape[:3])
-    _fastpath.accept(sig, q, b, s_q, h, _numel(cache) // (PAGE_SIZE * HEAD_DIM), int(block_table.shape[1]),
-                     _numel(split_begin) if split_offsets is not None else 0, _nbytes(workspace))
-
-
-def _plan_arrays(plan: Optional[SplitPlan]):
-    return (plan.split_offsets, plan.split_begin, plan.split_order) if plan else (None, None, None)
+    out, lse, workspace = _decode_outputs(q, b, s_q, h, split_begin, out, lse, workspace)
+    s = current_stream(q, stream)
+    arrays = inputs + (out, lse, workspace)
+    sig, ptrs = _fastpath.prepare(op, arrays)
+    record = _fastpath.lookup(sig)
+    if record is not None:
+        raw_fn = _C.decode_fp8_raw if op == "decode_fp8" else _C.decode_bf16_raw
+        raw_fn(*ptrs, record.shape, float(softmax_scale), bool(causal), float(empty_lse), s)
+        return out, lse
+    array_fn = _C.decode_fp8 if op == "decode_fp8" else _C.decode_bf16
+    array_fn(*(raw(x) for x in inputs[:-3]), raw(out), raw(lse), float(softmax_scale), bool(causal),
+             raw(split_offsets), raw(split_begin), raw(workspace), s, raw(inputs[-1]), float(empty_lse))
+    shape = _fastpath.raw_shape(q, b, s_q, h, _numel(inputs[_CACHE[op]]) // (PAGE_SIZE * _CACHE_ROW[op]),
+                                int(inputs[-5].shape[1]),
+                                _numel(split_begin) if split_offsets is not None else 0, _nbytes(workspace))
+    # One signature per call: of the inputs where this call allocated its outputs on the current
+    # stream (what a later call of that kind looks up), else of all its arrays.
+    outputs = _fastpath.allocator(out, lse, workspace) if allocating else None
+    if outputs is not None:
+        sig_in, _ = _fastpath.prepare((op, "allocated"), inputs)
+        _fastpath.accept(sig_in, _fastpath.Accepted(shape, outputs, stream_getter(q)))
+    else:
+        _fastpath.accept(sig, _fastpath.Accepted(shape))
+    return out, lse
 
 
 def decode_fp8(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Any, cache_seqlens: Any, *,
@@ -226,23 +226,32 @@ def decode_fp8(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Any, cache_
                stream: Any = None, empty_lse: float = -math.inf):
     """SnapMLA decoding: returns (out [b, s_q, h, 512] bf16, lse [b, h, s_q] f32). A query row
     that sees no token gets out = 0 and lse = empty_lse (-inf, or +inf as FlashMLA reports it)."""
-    b, s_q, h = (int(d) for d in q.nope.shape[:3])
-    out, lse, workspace = _decode_outputs(q.nope, b, s_q, h, plan, out, lse, workspace)
-    run_decode_fp8(q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table,
-                   cache_seqlens, out, lse, *_plan_arrays(plan), workspace, softmax_scale, causal,
-                   empty_lse, current_stream(q.nope, stream))
-    return out, lse
+    if plan is None:
+        inputs = (q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table, cache_seqlens,
+                  None, None, None)
+    else:
+        inputs = (q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table, cache_seqlens,
+                  plan.split_offsets, plan.split_begin, plan.split_order)
+    if out is None and lse is None and workspace is None and stream is None:
+        done = _fastpath.decode_allocated("decode_fp8", inputs, softmax_scale, causal, empty_lse)
+        if done is not None:
+            return done
+    return decode_arrays("decode_fp8", inputs, out, lse, workspace, softmax_scale, causal, empty_lse, stream)
 
 
 def decode_bf16(q: Any, cache: Any, block_table: Any, cache_seqlens: Any, *, softmax_scale: float,
                 causal: bool = True, plan: Optional[SplitPlan] = None, workspace: Any = None,
                 out: Any = None, lse: Any = None, stream: Any = None, empty_lse: float = -math.inf):
     """Decoding on the BF16 cache (the baseline): returns (out, lse) as decode_fp8."""
-    b, s_q, h = (int(d) for d in q.shape[:3])
-    out, lse, workspace = _decode_outputs(q, b, s_q, h, plan, out, lse, workspace)
-    run_decode_bf16(q, cache, block_table, cache_seqlens, out, lse, *_plan_arrays(plan), workspace,
-                    softmax_scale, causal, empty_lse, current_stream(q, stream))
-    return out, lse
+    if plan is None:
+        inputs = (q, cache, block_table, cache_seqlens, None, None, None)
+    else:
+        inputs = (q, cache, block_table, cache_seqlens, plan.split_offsets, plan.split_begin, plan.split_order)
+    if out is None and lse is None and workspace is None and stream is None:
+        done = _fastpath.decode_allocated("decode_bf16", inputs, softmax_scale, causal, empty_lse)
+        if done is not None:
+            return done
+    return decode_arrays("decode_bf16", inputs, out, lse, workspace, softmax_scale, causal, empty_lse, stream)
 
 
 def check_page_table(block_table: Any, cache_seqlens: Any, num_pages: int, *,

@@ -12,7 +12,8 @@ the framework of their first array argument. Element types by meaning:
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+import functools
+from typing import Any, Callable, Optional, Sequence
 
 
 def framework_of(x: Any) -> str:
@@ -161,6 +162,28 @@ def current_stream(x: Any, stream: Any) -> int:
 
         return int(cupy.cuda.get_current_stream().ptr)
     return 0
+
+
+def stream_getter(x: Any) -> Optional[Callable[[], int]]:
+    """What current_stream(x, None) computes, as a function to call per operation: None for
+    host memory (stream 0), else a function of no arguments returning the caller's current
+    stream for x's device as an integer. For PyTorch this is the raw-handle getter bound to the
+    device index once, which leaves nothing else to look up on a call. Holds no reference to x."""
+    if not is_cuda(x):
+        return None
+    if framework_of(x) == "torch":
+        import torch
+
+        getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if getter is not None:
+            return functools.partial(getter, x.get_device())
+        device = x.device
+        return lambda: int(torch.cuda.current_stream(device).cuda_stream)
+    if framework_of(x) == "cupy":
+        import cupy
+
+        return lambda: int(cupy.cuda.get_current_stream().ptr)
+    return lambda: 0
 
 
 def to_host(x: Any) -> Any:

@@ -28,11 +28,10 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from . import _C
+from . import _C, _fastpath
 from ._frameworks import raw as _dl
 from ._api import (HEAD_DIM, LATENT_DIM, ROPE_DIM, PagedFp8Cache, QuantizedQuery, SplitPlan,
-                   decode_workspace_bytes, recommended_num_workers, run_decode_bf16, run_decode_fp8,
-                   split_plan_capacity)
+                   decode_arrays, recommended_num_workers, split_plan_capacity)
 from ._frameworks import current_stream
 
 __all__ = ["append", "quantize_query", "gather_dequant", "plan_splits", "decode_fp8",
@@ -43,11 +42,17 @@ def _stream(t: Tensor) -> int:
     return current_stream(t, None)
 
 
+# The current CUDA device's index: torch.cuda.current_device without its Python layer (which
+# checks its lazy initialisation first; the C++ getter initialises CUDA itself where needed).
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+
 def _on(t: Tensor):
     """t's device made current for the call and restored after (a no-op, and nearly free, when
     it is already current: the common case)."""
-    if t.is_cuda and t.get_device() != torch.cuda.current_device():
-        return torch.cuda.device(t.device)
+    index = t.get_device()
+    if index >= 0 and index != _current_device():
+        return torch.cuda.device(index)
     return _NO_GUARD
 
 
@@ -76,15 +81,27 @@ def _(kv, slots, cache) -> None:
     return None
 
 
-@torch.library.custom_op("snapmla::quantize_query", mutates_args=())
-def _quantize_query(q: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-    nope, rope, scale = _quantize_query_fake(q)
-    with _on(q):
-        _C.quantize_query(_dl(q), _dl(nope), _dl(rope), _dl(scale), _stream(q))
-    return nope, rope, scale
+# The functional ops (no argument mutated) are defined with torch.library.Library: a schema, the
+# Python implementation for the CPU and CUDA keys, the fake for Meta and FakeTensor. That is what
+# custom_op builds on, without its per-call layers (an Autograd kernel that redispatches, and an
+# aliasing check of the outputs), which cost these ops about 9 us per eager call (measured with
+# lab/host_cost.py: 13 against 4 us for an op of decode_fp8's schema whose body does nothing).
+# None of those layers does work here: no op has a backward, and every output is a new tensor.
+# Autograd falls back to PyTorch's default for ops without a formula. The mutating ops above
+# stay custom_ops, whose ADInplaceOrView layer bumps the mutated tensors' version counters.
+_lib = torch.library.Library("snapmla", "FRAGMENT")
 
 
-@_quantize_query.register_fake
+def _define(schema: str, impl, fake):
+    name = schema[:schema.index("(")]
+    # pt2_compliant_tag as custom_op sets it: the op works with torch.compile and export.
+    _lib.define(schema, tags=(torch.Tag.pt2_compliant_tag,))
+    _lib.impl(name, impl, "CPU")
+    _lib.impl(name, impl, "CUDA")
+    torch.library.register_fake(f"snapmla::{name}", fake, lib=_lib)
+    return getattr(torch.ops.snapmla, name).default
+
+
 def _quantize_query_fake(q):
     lead = tuple(q.shape[:-1])
     return (q.new_empty(lead + (LATENT_DIM,), dtype=torch.float8_e4m3fn),
@@ -92,7 +109,21 @@ def _quantize_query_fake(q):
             q.new_empty(lead, dtype=torch.float32))
 
 
-@torch.library.custom_op("snapmla::gather_dequant", mutates_args=())
+def _quantize_query(q: Tensor):
+    nope, rope, scale = _quantize_query_fake(q)
+    with _on(q):
+        _C.quantize_query(_dl(q), _dl(nope), _dl(rope), _dl(scale), _stream(q))
+    return nope, rope, scale
+
+
+_quantize_query_op = _define("quantize_query(Tensor q) -> (Tensor, Tensor, Tensor)", _quantize_query,
+                             _quantize_query_fake)
+
+
+def _gather_dequant_fake(latent, scale, rope, slots):
+    return rope.new_empty((slots.numel(), HEAD_DIM), dtype=torch.bfloat16)
+
+
 def _gather_dequant(latent: Tensor, scale: Tensor, rope: Tensor, slots: Tensor) -> Tensor:
     out = _gather_dequant_fake(latent, scale, rope, slots)
     with _on(slots):
@@ -100,21 +131,10 @@ def _gather_dequant(latent: Tensor, scale: Tensor, rope: Tensor, slots: Tensor) 
     return out
 
 
-@_gather_dequant.register_fake
-def _gather_dequant_fake(latent, scale, rope, slots):
-    return rope.new_empty((slots.numel(), HEAD_DIM), dtype=torch.bfloat16)
+_gather_dequant_op = _define("gather_dequant(Tensor latent, Tensor scale, Tensor rope, Tensor slots) -> Tensor",
+                             _gather_dequant, _gather_dequant_fake)
 
 
-@torch.library.custom_op("snapmla::plan_splits", mutates_args=())
-def _plan_splits(cache_seqlens: Tensor, num_workers: int) -> Tuple[Tensor, Tensor, Tensor]:
-    offsets, begin, order = _plan_splits_fake(cache_seqlens, num_workers)
-    with _on(cache_seqlens):
-        _C.plan_splits(_dl(cache_seqlens), num_workers, _dl(offsets), _dl(begin), _stream(cache_seqlens),
-                       _dl(order))
-    return offsets, begin, order
-
-
-@_plan_splits.register_fake
 def _plan_splits_fake(cache_seqlens, num_workers):
     b = cache_seqlens.shape[0]
     cap = split_plan_capacity(int(b), int(num_workers))
@@ -123,54 +143,79 @@ def _plan_splits_fake(cache_seqlens, num_workers):
             cache_seqlens.new_empty((cap,), dtype=torch.int32))
 
 
-def _decode_outputs(q: Tensor, split_begin: Optional[Tensor]):
+def _plan_splits(cache_seqlens: Tensor, num_workers: int):
+    offsets, begin, order = _plan_splits_fake(cache_seqlens, num_workers)
+    with _on(cache_seqlens):
+        _C.plan_splits(_dl(cache_seqlens), num_workers, _dl(offsets), _dl(begin), _stream(cache_seqlens),
+                       _dl(order))
+    return offsets, begin, order
+
+
+_plan_splits_op = _define("plan_splits(Tensor cache_seqlens, int num_workers) -> (Tensor, Tensor, Tensor)",
+                          _plan_splits, _plan_splits_fake)
+
+
+def _decode_outputs_fake(q: Tensor):
     b, s_q, h = q.shape[0], q.shape[1], q.shape[2]
-    out = q.new_empty((b, s_q, h, LATENT_DIM), dtype=torch.bfloat16)
-    lse = q.new_empty((b, h, s_q), dtype=torch.float32)
-    ws = None
-    if split_begin is not None and q.is_cuda:
-        ws = q.new_empty((decode_workspace_bytes(split_begin.numel(), s_q, h),), dtype=torch.uint8)
-    return out, lse, ws
+    return (q.new_empty((b, s_q, h, LATENT_DIM), dtype=torch.bfloat16),
+            q.new_empty((b, h, s_q), dtype=torch.float32))
 
 
-@torch.library.custom_op("snapmla::decode_fp8", mutates_args=())
-def _decode_fp8(q_nope: Tensor, q_rope: Tensor, q_scale: Tensor, latent: Tensor, scale: Tensor,
-                rope: Tensor, block_table: Tensor, cache_seqlens: Tensor, softmax_scale: float,
-                causal: bool, split_offsets: Optional[Tensor], split_begin: Optional[Tensor],
-                split_order: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-    out, lse, ws = _decode_outputs(q_nope, split_begin)
-    # The pointer path where an earlier call with these layouts passed every check
-    # (snapmla/_fastpath.py), else the array path.
-    with _on(q_nope):
-        run_decode_fp8(q_nope, q_rope, q_scale, latent, scale, rope, block_table, cache_seqlens, out, lse,
-                       split_offsets, split_begin, split_order, ws, softmax_scale, causal, -math.inf,
-                       _stream(q_nope))
-    return out, lse
+def _decode_here(op: str, inputs: tuple, softmax_scale: float, causal: bool):
+    done = _fastpath.decode_allocated(op, inputs, softmax_scale, causal, -math.inf)
+    if done is not None:
+        return done
+    return decode_arrays(op, inputs, None, None, None, softmax_scale, causal, -math.inf, None)
 
 
-@_decode_fp8.register_fake
-def _(q_nope, q_rope, q_scale, latent, scale, rope, block_table, cache_seqlens, softmax_scale,
-      causal, split_offsets, split_begin, split_order=None):
-    out, lse, _ = _decode_outputs(q_nope, None)
-    return out, lse
+def _decode(op: str, inputs: tuple, softmax_scale: float, causal: bool):
+    """decode_arrays with the outputs allocated there (torch.empty, the caching allocator) on the
+    current stream: the pointer path where these inputs' layouts were accepted before
+    (snapmla/_fastpath.py), else the array path. The device is made current for the call where
+    it is not (the C++ entry point selects it and would leave it selected)."""
+    index = inputs[0].get_device()
+    if index >= 0 and index != _current_device():
+        with torch.cuda.device(index):
+            return _decode_here(op, inputs, softmax_scale, causal)
+    # _decode_here inlined: one Python call less on the hot path.
+    done = _fastpath.decode_allocated(op, inputs, softmax_scale, causal, -math.inf)
+    if done is not None:
+        return done
+    return decode_arrays(op, inputs, None, None, None, softmax_scale, causal, -math.inf, None)
 
 
-@torch.library.custom_op("snapmla::decode_bf16", mutates_args=())
-def _decode_bf16(q: Tensor, cache: Tensor, block_table: Tensor, cache_seqlens: Tensor,
-                 softmax_scale: float, causal: bool, split_offsets: Optional[Tensor],
-                 split_begin: Optional[Tensor], split_order: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-    out, lse, ws = _decode_outputs(q, split_begin)
-    with _on(q):
-        run_decode_bf16(q, cache, block_table, cache_seqlens, out, lse, split_offsets, split_begin,
-                        split_order, ws, softmax_scale, causal, -math.inf, _stream(q))
-    return out, lse
+def _decode_fp8(q_nope, q_rope, q_scale, latent, scale, rope, block_table, cache_seqlens, softmax_scale,
+                causal, split_offsets, split_begin, split_order=None):
+    return _decode("decode_fp8", (q_nope, q_rope, q_scale, latent, scale, rope, block_table, cache_seqlens,
+                                  split_offsets, split_begin, split_order), softmax_scale, causal)
 
 
-@_decode_bf16.register_fake
-def _(q, cache, block_table, cache_seqlens, softmax_scale, causal, split_offsets, split_begin,
-      split_order=None):
-    out, lse, _ = _decode_outputs(q, None)
-    return out, lse
+def _decode_fp8_fake(q_nope, q_rope, q_scale, latent, scale, rope, block_table, cache_seqlens, softmax_scale,
+                     causal, split_offsets, split_begin, split_order=None):
+    return _decode_outputs_fake(q_nope)
+
+
+_decode_fp8_op = _define(
+    "decode_fp8(Tensor q_nope, Tensor q_rope, Tensor q_scale, Tensor latent, Tensor scale, Tensor rope, "
+    "Tensor block_table, Tensor cache_seqlens, float softmax_scale, bool causal, Tensor? split_offsets, "
+    "Tensor? split_begin, Tensor? split_order=None) -> (Tensor, Tensor)", _decode_fp8, _decode_fp8_fake)
+
+
+def _decode_bf16(q, cache, block_table, cache_seqlens, softmax_scale, causal, split_offsets, split_begin,
+                 split_order=None):
+    return _decode("decode_bf16", (q, cache, block_table, cache_seqlens, split_offsets, split_begin, split_order),
+                   softmax_scale, causal)
+
+
+def _decode_bf16_fake(q, cache, block_table, cache_seqlens, softmax_scale, causal, split_offsets, split_begin,
+                      split_order=None):
+    return _decode_outputs_fake(q)
+
+
+_decode_bf16_op = _define(
+    "decode_bf16(Tensor q, Tensor cache, Tensor block_table, Tensor cache_seqlens, float softmax_scale, "
+    "bool causal, Tensor? split_offsets, Tensor? split_begin, Tensor? split_order=None) -> (Tensor, Tensor)",
+    _decode_bf16, _decode_bf16_fake)
 
 
 # --- the native API's argument style over the ops ---------------------------------------------
@@ -183,34 +228,94 @@ def append(cache, kv: Tensor, slots: Tensor) -> None:
 
 
 def quantize_query(q: Tensor) -> QuantizedQuery:
-    return QuantizedQuery(*torch.ops.snapmla.quantize_query(q))
+    return QuantizedQuery(*_quantize_query_op(q))
 
 
 def gather_dequant(cache: PagedFp8Cache, slots: Tensor) -> Tensor:
-    return torch.ops.snapmla.gather_dequant(cache.latent, cache.scale, cache.rope, slots)
+    return _gather_dequant_op(cache.latent, cache.scale, cache.rope, slots)
 
 
 def plan_splits(cache_seqlens: Tensor, num_workers: int) -> SplitPlan:
-    offsets, begin, order = torch.ops.snapmla.plan_splits(cache_seqlens, int(num_workers))
+    offsets, begin, order = _plan_splits_op(cache_seqlens, int(num_workers))
     return SplitPlan(offsets, begin, int(num_workers), order)
+
+
+def _plain_eager_getters():
+    """The functions _plain_eager asks, or None where this PyTorch lacks one (then the wrappers
+    always call the ops)."""
+    try:
+        c = torch._C
+        return (torch.compiler.is_compiling, c._is_torch_function_mode_enabled, c._len_torch_dispatch_stack,
+                c._get_tracing_state, c._functorch.peek_interpreter_stack, torch.autograd.profiler,
+                torch.is_grad_enabled)
+    except AttributeError:
+        return None
+
+
+_EAGER_GETTERS = _plain_eager_getters()
+
+
+def _plain_eager(inputs: tuple) -> bool:
+    """True where calling the op would only reach its implementation: not under torch.compile,
+    no torch function or dispatch mode (FakeTensorMode, a FlopCounter...), no TorchScript
+    tracing, no functorch transform, no profiler (whose traces show the op), and no input that
+    autograd would follow. Then the wrappers below run the op's pointer path themselves, with
+    the same outputs, stream and checks: the dispatcher's call of a Python kernel costs 3 us of
+    the op's 13 on the CPU of docs/python.md, and its Python entry another 1 us."""
+    g = _EAGER_GETTERS
+    if g is None:
+        return False
+    is_compiling, function_mode, dispatch_modes, tracing_state, interpreter, profiler, grad_enabled = g
+    if (is_compiling() or function_mode() or dispatch_modes() or tracing_state() is not None
+            or interpreter() is not None or profiler._is_profiler_enabled):
+        return False
+    if grad_enabled():
+        for x in inputs:
+            if x is not None and x.requires_grad:
+                return False
+    return True
+
+
+def _eager_pointer_path(op: str, inputs: tuple, softmax_scale: float, causal: bool):
+    """(out, lse) as the op would return them, or None: call the op. Only for plain eager calls
+    on the current device whose inputs' signature was accepted (exact torch.Tensor: a fake or
+    other subclass never matches); a first call goes through the op, whose array path records it."""
+    if not _plain_eager(inputs):
+        return None
+    index = inputs[0].get_device()
+    if index >= 0 and index != _current_device():
+        return None
+    return _fastpath.decode_allocated(op, inputs, softmax_scale, causal, -math.inf)
 
 
 def decode_fp8(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Tensor,
                cache_seqlens: Tensor, *, softmax_scale: float, causal: bool = True,
                plan: Optional[SplitPlan] = None) -> Tuple[Tensor, Tensor]:
-    return torch.ops.snapmla.decode_fp8(
-        q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table,
-        cache_seqlens, float(softmax_scale), bool(causal),
-        plan.split_offsets if plan is not None else None,
-        plan.split_begin if plan is not None else None,
-        plan.split_order if plan is not None else None)
+    """torch.ops.snapmla.decode_fp8 in the native API's arguments (in plain eager mode the op's
+    pointer path without the dispatcher: see _plain_eager)."""
+    if plan is None:
+        inputs = (q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table, cache_seqlens,
+                  None, None, None)
+    else:
+        inputs = (q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table, cache_seqlens,
+                  plan.split_offsets, plan.split_begin, plan.split_order)
+    softmax_scale, causal = float(softmax_scale), bool(causal)
+    done = _eager_pointer_path("decode_fp8", inputs, softmax_scale, causal)
+    if done is not None:
+        return done
+    return _decode_fp8_op(*inputs[:8], softmax_scale, causal, *inputs[8:])
 
 
 def decode_bf16(q: Tensor, cache: Tensor, block_table: Tensor, cache_seqlens: Tensor, *,
                 softmax_scale: float, causal: bool = True,
                 plan: Optional[SplitPlan] = None) -> Tuple[Tensor, Tensor]:
-    return torch.ops.snapmla.decode_bf16(
-        q, cache, block_table, cache_seqlens, float(softmax_scale), bool(causal),
-        plan.split_offsets if plan is not None else None,
-        plan.split_begin if plan is not None else None,
-        plan.split_order if plan is not None else None)
+    """torch.ops.snapmla.decode_bf16 in the native API's arguments (as decode_fp8)."""
+    if plan is None:
+        inputs = (q, cache, block_table, cache_seqlens, None, None, None)
+    else:
+        inputs = (q, cache, block_table, cache_seqlens, plan.split_offsets, plan.split_begin, plan.split_order)
+    softmax_scale, causal = float(softmax_scale), bool(causal)
+    done = _eager_pointer_path("decode_bf16", inputs, softmax_scale, causal)
+    if done is not None:
+        return done
+    return _decode_bf16_op(*inputs[:4], softmax_scale, causal, *inputs[4:])

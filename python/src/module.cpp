@@ -168,8 +168,8 @@ struct RawCall {
   DecodeOutput out;
   SplitPlan plan;
   DecodeOptions options;
-  RawCall(const RawShape& s, uintptr_t block_table, uintptr_t cache_seqlens, uintptr_t out_p, uintptr_t lse,
-          uintptr_t split_offsets, uintptr_t split_begin, uintptr_t split_order, uintptr_t workspace,
+  RawCall(const RawShape& s, uintptr_t block_table, uintptr_t cache_seqlens, uintptr_t split_offsets,
+          uintptr_t split_begin, uintptr_t split_order, uintptr_t out_p, uintptr_t lse, uintptr_t workspace,
           float softmax_scale, bool causal, float empty_lse, uintptr_t stream) {
     const Device d = s.device();
     pages = {reinterpret_cast<int32_t*>(block_table), reinterpret_cast<int32_t*>(cache_seqlens), s.b, s.max_pages, d};
@@ -333,19 +333,20 @@ void bind_ops(nb::module_& m) {
   // match a call that the array path validated. What the arrays carried (dtype, shape,
   // contiguity, one device) is that earlier validation; everything the views carry (pointers,
   // alignment, head counts, plan and workspace sizes, table contents on the host) is checked by
-  // decode_fp8 / decode_bf16 as on every call.
+  // decode_fp8 / decode_bf16 as on every call. The pointers come in the order of the Python
+  // side's arrays (snapmla/_api.py): inputs, the plan, then out, lse and workspace.
   m.def(
       "decode_fp8_raw",
       [](uintptr_t q_nope, uintptr_t q_rope, uintptr_t q_scale, uintptr_t latent, uintptr_t scale,
-         uintptr_t rope, uintptr_t block_table, uintptr_t cache_seqlens, uintptr_t out, uintptr_t lse,
-         uintptr_t split_offsets, uintptr_t split_begin, uintptr_t split_order, uintptr_t workspace,
+         uintptr_t rope, uintptr_t block_table, uintptr_t cache_seqlens, uintptr_t split_offsets,
+         uintptr_t split_begin, uintptr_t split_order, uintptr_t out, uintptr_t lse, uintptr_t workspace,
          const RawShape& shape, float softmax_scale, bool causal, float empty_lse, uintptr_t stream) {
         const Device d = shape.device();
         const QuantizedQuery q{reinterpret_cast<e4m3*>(q_nope), reinterpret_cast<bf16*>(q_rope),
                                reinterpret_cast<float*>(q_scale), shape.b, shape.s_q, shape.h, d};
         const PagedFp8Cache cache{reinterpret_cast<e4m3*>(latent), reinterpret_cast<float*>(scale),
                                   reinterpret_cast<bf16*>(rope), shape.num_pages, d};
-        RawCall c(shape, block_table, cache_seqlens, out, lse, split_offsets, split_begin, split_order,
+        RawCall c(shape, block_table, cache_seqlens, split_offsets, split_begin, split_order, out, lse,
                   workspace, softmax_scale, causal, empty_lse, stream);
         gil_scoped_release release;
         decode_fp8(q, cache, c.pages, c.out, c.options);
@@ -353,14 +354,13 @@ void bind_ops(nb::module_& m) {
 
   m.def(
       "decode_bf16_raw",
-      [](uintptr_t q, uintptr_t cache, uintptr_t block_table, uintptr_t cache_seqlens, uintptr_t out,
-         uintptr_t lse, uintptr_t split_offsets, uintptr_t split_begin, uintptr_t split_order,
-         uintptr_t workspace, const RawShape& shape, float softmax_scale, bool causal, float empty_lse,
-         uintptr_t stream) {
+      [](uintptr_t q, uintptr_t cache, uintptr_t block_table, uintptr_t cache_seqlens, uintptr_t split_offsets,
+         uintptr_t split_begin, uintptr_t split_order, uintptr_t out, uintptr_t lse, uintptr_t workspace,
+         const RawShape& shape, float softmax_scale, bool causal, float empty_lse, uintptr_t stream) {
         const Device d = shape.device();
         const QueryBf16 qv{reinterpret_cast<bf16*>(q), shape.b, shape.s_q, shape.h, d};
         const PagedBf16Cache c16{reinterpret_cast<bf16*>(cache), shape.num_pages, d};
-        RawCall c(shape, block_table, cache_seqlens, out, lse, split_offsets, split_begin, split_order,
+        RawCall c(shape, block_table, cache_seqlens, split_offsets, split_begin, split_order, out, lse,
                   workspace, softmax_scale, causal, empty_lse, stream);
         gil_scoped_release release;
         decode_bf16(qv, c16, c.pages, c.out, c.options);

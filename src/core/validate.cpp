@@ -10,40 +10,47 @@ namespace snapmla {
 namespace detail {
 namespace {
 
-std::string join(const char* name, const char* field) { return std::string(name) + "." + field; }
+// An argument as errors name it: "name.field" (or "name" alone). The checks below run on every
+// call, so the string is built only for an error, never on the way through.
+struct ArgName {
+  const char* name;
+  const char* field = nullptr;
+  std::string str() const { return field ? std::string(name) + "." + field : std::string(name); }
+};
 
 template <typename T>
-void check_pointer(const char* op, const std::string& arg, const T* p, bool needed,
-                   size_t alignment) {
+void check_pointer(const char* op, const ArgName& arg, const T* p, bool needed, size_t alignment) {
   if (!needed) return;
-  if (p == nullptr) fail(op, arg, "null pointer, expected memory");
+  if (p == nullptr) fail(op, arg.str(), "null pointer, expected memory");
   if (reinterpret_cast<uintptr_t>(p) % alignment != 0) {
     std::ostringstream s;
     s << "expected a " << alignment << "-byte aligned pointer, got "
       << static_cast<const void*>(p) << " (the kernels read it with vector and bulk copies)";
-    fail(op, arg, s.str());
+    fail(op, arg.str(), s.str());
   }
 }
 
-void check_heads(const char* op, const std::string& arg, int h) {
+void check_heads(const char* op, const ArgName& arg, int h) {
   if (h < kMinHeads || h > kMaxHeads)
-    fail(op, arg,
+    fail(op, arg.str(),
          "expected " + std::to_string(kMinHeads) + ".." + std::to_string(kMaxHeads) + ", got " +
              std::to_string(h));
 }
 
-void check_seqlen_q(const char* op, const std::string& arg, int s_q) {
+void check_seqlen_q(const char* op, const ArgName& arg, int s_q) {
   if (s_q < 1 || s_q > kMaxQueriesPerSeq)
-    fail(op, arg,
+    fail(op, arg.str(),
          "expected 1.." + std::to_string(kMaxQueriesPerSeq) + ", got " + std::to_string(s_q));
 }
+
+std::string join(const char* name, const char* field) { return ArgName{name, field}.str(); }
 
 }  // namespace
 
 void check_query_shape(const char* op, const char* seqlen_q_arg, int s_q, const char* num_heads_arg,
                        int h) {
-  check_seqlen_q(op, seqlen_q_arg, s_q);
-  check_heads(op, num_heads_arg, h);
+  check_seqlen_q(op, {seqlen_q_arg}, s_q);
+  check_heads(op, {num_heads_arg}, h);
 }
 
 void fail(const char* op, const std::string& argument, const std::string& what) {
@@ -62,9 +69,9 @@ void validate(const char* op, const PagedFp8Cache& c, const char* name) {
          "expected 0.." + std::to_string(std::numeric_limits<int32_t>::max() / kPageSize) +
              " (slots are int32), got " + std::to_string(c.num_pages));
   const bool needed = c.num_pages > 0;
-  check_pointer(op, join(name, "latent"), c.latent, needed, 16);
-  check_pointer(op, join(name, "scale"), c.scale, needed, 16);
-  check_pointer(op, join(name, "rope"), c.rope, needed, 16);
+  check_pointer(op, {name, "latent"}, c.latent, needed, 16);
+  check_pointer(op, {name, "scale"}, c.scale, needed, 16);
+  check_pointer(op, {name, "rope"}, c.rope, needed, 16);
 }
 
 void validate(const char* op, const PagedBf16Cache& c, const char* name) {
@@ -72,49 +79,49 @@ void validate(const char* op, const PagedBf16Cache& c, const char* name) {
     fail(op, join(name, "num_pages"),
          "expected 0.." + std::to_string(std::numeric_limits<int32_t>::max() / kPageSize) +
              " (slots are int32), got " + std::to_string(c.num_pages));
-  check_pointer(op, join(name, "data"), c.data, c.num_pages > 0, 16);
+  check_pointer(op, {name, "data"}, c.data, c.num_pages > 0, 16);
 }
 
 void validate(const char* op, const KvRows& r, const char* name) {
   if (r.num_tokens < 0)
     fail(op, join(name, "num_tokens"), "expected >= 0, got " + std::to_string(r.num_tokens));
-  check_pointer(op, join(name, "data"), r.data, r.num_tokens > 0, 16);
+  check_pointer(op, {name, "data"}, r.data, r.num_tokens > 0, 16);
 }
 
 void validate(const char* op, const SlotMapping& s, const char* name) {
   if (s.num_tokens < 0)
     fail(op, join(name, "num_tokens"), "expected >= 0, got " + std::to_string(s.num_tokens));
-  check_pointer(op, join(name, "slots"), s.slots, s.num_tokens > 0, 4);
+  check_pointer(op, {name, "slots"}, s.slots, s.num_tokens > 0, 4);
 }
 
 void validate(const char* op, const QueryBf16& q, const char* name) {
   if (q.batch < 0) fail(op, join(name, "batch"), "expected >= 0, got " + std::to_string(q.batch));
-  check_seqlen_q(op, join(name, "seqlen_q"), q.seqlen_q);
-  check_heads(op, join(name, "num_heads"), q.num_heads);
-  check_pointer(op, join(name, "data"), q.data, q.batch > 0, 16);
+  check_seqlen_q(op, {name, "seqlen_q"}, q.seqlen_q);
+  check_heads(op, {name, "num_heads"}, q.num_heads);
+  check_pointer(op, {name, "data"}, q.data, q.batch > 0, 16);
 }
 
 void validate(const char* op, const QuantizedQuery& q, const char* name) {
   if (q.batch < 0) fail(op, join(name, "batch"), "expected >= 0, got " + std::to_string(q.batch));
-  check_seqlen_q(op, join(name, "seqlen_q"), q.seqlen_q);
-  check_heads(op, join(name, "num_heads"), q.num_heads);
+  check_seqlen_q(op, {name, "seqlen_q"}, q.seqlen_q);
+  check_heads(op, {name, "num_heads"}, q.num_heads);
   const bool needed = q.batch > 0;
-  check_pointer(op, join(name, "nope"), q.nope, needed, 16);
-  check_pointer(op, join(name, "rope"), q.rope, needed, 16);
-  check_pointer(op, join(name, "scale"), q.scale, needed, 16);
+  check_pointer(op, {name, "nope"}, q.nope, needed, 16);
+  check_pointer(op, {name, "rope"}, q.rope, needed, 16);
+  check_pointer(op, {name, "scale"}, q.scale, needed, 16);
 }
 
 void validate(const char* op, const PageTable& p, const char* name) {
   if (p.batch < 0) fail(op, join(name, "batch"), "expected >= 0, got " + std::to_string(p.batch));
   if (p.max_pages < 0)
     fail(op, join(name, "max_pages"), "expected >= 0, got " + std::to_string(p.max_pages));
-  check_pointer(op, join(name, "cache_seqlens"), p.cache_seqlens, p.batch > 0, 4);
-  check_pointer(op, join(name, "block_table"), p.block_table, p.batch > 0 && p.max_pages > 0, 4);
+  check_pointer(op, {name, "cache_seqlens"}, p.cache_seqlens, p.batch > 0, 4);
+  check_pointer(op, {name, "block_table"}, p.block_table, p.batch > 0 && p.max_pages > 0, 4);
 }
 
 void validate(const char* op, const DecodeOutput& o, const char* name) {
-  check_pointer(op, join(name, "out"), o.out, true, 16);
-  check_pointer(op, join(name, "lse"), o.lse, true, 16);
+  check_pointer(op, {name, "out"}, o.out, true, 16);
+  check_pointer(op, {name, "lse"}, o.lse, true, 16);
 }
 
 void validate(const char* op, const SplitPlan& p, const char* name) {
@@ -123,9 +130,9 @@ void validate(const char* op, const SplitPlan& p, const char* name) {
     fail(op, join(name, "capacity"),
          "expected >= max(batch, 1) = " + std::to_string(std::max(p.batch, 1)) + ", got " +
              std::to_string(p.capacity) + " (size it with split_plan_capacity)");
-  check_pointer(op, join(name, "split_offsets"), p.split_offsets, true, 4);
-  check_pointer(op, join(name, "split_begin"), p.split_begin, true, 4);
-  if (p.split_order != nullptr) check_pointer(op, join(name, "split_order"), p.split_order, true, 4);
+  check_pointer(op, {name, "split_offsets"}, p.split_offsets, true, 4);
+  check_pointer(op, {name, "split_begin"}, p.split_begin, true, 4);
+  if (p.split_order != nullptr) check_pointer(op, {name, "split_order"}, p.split_order, true, 4);
 }
 
 void validate(const char* op, const DecodeOptions& o, int batch) {

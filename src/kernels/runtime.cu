@@ -1,5 +1,6 @@
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <mutex>
 #include <vector>
 
@@ -28,7 +29,33 @@ void copy_to_host(void* dst, const void* src, size_t bytes, Stream s) {
   check(cudaStreamSynchronize(as_stream(s)), "cudaStreamSynchronize");
 }
 
+namespace {
+
+// Makes ordinal `index` the calling thread's current device (the kernels launch there).
+void select_device(int index) {
+  int cur = -1;
+  check(cudaGetDevice(&cur), "cudaGetDevice");
+  if (cur != index) check(cudaSetDevice(index), "cudaSetDevice");
+}
+
+// SM counts of the ordinals below kKnownDevices already checked to be sm_90 GPUs (0: not yet).
+// The set of devices and their properties cannot change during a process (CUDA reads
+// CUDA_VISIBLE_DEVICES once), so an ordinal found good stays good: every later call takes it
+// from here without the lock, the device count or the properties. Written once per ordinal,
+// with the same value by any thread that does, so relaxed atomics suffice.
+constexpr int kKnownDevices = 64;
+std::atomic<int> known_sm_count[kKnownDevices];
+
+}  // namespace
+
 int require_sm90(const char* op, const char* argument, Device d) {
+  if (d.index >= 0 && d.index < kKnownDevices) {
+    const int sms = known_sm_count[d.index].load(std::memory_order_relaxed);
+    if (sms > 0) {
+      select_device(d.index);
+      return sms;
+    }
+  }
   static std::mutex mu;
   static std::vector<int> sm_count;  // per ordinal: 0 unknown, -1 not sm_90, else SM count
   std::lock_guard<std::mutex> lock(mu);
@@ -53,9 +80,8 @@ int require_sm90(const char* op, const char* argument, Device d) {
   if (sm_count[d.index] < 0)
     detail::fail(op, std::string(argument) + ".device",
                  "expected a Hopper GPU (sm_90), got " + to_string(d));
-  int cur = -1;
-  check(cudaGetDevice(&cur), "cudaGetDevice");
-  if (cur != d.index) check(cudaSetDevice(d.index), "cudaSetDevice");
+  if (d.index < kKnownDevices) known_sm_count[d.index].store(sm_count[d.index], std::memory_order_relaxed);
+  select_device(d.index);
   return sm_count[d.index];
 }
 

@@ -18,9 +18,9 @@ def fresh(x):
 
 @pytest.fixture(autouse=True)
 def empty_signatures():
-    _fastpath._accepted.clear()
+    _fastpath.forget()
     yield
-    _fastpath._accepted.clear()
+    _fastpath.forget()
 
 
 def test_pointer_path_is_bit_identical_and_follows_new_memory(rng):
@@ -75,7 +75,7 @@ def test_torch_tensors_take_the_pointer_path(rng):
     q, table, _, _, cache16 = build_case(rng, seqlens, 2, 9)
     devices = ["cpu"] + (["cuda"] if snapmla.cuda_device_available() and torch.cuda.is_available() else [])
     for dev in devices:
-        _fastpath._accepted.clear()
+        _fastpath.forget()
         t = lambda x: torch.from_numpy(np.ascontiguousarray(x)).to(dev)
         qt = t(q).view(torch.bfloat16)
         ct, bt, st = t(cache16).view(torch.bfloat16), t(table), t(seqlens)
@@ -88,3 +88,111 @@ def test_torch_tensors_take_the_pointer_path(rng):
         strided = torch.zeros((2, 2, 18, 576), dtype=torch.bfloat16, device=dev)[:, :, ::2]
         with pytest.raises(ValueError, match="contiguous"):
             snapmla.decode_bf16(strided, ct, bt, st, softmax_scale=0.1, plan=plan)
+
+
+def test_raw_entry_points_check_pointers_on_every_call(rng):
+    """What the pointer path passes that no signature holds (the pointers) is checked by the
+    raw entry point itself: a null or misaligned pointer is an error naming the argument."""
+    seqlens = np.array([70, 3], np.int32)
+    q, table, _, cache8, cache16 = build_case(rng, seqlens, 1, 4)
+    qq = snapmla.quantize_query(q)
+    snapmla.decode_fp8(qq, cache8, table, seqlens, softmax_scale=0.1)
+    snapmla.decode_bf16(q, cache16, table, seqlens, softmax_scale=0.1)
+    for op, inputs in (("decode_fp8", (*qq, *cache8, table, seqlens, None, None, None)),
+                       ("decode_bf16", (q, cache16, table, seqlens, None, None, None))):
+        sig, ptrs = _fastpath.prepare((op, "allocated"), inputs)
+        record = _fastpath.lookup(sig)
+        assert record is not None
+        raw = getattr(snapmla._C, op + "_raw")
+        out, lse, _, out_ptr, lse_ptr, ws_ptr = record.outputs()
+
+        def call(ptrs):
+            raw(*ptrs, out_ptr, lse_ptr, ws_ptr, record.shape, 0.1, True, -np.inf, 0)
+
+        call(ptrs)  # as given: fine
+        for i in (0, 1, len(inputs) - 5):  # the query, the cache, block_table
+            bad = list(ptrs)
+            bad[i] = 0
+            assert "null pointer" in error_of(lambda: call(bad))
+        bad = list(ptrs)
+        bad[1] += 2  # the cache (fp8: q_rope) off its 16-byte alignment
+        assert "aligned" in error_of(lambda: call(bad))
+
+
+def test_signatures_are_bounded(rng, monkeypatch):
+    monkeypatch.setattr(_fastpath, "_MAX_SIGNATURES", 2)
+    seqlens = np.array([65, 2], np.int32)
+    for h in (1, 2, 3, 4, 2):
+        q, table, _, _, cache16 = build_case(rng, seqlens, 1, h)
+        got = snapmla.decode_bf16(q, cache16, table, seqlens, softmax_scale=0.1)
+        again = snapmla.decode_bf16(q, cache16, table, seqlens, softmax_scale=0.1)  # pointer path
+        assert len(_fastpath._accepted) <= 2
+        assert np.array_equal(got[0], again[0]) and np.array_equal(got[1], again[1], equal_nan=True)
+
+
+def torch_case(torch, rng, seqlens, s_q, h):
+    q, table, _, cache8, cache16 = build_case(rng, np.asarray(seqlens, np.int32), s_q, h)
+    t = lambda x: torch.from_numpy(np.ascontiguousarray(x))
+    qq = snapmla.quantize_query(t(q).view(torch.bfloat16))
+    cache = snapmla.PagedFp8Cache(t(cache8.latent).view(torch.float8_e4m3fn), t(cache8.scale),
+                                  t(cache8.rope).view(torch.bfloat16))
+    return qq, cache, t(table), t(np.asarray(seqlens, np.int32))
+
+
+def test_allocating_calls_key_on_inputs_and_keep_no_arrays(rng):
+    """An eager torch call that lets snapmla allocate its outputs records its inputs' signature;
+    a later call gets new outputs of the same layouts, and the record holds none of the first
+    call's tensors (so they are freed)."""
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed: torch pointer-path test skipped")
+    import gc
+    import weakref
+
+    qq, cache, table, seqlens = torch_case(torch, rng, [130, 7], 2, 9)
+    plan = snapmla.plan_splits(seqlens, 4)
+    first = snapmla.decode_fp8(qq, cache, table, seqlens, softmax_scale=0.1, plan=plan)
+    assert [k[0] for k in _fastpath._accepted] == [("decode_fp8", "allocated")]
+    fresh_q = snapmla.QuantizedQuery(*(x.clone() for x in qq))
+    second = snapmla.decode_fp8(fresh_q, cache, table.clone(), seqlens.clone(), softmax_scale=0.1, plan=plan)
+    assert len(_fastpath._accepted) == 1  # the pointer path ran
+    for a, b in zip(first, second):
+        assert a.data_ptr() != b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype
+        assert a.stride() == b.stride() and a.device == b.device
+    assert torch.equal(first[0].view(torch.int16), second[0].view(torch.int16))
+    assert torch.equal(first[1], second[1])
+    gone = [weakref.ref(x) for x in (*first, *fresh_q)]
+    del first, second, fresh_q, a, b
+    gc.collect()
+    assert all(r() is None for r in gone)
+
+
+def test_allocating_calls_lose_no_check(rng):
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed: torch pointer-path test skipped")
+    qq, cache, table, seqlens = torch_case(torch, rng, [100, 3], 1, 16)
+    snapmla.decode_fp8(qq, cache, table, seqlens, softmax_scale=0.1)
+    assert len(_fastpath._accepted) == 1
+    # Another head count: a new signature, the array path (which accepts it, then records it).
+    qq8, *_ = torch_case(torch, rng, [100, 3], 1, 8)
+    snapmla.decode_fp8(qq8, cache, table, seqlens, softmax_scale=0.1)
+    assert len(_fastpath._accepted) == 2
+    # Layouts the array path rejects are never recorded, so they fail on every call.
+    wide = snapmla.QuantizedQuery(qq.nope, qq.rope[..., :32].contiguous(), qq.scale)
+    strided = snapmla.QuantizedQuery(qq.nope, torch.empty(2, 1, 32, 64, dtype=torch.bfloat16)[:, :, ::2], qq.scale)
+    for _ in range(2):
+        assert "'q_rope'" in error_of(lambda: snapmla.decode_fp8(wide, cache, table, seqlens, softmax_scale=0.1))
+        assert "contiguous" in error_of(lambda: snapmla.decode_fp8(strided, cache, table, seqlens, softmax_scale=0.1))
+        assert "'block_table'" in error_of(lambda: snapmla.decode_fp8(qq, cache, table.long(), seqlens,
+                                                                      softmax_scale=0.1))
+    assert len(_fastpath._accepted) == 2
+    # Values, on the pointer path.
+    assert "softmax_scale" in error_of(lambda: snapmla.decode_fp8(qq, cache, table, seqlens, softmax_scale=-1.0))
+    bad = table.clone()
+    bad[1, 0] = -5
+    assert "block_table" in error_of(lambda: snapmla.decode_fp8(qq, cache, bad, seqlens, softmax_scale=0.1))
+    # A tensor subclass takes the array path: no signature of it is recorded.
+    class Marked(torch.Tensor):
+        pass
+
+    out = snapmla.decode_fp8(qq, cache, table.as_subclass(Marked), seqlens, softmax_scale=0.1)
+    ref = snapmla.decode_fp8(qq, cache, table, seqlens, softmax_scale=0.1)
+    assert len(_fastpath._accepted) == 2
+    assert torch.equal(torch.as_tensor(out[1]), ref[1])

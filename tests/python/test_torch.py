@@ -312,3 +312,56 @@ def test_gpu_errors_name_the_argument(rng):
     with pytest.raises(snapmla.SnapMLAError, match="'q_nope'"):
         snapmla.decode_fp8(snapmla.QuantizedQuery(qq.nope.float(), qq.rope, qq.scale), case.fp8,
                            case.block_table, case.cache_seqlens, softmax_scale=0.1)
+
+
+@pytest.mark.filterwarnings("ignore:Warning. Profiler clears events")
+def test_wrappers_call_the_op_wherever_something_would_see_it(rng):
+    """snapmla.torch.decode_fp8 / decode_bf16 run the op's pointer path themselves only in plain
+    eager mode; a dispatch mode, FakeTensorMode, the profiler or autograd get the op."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    case = Case(rng, "cpu", [70, 5], 1, 16)
+    qq = st.quantize_query(case.q)
+    plan = st.plan_splits(case.cache_seqlens, 4)
+    ops = torch.ops.snapmla
+
+    def fp8():
+        return st.decode_fp8(qq, case.fp8, case.block_table, case.cache_seqlens, softmax_scale=case.scale, plan=plan)
+
+    def bf16(q=case.q):
+        return st.decode_bf16(q, case.bf16, case.block_table, case.cache_seqlens, softmax_scale=case.scale)
+
+    first, first16 = fp8(), bf16()  # through the ops: the signatures recorded
+    again, again16 = fp8(), bf16()  # plain eager: the pointer path, same results in new tensors
+    for a, b in ((first, again), (first16, again16)):
+        assert a[0].data_ptr() != b[0].data_ptr()
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Seen() as seen:
+        fp8(), bf16()
+    assert ops.decode_fp8.default in seen.ops and ops.decode_bf16.default in seen.ops
+    with torch.profiler.profile() as prof:
+        fp8()
+    assert any(e.name == "snapmla::decode_fp8" for e in prof.events())
+    with FakeTensorMode(allow_non_fake_inputs=False) as mode:
+        fake = mode.from_tensor
+        out, lse = st.decode_bf16(fake(case.q), fake(case.bf16), fake(case.block_table), fake(case.cache_seqlens),
+                                  softmax_scale=case.scale)
+    assert type(out).__name__ == "FakeTensor" and out.shape == first16[0].shape and lse.shape == first16[1].shape
+    # A query autograd follows: the op (whose output autograd tracks), as without the shortcut.
+    q = case.q.clone().requires_grad_()
+    via_op = ops.decode_bf16.default(q, case.bf16, case.block_table, case.cache_seqlens, case.scale, True,
+                                     None, None)
+    assert bf16(q)[0].requires_grad == via_op[0].requires_grad
+    with torch.no_grad():
+        assert torch.equal(bf16(q)[0], first16[0])

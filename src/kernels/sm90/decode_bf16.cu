@@ -372,7 +372,7 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
   const CUtensorMap tm_kv =
       plane_map(cache.data, cache.num_pages * kPageSize, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
   const CUtensorMap tm_q = plane_map(q.data, int64_t(q.batch) * p.rows, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
-  launch_decode("decode_bf16", decode_bf16_kernel, kSmemBytes, p, options, tm_kv, tm_q);
+  launch_decode<decode_bf16_kernel>("decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
 }
 
 }  // namespace snapmla::cuda

@@ -360,7 +360,7 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
   }
   // The query latent as one more plane: [batch * rows, 512] bytes, a tile's 64 rows per box row.
   const CUtensorMap tm_q = plane_map(q.nope, int64_t(q.batch) * p.rows, kLatentDim, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1);
-  launch_decode("decode_fp8", decode_fp8_kernel, int(sizeof(Fp8TileSmem)), p, options, tm_latent, tm_rope, tm_q);
+  launch_decode<decode_fp8_kernel>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent, tm_rope, tm_q);
 }
 
 }  // namespace snapmla::cuda

@@ -411,7 +411,7 @@ __global__ void __launch_bounds__(384, 1)
 
 void launch_decode_fp8_narrow(const DecodeParams& p, const CUtensorMap& tm_latent, const CUtensorMap& tm_rope,
                               const DecodeOptions& options) {
-  launch_decode("decode_fp8", decode_fp8_narrow_kernel, kSmemBytes, p, options, tm_latent, tm_rope);
+  launch_decode<decode_fp8_narrow_kernel>("decode_fp8", kSmemBytes, p, options, tm_latent, tm_rope);
 }
 
 }  // namespace snapmla::cuda

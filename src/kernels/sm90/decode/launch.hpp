@@ -4,6 +4,8 @@
 // depends on the kernels' tile.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "../../../core/validate.hpp"
@@ -55,16 +57,35 @@ inline CombineParams combine_params(const DecodeParams& p) {
           p.batch,         p.rows,        p.seqlen_q,    p.num_heads, p.empty_lse};
 }
 
+// cudaFuncSetAttribute(MaxDynamicSharedMemorySize, smem) for Kernel on the current device, once
+// per device rather than on every launch (a driver call with its own locking). The decode
+// kernels need more than the default 48 KB, which CUDA wants opted into per kernel in each
+// device's context, where it then stays. The bits of `done` are the ordinals (below 64) on
+// which it is set; threads that race on the first launch both set it, which is harmless (the
+// same value), so no lock is needed. The value is a compile-time constant per kernel, so a set
+// bit always means the right size. (A cudaDeviceReset would discard the setting with the
+// context; nothing in this library or in PyTorch resets a device.)
+template <auto Kernel>
+void allow_dynamic_smem(int smem) {
+  static std::atomic<uint64_t> done{0};
+  int device = -1;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  const uint64_t bit = device >= 0 && device < 64 ? uint64_t(1) << device : 0;
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return;
+  check(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+        "cudaFuncSetAttribute (decode kernel)");
+  done.fetch_or(bit, std::memory_order_release);
+}
+
 // A decode kernel (384 threads, `smem` bytes of dynamic shared memory, arguments p and then
 // `extra`) over the decode grid, then the combine of split sequences.
-template <typename... Extra>
-void launch_decode(const char* op, void (*kernel)(DecodeParams, Extra...), int smem, const DecodeParams& p,
-                   const DecodeOptions& options, const Extra&... extra) {
+template <auto Kernel, typename... Extra>
+void launch_decode(const char* op, int smem, const DecodeParams& p, const DecodeOptions& options,
+                   const Extra&... extra) {
   const cudaStream_t stream = as_stream(options.stream);
   const dim3 grid = decode_grid(op, p, options);
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-        "cudaFuncSetAttribute (decode kernel)");
-  kernel<<<grid, 384, smem, stream>>>(p, extra...);
+  allow_dynamic_smem<Kernel>(smem);
+  Kernel<<<grid, 384, smem, stream>>>(p, extra...);
   check_launch(op);
   if (options.plan) combine(combine_params(p), stream);
 }
