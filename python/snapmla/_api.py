@@ -13,7 +13,8 @@ import math
 from typing import Any, NamedTuple, Optional
 
 from . import _C, _fastpath
-from ._frameworks import bits_view, current_stream, device_index, empty, is_cuda, raw, stream_getter
+from ._frameworks import (allocating_for, bits_view, current_stream, device_index, empty, is_cuda, raw,
+                          stream_getter)
 
 SnapMLAError = _C.SnapMLAError
 LATENT_DIM, ROPE_DIM, HEAD_DIM, PAGE_SIZE = _C.LATENT_DIM, _C.ROPE_DIM, _C.HEAD_DIM, _C.PAGE_SIZE
@@ -130,8 +131,9 @@ def quantize_query(q: Any, *, out: Optional[QuantizedQuery] = None,
     """Per-(token, head) quantization of q [b, s_q, h, 576] (bf16) for decode_fp8."""
     if out is None:
         lead = tuple(q.shape[:-1])
-        out = QuantizedQuery(empty(q, lead + (LATENT_DIM,), "e4m3"), empty(q, lead + (ROPE_DIM,), "bf16"),
-                             empty(q, lead, "f32"))
+        with allocating_for(q, stream):
+            out = QuantizedQuery(empty(q, lead + (LATENT_DIM,), "e4m3"), empty(q, lead + (ROPE_DIM,), "bf16"),
+                                 empty(q, lead, "f32"))
     _C.quantize_query(raw(q), raw(out.nope), raw(out.rope), raw(out.scale), current_stream(q, stream))
     return out
 
@@ -140,7 +142,8 @@ def gather_dequant(cache: PagedFp8Cache, slots: Any, *, out: Any = None,
                    stream: Any = None):
     """Rows [n, 576] (bf16) = dequantized cache entries at `slots` (a slot of -1 gives zeros)."""
     if out is None:
-        out = empty(cache.scale, (_numel(slots), HEAD_DIM), "bf16")
+        with allocating_for(slots, stream):
+            out = empty(cache.scale, (_numel(slots), HEAD_DIM), "bf16")
     _C.gather_dequant(raw(cache.latent), raw(cache.scale), raw(cache.rope), raw(slots), raw(out),
                       current_stream(slots, stream))
     return out
@@ -153,8 +156,9 @@ def plan_splits(cache_seqlens: Any, num_workers: int, *, out: Optional[SplitPlan
     b = _numel(cache_seqlens)
     if out is None:
         cap = split_plan_capacity(b, num_workers)
-        out = SplitPlan(empty(cache_seqlens, (b + 1,), "i32"), empty(cache_seqlens, (cap,), "i32"),
-                        num_workers, empty(cache_seqlens, (cap,), "i32"))
+        with allocating_for(cache_seqlens, stream):
+            out = SplitPlan(empty(cache_seqlens, (b + 1,), "i32"), empty(cache_seqlens, (cap,), "i32"),
+                            num_workers, empty(cache_seqlens, (cap,), "i32"))
     _C.plan_splits(raw(cache_seqlens), int(num_workers), raw(out.split_offsets), raw(out.split_begin),
                    current_stream(cache_seqlens, stream),
                    raw(out.split_order) if out.split_order is not None else None)
@@ -194,7 +198,8 @@ def decode_arrays(op: str, inputs: tuple, out: Any, lse: Any, workspace: Any, so
     allocating = out is None and lse is None and workspace is None and stream is None
     q, split_offsets, split_begin = inputs[0], inputs[-3], inputs[-2]
     b, s_q, h = (int(d) for d in q.shape[:3])
-    out, lse, workspace = _decode_outputs(q, b, s_q, h, split_begin, out, lse, workspace)
+    with allocating_for(q, stream):
+        out, lse, workspace = _decode_outputs(q, b, s_q, h, split_begin, out, lse, workspace)
     s = current_stream(q, stream)
     arrays = inputs + (out, lse, workspace)
     sig, ptrs = _fastpath.prepare(op, arrays)

@@ -12,6 +12,7 @@ the framework of their first array argument. Element types by meaning:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable, Optional, Sequence
 
@@ -184,6 +185,32 @@ def stream_getter(x: Any) -> Optional[Callable[[], int]]:
 
         return lambda: int(cupy.cuda.get_current_stream().ptr)
     return lambda: 0
+
+
+def allocating_for(x: Any, stream: Any):
+    """A context in which `empty` allocates arrays for work on `stream` (an operation's `stream=`
+    argument) rather than on the caller's current stream. PyTorch's and CuPy's caching allocators
+    give a freed block to the next allocation in the order of the stream it belongs to; an array
+    that an operation allocates, launches on another stream and then drops (decode's workspace),
+    or hands back to a caller who drops it early, must belong to the stream that uses it, or the
+    memory could be reused while that stream's kernel still reads or writes it. A no-op for host
+    arrays, for stream=None and for the current stream itself."""
+    if stream is None or not is_cuda(x):
+        return contextlib.nullcontext()
+    handle = current_stream(x, stream)
+    if handle == current_stream(x, None):
+        return contextlib.nullcontext()
+    fw = framework_of(x)
+    if fw == "torch":
+        import torch
+
+        s = stream if isinstance(stream, torch.cuda.Stream) else torch.cuda.ExternalStream(handle, device=x.device)
+        return torch.cuda.stream(s)
+    if fw == "cupy":
+        import cupy
+
+        return cupy.cuda.ExternalStream(handle)
+    return contextlib.nullcontext()
 
 
 def to_host(x: Any) -> Any:

@@ -287,3 +287,17 @@ def test_table_contents_are_checked_on_the_cpu(rng):
     assert "cache_seqlens[0] = -4 is negative" in msg
     assert "block_table" in error_of(lambda: snapmla.check_page_table(bad, seqlens, cache8.num_pages))
     assert "slot" in error_of(lambda: snapmla.check_slot_mapping(np.array([5, 1 << 20], np.int32), cache8.num_pages))
+
+
+def test_host_arrays_allocate_as_usual_with_a_stream_argument(rng):
+    # allocating_for only changes where device arrays are allocated; host arrays ignore stream=.
+    from snapmla._frameworks import allocating_for
+    import contextlib
+    x = np.zeros(4, np.float32)
+    assert isinstance(allocating_for(x, 7), contextlib.nullcontext)
+    assert isinstance(allocating_for(x, None), contextlib.nullcontext)
+    seqlens = np.array([10], np.int32)
+    q, table, _, cache8, _ = build_case(rng, seqlens, 1, 16)
+    a = snapmla.quantize_query(q)
+    b = snapmla.quantize_query(q, stream=5)  # a stream handle: ignored for host arrays
+    assert np.array_equal(a.nope, b.nope) and np.array_equal(a.scale, b.scale)

@@ -365,3 +365,36 @@ def test_wrappers_call_the_op_wherever_something_would_see_it(rng):
     assert bf16(q)[0].requires_grad == via_op[0].requires_grad
     with torch.no_grad():
         assert torch.equal(bf16(q)[0], first16[0])
+
+
+@needs_gpu
+def test_side_stream_calls_allocate_for_that_stream(rng):
+    # A call given stream= allocates its outputs and workspace in that stream's order (the caching
+    # allocator may not hand them to the current stream's work while the side stream's kernels
+    # use them), and computes what the same call on the current stream does.
+    case = Case(rng, "cuda", [700, 64, 3], 1, 64)
+    qq = snapmla.quantize_query(case.q)
+    plan = snapmla.plan_splits(case.cache_seqlens, 20)
+    want, want_lse = snapmla.decode_fp8(qq, case.fp8, case.block_table, case.cache_seqlens,
+                                        softmax_scale=case.scale, plan=plan)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    for stream in (side, side.cuda_stream):
+        seen = []
+        real_empty = torch.empty
+
+        def spy(*args, **kw):
+            seen.append(torch.cuda.current_stream().cuda_stream)
+            return real_empty(*args, **kw)
+
+        torch.empty = spy
+        try:
+            got, got_lse = snapmla.decode_fp8(qq, case.fp8, case.block_table, case.cache_seqlens,
+                                              softmax_scale=case.scale, plan=plan, stream=stream)
+            qq2 = snapmla.quantize_query(case.q, stream=stream)
+        finally:
+            torch.empty = real_empty
+        assert seen and all(s == side.cuda_stream for s in seen)
+        side.synchronize()
+        assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+        assert torch.equal(qq2.nope.view(torch.uint8), qq.nope.view(torch.uint8))
