@@ -98,8 +98,8 @@ def load_peers(path, case):
     spec.loader.exec_module(mod)
     if hasattr(mod, "peer_calls"):
         return mod.peer_calls(case)
-    # The shared peers folder's peers.py: FlashMLA's BF16 decode and its FP8 fork, on the same
-    # tensors (the fork's FP8 query and cache are casts, scale 1: its host cost does not depend
+    # A peers.py with the FlashMLA and FP8-fork loaders (as snapmla.bench --peers takes): FlashMLA's
+    # BF16 decode and its FP8 fork, on the same tensors (the fork's FP8 query and cache are casts, scale 1: its host cost does not depend
     # on the values).
     folder = os.path.dirname(os.path.abspath(path))
     fm = mod.FlashMLA(case.cache_seqlens, 1, case.h, folder=folder)
@@ -147,7 +147,7 @@ def main():
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--calls", type=int, default=500)
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--peers", help="a Python file with peer_calls(case), or the shared peers' peers.py")
+    ap.add_argument("--peers", help="a Python file with peer_calls(case), or a peers.py with the FlashMLA / FP8-fork loaders")
     ap.add_argument("--inference-mode", action="store_true",
                     help="time under torch.inference_mode(), as engines run decode steps")
     a = ap.parse_args()
