@@ -11,7 +11,8 @@ data recipe, its reference semantics and its tolerances, written here for SnapML
 - both metadata interfaces: get_mla_metadata() (a FlashMLASchedMeta filled at the first call)
   and get_mla_metadata(cache_seqlens, s_q * h_q, 1).
 
-On the GPU (PyTorch, sm_90) every case runs, with both interfaces. The CPU reference runs, with
+On the GPU (PyTorch, sm_90) every case runs, with both interfaces on the same data, drawn and
+checked on the GPU (the float64 reference there too). The CPU reference runs, with
 NumPy, the cases whose work fits a CI machine (b <= 2, s_k <= 140, every h_q, s_q, varlen and
 causal: 336 cases, the two interfaces in turn); SNAPMLA_CPU_ALL_CASES=1 runs all of them there
 too."""
@@ -174,16 +175,125 @@ def _torch_array(bits, kind):
     return t.cuda()
 
 
-def _torch_numpy(t):
-    t = t.detach().cpu()
-    return t.view(torch.uint16).numpy() if t.dtype == torch.bfloat16 else t.numpy()
+def make_case_gpu(c, seed, device="cuda"):
+    """make_case's recipe with the large arrays drawn on the GPU (torch's generator; rounded to
+    bf16 to nearest even as bf16_bits does): (seqlens, table) in NumPy and on the GPU, q and
+    k_cache as CUDA bf16 tensors. The largest cases hold about 10K pages: drawn in NumPy on the
+    host they took seconds each, which kept the whole file from running in one GPU session."""
+    b, s_q, s_k, h_q, varlen, _, zeros = c
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    seqlens = np.full(b, s_k, np.int64)
+    if varlen:
+        seqlens = np.maximum(rng.normal(s_k, s_k / 2, b), s_q).astype(np.int64)
+    if zeros:
+        seqlens[rng.standard_normal(b) > 0] = 0
+    max_pad = -(-int(seqlens.max()) // 256) * 256
+    pages_per = max_pad // 64
+    table = rng.permutation(b * pages_per).astype(np.int32).reshape(b, pages_per)
+    q = (torch.randn((b, s_q, h_q, 576), generator=gen, device=device) / 10).clamp_(-1, 1)
+    kv = (torch.randn((b * pages_per, 64, 1, 576), generator=gen, device=device) / 10).clamp_(-1, 1)
+    for i in range(b):
+        used = -(-int(seqlens[i]) // 64)
+        kv[torch.from_numpy(table[i, used:]).long().to(device)] = float("nan")
+        if seqlens[i] % 64:
+            kv[int(table[i, used - 1]), int(seqlens[i]) % 64:] = float("nan")
+        table[i, used:] = BAD_PAGE
+    return (seqlens.astype(np.int32), table, q.to(torch.bfloat16), kv.to(torch.bfloat16))
+
+
+def reference_gpu(seqlens, table, q, kv, causal):
+    """reference() in float64 on the GPU, all of a sequence's queries at once."""
+    b, s_q, h, _ = q.shape
+    out = torch.zeros((b, s_q, h, 512), dtype=torch.float64, device=q.device)
+    lse = torch.full((b, h, s_q), math.inf, dtype=torch.float64, device=q.device)
+    for i in range(b):
+        n = int(seqlens[i])
+        if n == 0:
+            continue
+        pages = torch.from_numpy(table[i, :-(-n // 64)]).long().to(q.device)
+        keys = kv[pages].reshape(-1, 576)[:n].double()
+        s = torch.einsum("jhd,td->jht", q[i].double(), keys) / math.sqrt(576)  # [s_q, h, n]
+        for j in range(s_q):
+            vis = n - s_q + j + 1 if causal else n
+            if vis <= 0:
+                continue
+            sj = s[j, :, :vis]
+            m = sj.amax(dim=1, keepdim=True)
+            p = torch.exp(sj - m)
+            total = p.sum(dim=1, keepdim=True)
+            lse[i, :, j] = (m + torch.log(total))[:, 0]
+            out[i, j] = (p / total) @ keys[:vis, :512]
+    return out, lse
+
+
+def expect_close_gpu(name, got, want, abs_tol, rel_tol, cos_tol=None):
+    """expect_close on CUDA tensors, in float64 on the GPU."""
+    got, want = got.double().clone(), want.double().clone()
+    assert got.shape == want.shape, name
+    for special in (math.inf, -math.inf):
+        mask_g, mask_w = got == special, want == special
+        assert torch.equal(mask_g, mask_w), \
+            f"{name}: {special} at {int(mask_g.sum())} places, expected {int(mask_w.sum())}"
+        got[mask_g] = 0
+        want[mask_w] = 0
+    assert torch.equal(torch.isnan(got), torch.isnan(want)), f"{name}: NaN in other places"
+    got = torch.nan_to_num(got, nan=0.0)
+    want = torch.nan_to_num(want, nan=0.0)
+    err = (got - want).abs()
+    ok = (err < abs_tol) | (err / (want.abs() + 1e-6) < rel_tol)
+    assert bool(ok.all()), f"{name}: {int((~ok).sum())} of {ok.numel()} elements off, worst {float(err.max()):.3e}"
+    if cos_tol is not None:
+        ww, gg = float((want * want).sum()), float((got * got).sum())
+        cos_diff = 0.0 if ww < 1e-12 else 1 - 2 * float((got * want).sum()) / (ww + gg)
+        assert abs(cos_diff) <= cos_tol, f"{name}: cosine difference {cos_diff:.3e}"
+
+
+def check_case_gpu(c, seed, device="cuda"):
+    """check_case's checks for both metadata interfaces on one case's data (drawn and checked on
+    the GPU; the reference computed once)."""
+    _, s_q, _, h_q, _, causal, _ = c
+    seqlens, table, q, k_cache = make_case_gpu(c, seed, device)
+    bt, sl = torch.from_numpy(table).to(device), torch.from_numpy(seqlens).to(device)
+    want_out, want_lse = reference_gpu(seqlens, table, q, k_cache, causal)
+    for interface in ("sched_meta", "arrays"):
+        if interface == "sched_meta":
+            meta, num_splits = flash_mla.get_mla_metadata()
+        else:
+            meta, num_splits = flash_mla.get_mla_metadata(sl, s_q * h_q, 1)
+        out, lse = flash_mla.flash_mla_with_kvcache(q, k_cache, bt, sl, 512, meta, num_splits, causal=causal)
+        expect_close_gpu(f"{interface}: out", out, want_out, 8e-4, 2.01 / 128, 5e-6)
+        expect_close_gpu(f"{interface}: lse", lse, want_lse, 1e-6, 8.01 / 65536)
+        if interface == "sched_meta":  # the plan is reused, as FlashMLA allows for the same shapes
+            out2, lse2 = flash_mla.flash_mla_with_kvcache(q, k_cache, bt, sl, 512, meta, None, causal=causal)
+            assert torch.equal(out2, out) and torch.equal(lse2, lse)
 
 
 @needs_gpu
-@pytest.mark.parametrize("interface", ["sched_meta", "arrays"])
 @pytest.mark.parametrize("c", ALL, ids=case_id)
-def test_flash_mla_case_on_gpu(c, interface, rng):
-    check_case(c, _torch_array, _torch_numpy, interface, seed=int(rng.integers(1 << 31)))
+def test_flash_mla_case_on_gpu(c, rng):
+    check_case_gpu(c, seed=int(rng.integers(1 << 31)))
+
+
+needs_torch = pytest.mark.skipif(torch is None, reason="no PyTorch: the GPU path's helpers not checked")
+
+
+@needs_torch
+@pytest.mark.parametrize("c", [(2, 2, 140, 9, True, True, False), (6, 4, 20, 3, False, False, False),
+                               (2, 1, 140, 1, True, False, True)], ids=case_id)
+def test_gpu_path_helpers_on_the_cpu(c):
+    # The GPU test's own pieces, run with PyTorch on the CPU: its float64 reference agrees with
+    # the NumPy one on the same data, and its checks pass for the drop-in (the CPU reference).
+    seqlens, table, q, k_cache = make_case_gpu(c, 3, "cpu")
+    causal = c[5]
+    got_out, got_lse = reference_gpu(seqlens, table, q, k_cache, causal)
+    want_out, want_lse = reference(seqlens, q.view(torch.uint16).numpy(), table, k_cache.view(torch.uint16).numpy(),
+                                   causal)
+    assert np.allclose(got_out.numpy(), want_out, rtol=1e-12, atol=1e-14)
+    assert np.array_equal(np.isinf(got_lse.numpy()), np.isinf(want_lse))
+    fin = np.isfinite(want_lse)
+    assert np.allclose(got_lse.numpy()[fin], want_lse[fin], rtol=1e-12)
+    check_case_gpu(c, 3, "cpu")
 
 
 @needs_gpu
