@@ -9,6 +9,7 @@
 #include <chrono>
 #include <random>
 
+#include "core/split_rule.hpp"
 #include "test_util.hpp"
 
 namespace snapmla {
@@ -340,6 +341,60 @@ TEST(SplitKv, PlanCoversEverySequenceWithinCapacity) {
         }
         // A remainder under a quarter share rides along: at most 1.25 shares per split.
         ASSERT_LE(4 * ((end - P.begins[k] + 63) / 64), 5 * std::max<int64_t>(share, 1)) << "balanced shares";
+      }
+    }
+  }
+}
+
+// query_rows: a small total's splits are no shorter than the cost model's chunk (the one H200
+// measurement behind it: b = 1, h = 128, 8K ran faster as 32 splits of 4 blocks than as 64 of 2),
+// a large total keeps equal shares, and the plan still covers every sequence within capacity.
+TEST(SplitKv, QueryRowsKeepSmallTotalsFromShortSplits) {
+  std::vector<int32_t> one = {8192}, tab1 = {0};
+  PageTable single{tab1.data(), one.data(), 1, 128, Device::cpu()};
+  OwnedPlan equal(single, 66), costed(single, 66, 128);
+  EXPECT_EQ(equal.offsets[1], 64) << "equal shares: 2 blocks per split";
+  ASSERT_EQ(costed.offsets[1], 32) << "h = 128: 4 blocks per split";
+  for (int k = 0; k < 32; ++k) EXPECT_EQ(costed.begins[k], k * 4 * kPageSize);
+  OwnedPlan narrow(single, 132, 16);
+  EXPECT_EQ(narrow.offsets[1], 128) << "16 rows: sqrt(128 x 16 / 1024) rounds to 1 block";
+
+  std::vector<int32_t> many(128, 8192), tab(128, 0);
+  PageTable big{tab.data(), many.data(), 128, 128, Device::cpu()};
+  OwnedPlan big_equal(big, 66), big_costed(big, 66, 128);
+  EXPECT_EQ(big_equal.offsets, big_costed.offsets) << "a large total keeps equal shares";
+  EXPECT_EQ(big_equal.begins, big_costed.begins);
+
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  std::uniform_int_distribution<int> len(0, 20000), workers(1, 300), batch(1, 16), rows(1, 512);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int b = batch(rng), w = workers(rng), r = rows(rng);
+    std::vector<int32_t> seqlens(b), table(b, 0);
+    for (auto& l : seqlens) l = len(rng);
+    int64_t total = 0;
+    for (int32_t l : seqlens) total += (l + 63) / 64;
+    const int64_t chunk = detail::split_chunk(total, w, r);
+    const int64_t equal_share = std::max<int64_t>(1, (total + w - 1) / w);
+    ASSERT_GE(chunk, equal_share);
+    if (chunk > equal_share) {  // then the nearest integer to sqrt(total x rows / 1024)
+      const int64_t x = total * r;
+      ASSERT_LE((2 * chunk - 1) * (2 * chunk - 1) * 256, x);
+      ASSERT_GT((2 * chunk + 1) * (2 * chunk + 1) * 256, x);
+    }
+    PageTable pages{table.data(), seqlens.data(), b, 400, Device::cpu()};
+    OwnedPlan P(pages, w, r);
+    ASSERT_LE(P.offsets[b], split_plan_capacity(b, w));
+    for (int i = 0; i < b; ++i) {
+      const int lo = P.offsets[i], hi = P.offsets[i + 1];
+      ASSERT_GE(hi - lo, 1);
+      ASSERT_EQ(P.begins[lo], 0);
+      for (int k = lo; k < hi; ++k) {
+        const int end = k + 1 < hi ? P.begins[k + 1] : seqlens[i];
+        if (seqlens[i] > 0) {
+          ASSERT_GT(end, P.begins[k]);
+        }
+        ASSERT_LE(4 * ((end - P.begins[k] + 63) / 64), 5 * chunk) << "at most 1.25 shares per split";
       }
     }
   }

@@ -153,6 +153,8 @@ TEST_F(Bad, PlansThatDoNotFit) {
   std::vector<int32_t> off(3), beg(3);
   EXPECT_ARG_ERROR(plan_splits(B.pages(), 4, SplitPlan{off.data(), beg.data(), 3, 2, Device::cpu()}), "plan.capacity");
   EXPECT_ARG_ERROR(plan_splits(B.pages(), 0, P.plan), "num_workers");
+  EXPECT_ARG_ERROR(plan_splits(B.pages(), 4, P.plan, nullptr, -1), "query_rows");
+  EXPECT_ARG_ERROR(plan_splits(B.pages(), 4, P.plan, nullptr, 513), "query_rows");
   // A launch order that is not a permutation of the splits.
   test::OwnedPlan R(B.pages(), 4);
   ASSERT_GE(R.offsets[2], 2);

@@ -30,9 +30,13 @@ void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const 
 
 // Divide each sequence into splits of whole 64-token blocks so that `num_workers` workers get
 // about equal work (at most capacity = split_plan_capacity(batch, num_workers) splits).
-// Reads only pages.cache_seqlens. On the GPU it runs as a kernel, without host synchronization.
+// query_rows: the decode's query rows per sequence (seqlen_q x num_heads, 1..512), or 0. Given,
+// splits are no shorter than their fixed cost (fp32 partials and the combine) makes worthwhile
+// for a small total (a batch of one 8K sequence at h = 128: 32 splits of 4 blocks rather than 64
+// of 2); 0 gives equal shares only. Reads only pages.cache_seqlens. On the GPU it runs as a
+// kernel, without host synchronization.
 void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan,
-                 Stream stream = nullptr);
+                 Stream stream = nullptr, int query_rows = 0);
 
 // SnapMLA decoding on the FP8 cache (docs/design.md, the method): FP8 QK with per-token and
 // per-(token, head) scales plus the pre-scaled bf16 rope product in one fp32 accumulator,

@@ -150,9 +150,11 @@ def gather_dequant(cache: PagedFp8Cache, slots: Any, *, out: Any = None,
 
 
 def plan_splits(cache_seqlens: Any, num_workers: int, *, out: Optional[SplitPlan] = None,
-                stream: Any = None) -> SplitPlan:
+                stream: Any = None, query_rows: int = 0) -> SplitPlan:
     """Split-KV plan for `num_workers` workers from cache_seqlens ([b] int32), computed where
-    cache_seqlens lives (on the GPU without host synchronization: CUDA-graph safe)."""
+    cache_seqlens lives (on the GPU without host synchronization: CUDA-graph safe). query_rows:
+    the decode's seqlen_q * num_heads, which keeps splits of a small total from being shorter than
+    they are worth (0: equal shares only)."""
     b = _numel(cache_seqlens)
     if out is None:
         cap = split_plan_capacity(b, num_workers)
@@ -161,7 +163,7 @@ def plan_splits(cache_seqlens: Any, num_workers: int, *, out: Optional[SplitPlan
                             num_workers, empty(cache_seqlens, (cap,), "i32"))
     _C.plan_splits(raw(cache_seqlens), int(num_workers), raw(out.split_offsets), raw(out.split_begin),
                    current_stream(cache_seqlens, stream),
-                   raw(out.split_order) if out.split_order is not None else None)
+                   raw(out.split_order) if out.split_order is not None else None, int(query_rows))
     return SplitPlan(out.split_offsets, out.split_begin, int(num_workers), out.split_order)
 
 

@@ -40,8 +40,8 @@ def gather_dequant(cache: PagedFp8Cache, slots: Any):
     return _api.gather_dequant(_host_tuple(cache), _host(slots))
 
 
-def plan_splits(cache_seqlens: Any, num_workers: int) -> SplitPlan:
-    return _api.plan_splits(_host(cache_seqlens), num_workers)
+def plan_splits(cache_seqlens: Any, num_workers: int, query_rows: int = 0) -> SplitPlan:
+    return _api.plan_splits(_host(cache_seqlens), num_workers, query_rows=query_rows)
 
 
 def decode_fp8(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Any, cache_seqlens: Any, *,

@@ -155,12 +155,13 @@ void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const 
 #endif
 }
 
-void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, Stream s) {
-  if (!on_gpu("plan_splits", "pages", pages.device)) return ref::named::plan_splits("plan_splits", pages, num_workers, plan);
+void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, Stream s, int query_rows) {
+  if (!on_gpu("plan_splits", "pages", pages.device))
+    return ref::named::plan_splits("plan_splits", pages, num_workers, plan, query_rows);
   detail::check_devices_match("plan_splits", pages.device, "plan", plan.device);
-  detail::check_plan_splits_args("plan_splits", pages, num_workers, plan);
+  detail::check_plan_splits_args("plan_splits", pages, num_workers, query_rows, plan);
 #if SNAPMLA_HAVE_CUDA
-  cuda::plan_splits(pages, num_workers, plan, s);
+  cuda::plan_splits(pages, num_workers, plan, s, query_rows);
 #else
   (void)s;
 #endif

@@ -185,11 +185,15 @@ void check_workspace(const char* op, const DecodeOptions& options, int seqlen_q,
     fail(op, "options.workspace", "expected a 16-byte aligned pointer");
 }
 
-void check_plan_splits_args(const char* op, const PageTable& pages, int num_workers,
+void check_plan_splits_args(const char* op, const PageTable& pages, int num_workers, int query_rows,
                             const SplitPlan& plan) {
   validate(op, pages);
   validate(op, plan);
   if (num_workers < 1) fail(op, "num_workers", "expected >= 1, got " + std::to_string(num_workers));
+  if (query_rows < 0 || query_rows > kMaxHeads * kMaxQueriesPerSeq)
+    fail(op, "query_rows",
+         "expected 0 (equal shares) or the decode's seqlen_q x num_heads (1.." +
+             std::to_string(kMaxHeads * kMaxQueriesPerSeq) + "), got " + std::to_string(query_rows));
   if (plan.batch != pages.batch)
     fail(op, "plan.batch", "expected pages.batch (" + std::to_string(pages.batch) + "), got " +
                                std::to_string(plan.batch));

@@ -4,6 +4,7 @@
 #include <limits>
 #include <vector>
 
+#include "../core/split_rule.hpp"
 #include "../core/validate.hpp"
 #include "attention_core.hpp"
 #include "named.hpp"
@@ -187,10 +188,10 @@ void combine_row(int num_splits, const float* partial_out, const float* partial_
 
 namespace named {
 
-void plan_splits(const char* op, const PageTable& pages, int num_workers, const SplitPlan& plan) {
+void plan_splits(const char* op, const PageTable& pages, int num_workers, const SplitPlan& plan, int query_rows) {
   require_cpu(op, "pages", pages.device);
   require_cpu(op, "plan", plan.device);
-  detail::check_plan_splits_args(op, pages, num_workers, plan);
+  detail::check_plan_splits_args(op, pages, num_workers, query_rows, plan);
   int64_t total_blocks = 0;
   for (int i = 0; i < pages.batch; ++i) {
     const int len = pages.cache_seqlens[i];
@@ -199,11 +200,12 @@ void plan_splits(const char* op, const PageTable& pages, int num_workers, const 
                                             std::to_string(len) + ", expected >= 0");
     total_blocks += (len + kPageSize - 1) / kPageSize;
   }
-  // Equal shares of blocks: a worker's share is `chunk` blocks; a sequence gets
-  // n = max(1, ceil(blocks / chunk - 1/4)) splits of equal size (a remainder under a quarter
-  // share rides along instead of costing a CTA and a combine), so a split has at most
-  // 1.25 chunk blocks and there are at most total_blocks / chunk + batch <= num_workers + batch.
-  const int64_t chunk = std::max<int64_t>(1, (total_blocks + num_workers - 1) / num_workers);
+  // A worker's share is `chunk` blocks (detail::split_chunk: equal shares, or longer for a small
+  // total given query_rows); a sequence gets n = max(1, ceil(blocks / chunk - 1/4)) splits of
+  // equal size (a remainder under a quarter share rides along instead of costing a CTA and a
+  // combine), so a split has at most 1.25 chunk blocks and there are at most
+  // total_blocks / chunk + batch <= num_workers + batch.
+  const int64_t chunk = detail::split_chunk(total_blocks, num_workers, query_rows);
   int32_t k = 0;
   plan.split_offsets[0] = 0;
   for (int i = 0; i < pages.batch; ++i) {
@@ -313,8 +315,8 @@ void decode_bf16(const char* op, const QueryBf16& q, const PagedBf16Cache& cache
 
 }  // namespace named
 
-void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan) {
-  named::plan_splits("ref::plan_splits", pages, num_workers, plan);
+void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, int query_rows) {
+  named::plan_splits("ref::plan_splits", pages, num_workers, plan, query_rows);
 }
 
 DecodeResultF32 decode_fp8_f32(const QuantizedQuery& q, const PagedFp8Cache& cache,

@@ -308,17 +308,21 @@ TEST(GpuPlan, SameSplitsAsTheReference) {
     const bool many = trial >= 20;
     const int b = many ? kMaxOrderedSplits + 1 + int(rng() % 2000) : 1 + int(rng() % 1500);
     const int workers = 1 + int(rng() % 400);
+    // A third of the trials give the decode's query rows (the split-length rule), short
+    // sequences there so that the rule changes the plan.
+    const int query_rows = trial % 3 == 1 ? 1 + int(rng() % 512) : 0;
     std::vector<int32_t> lens(b), table(b, 0);
-    for (auto& l : lens) l = int32_t(rng() % 70000) * int(rng() % 4 != 0);
+    for (auto& l : lens) l = int32_t(rng() % (query_rows ? 3000 : 70000)) * int(rng() % 4 != 0);
     PageTable hp{table.data(), lens.data(), b, 2000, Device::cpu()};
     std::vector<int32_t> off(b + 1), beg(split_plan_capacity(b, workers)), ord(beg.size());
-    ref::plan_splits(hp, workers, {off.data(), beg.data(), int(beg.size()), b, Device::cpu(), ord.data()});
+    ref::plan_splits(hp, workers, {off.data(), beg.data(), int(beg.size()), b, Device::cpu(), ord.data()},
+                     query_rows);
     DeviceBuffer<int32_t> glens(lens), gtable(table), goff(off.size()), gbeg(beg.size()), gord(beg.size());
     goff.poison();
     gbeg.poison();
     gord.poison();
     plan_splits({gtable.get(), glens.get(), b, 2000, kGpu}, workers,
-                {goff.get(), gbeg.get(), int(beg.size()), b, kGpu, gord.get()});
+                {goff.get(), gbeg.get(), int(beg.size()), b, kGpu, gord.get()}, nullptr, query_rows);
     ASSERT_EQ(goff.download(), off) << "b=" << b << " workers=" << workers;
     const auto gb = gbeg.download();
     ASSERT_TRUE(std::equal(beg.begin(), beg.begin() + off[b], gb.begin()));

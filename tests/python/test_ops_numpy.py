@@ -122,6 +122,16 @@ def test_plan_splits_covers_every_sequence(rng):
         assert key == sorted(key)
 
 
+def test_plan_splits_query_rows_lengthens_short_splits():
+    # The decode's query rows make a small total's splits no shorter than the cost model's chunk:
+    # one 8K sequence for 66 workers at h = 128 is 32 splits of 4 pages instead of 64 of 2.
+    seqlens = np.array([8192], np.int32)
+    assert int(snapmla.plan_splits(seqlens, 66).split_offsets[-1]) == 64
+    plan = snapmla.plan_splits(seqlens, 66, query_rows=128)
+    assert int(plan.split_offsets[-1]) == 32 and list(plan.split_begin[:3]) == [0, 256, 512]
+    assert "query_rows" in error_of(lambda: snapmla.plan_splits(seqlens, 66, query_rows=600))
+
+
 def build_case(rng, seqlens, s_q, h):
     """An FP8 and a BF16 cache holding the same random tokens, with NaN in every unused slot."""
     table, slots, num_pages = make_paged(rng, seqlens)

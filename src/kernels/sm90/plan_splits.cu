@@ -7,6 +7,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include "../../core/split_rule.hpp"
 #include "../common/check.cuh"
 #include "../kernels.hpp"
 
@@ -21,7 +22,8 @@ __device__ __forceinline__ int64_t blocks_of(int32_t len) {
 }
 
 __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __restrict__ seqlens,
-                                                               int batch, int num_workers, int capacity,
+                                                               int batch, int num_workers, int query_rows,
+                                                               int capacity,
                                                                int32_t* __restrict__ offsets,
                                                                int32_t* __restrict__ begins,
                                                                int32_t* __restrict__ order) {
@@ -39,7 +41,7 @@ __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __
   const long long total = Reduce(tmp.reduce).Sum(local);
   if (threadIdx.x == 0) total_s = total;
   __syncthreads();
-  const long long chunk = max(1LL, (total_s + num_workers - 1) / num_workers);
+  const long long chunk = detail::split_chunk(total_s, num_workers, query_rows);  // the reference's rule
   if (threadIdx.x == 0) offsets[0] = 0;
   int running = 0;
   for (int base = 0; base < batch; base += kThreads) {
@@ -98,9 +100,9 @@ __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __
 
 }  // namespace
 
-void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, Stream s) {
-  plan_splits_kernel<<<1, kThreads, 0, as_stream(s)>>>(pages.cache_seqlens, pages.batch,
-                                                       num_workers, plan.capacity, plan.split_offsets,
+void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, Stream s, int query_rows) {
+  plan_splits_kernel<<<1, kThreads, 0, as_stream(s)>>>(pages.cache_seqlens, pages.batch, num_workers, query_rows,
+                                                       plan.capacity, plan.split_offsets,
                                                        plan.split_begin, plan.split_order);
   check_launch("plan_splits_kernel");
 }
