@@ -1,0 +1,118 @@
+"""How many splits small batches want: decode_fp8 timed with fewer workers than
+recommended_num_workers gives, beside the peers, in one process (CUDA graphs, interleaved rounds,
+medians), for the cases where a split holds only a few pages.
+
+    python lab/split_sweep.py --peers .peers [--out DIR]
+
+Per case it prints decode_fp8's time for each worker count and with the planner's own split
+length rule (plan_splits' query_rows), pages per split in brackets, and the peers' times. The planner today splits a sequence into about num_workers pieces; a split's fixed
+cost (its fp32 partials written and read back by the combine: rows x 4 KB) makes pieces of one or
+two pages cost more than they save. These numbers are what a cost model for the planner needs
+(and the one probe so far: b = 1, h = 128, 8K, 24.1 us at 66 workers against 20.6 us at 33).
+Needs PyTorch, an sm_90 GPU and the package installed.
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+
+import torch
+
+import snapmla
+from snapmla.bench import load_peers
+
+CASES = [(1, 128, 1, 1024), (1, 128, 1, 4096), (1, 128, 1, 8192), (1, 128, 1, 16384), (2, 128, 1, 8192),
+         (4, 128, 1, 4096), (8, 128, 1, 16384), (1, 128, 2, 8192), (1, 64, 1, 8192), (1, 16, 1, 8192)]
+FRACTIONS = [1.0, 0.75, 0.5, 1 / 3, 0.25, 1 / 6]
+
+
+def time_graphs(graphs, calls, rounds):
+    times = {k: [] for k in graphs}
+    order = list(graphs)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for r in range(rounds):
+        for k in order[r % len(order):] + order[:r % len(order)]:
+            start.record()
+            graphs[k].replay()
+            end.record()
+            end.synchronize()
+            times[k].append(start.elapsed_time(end) * 1e3 / calls)
+    return {k: round(statistics.median(v), 2) for k, v in times.items()}
+
+
+def run_case(case, peers, calls, rounds):
+    b, h, s_q, s_k = case
+    dev = "cuda"
+    pages_per_seq = (s_k + 63) // 64
+    sets = max(1, min(32, math.ceil(256e6 / (b * s_k * 1152))))
+    num_pages = b * pages_per_seq * sets
+    kv = (torch.randn(num_pages * 64, 576, device=dev) / 10).to(torch.bfloat16)
+    fp8 = snapmla.alloc_fp8_cache(num_pages, kv)
+    snapmla.append(fp8, kv, torch.arange(num_pages * 64, device=dev, dtype=torch.int32))
+    perm = torch.randperm(num_pages, device=dev, dtype=torch.int32)
+    tables = [perm[i * b * pages_per_seq:(i + 1) * b * pages_per_seq].view(b, -1).contiguous() for i in range(sets)]
+    seqlens = torch.full((b,), s_k, dtype=torch.int32, device=dev)
+    q = (torch.randn(b, s_q, h, 576, device=dev) / 10).to(torch.bfloat16)
+    qq = snapmla.quantize_query(q)
+    scale = 192 ** -0.5
+    full = snapmla.recommended_num_workers(q, s_q, h)
+    workers = sorted({max(1, round(full * f)) for f in FRACTIONS}, reverse=True)
+    calls_by = {}
+    plans = {}
+    for w in workers:
+        plans[f"fp8 w={w}"] = snapmla.plan_splits(seqlens, w)
+    # The planner's own rule for the split length (query_rows), at the recommended worker count.
+    plans[f"fp8 rows={h * s_q}"] = snapmla.plan_splits(seqlens, full, query_rows=h * s_q)
+    for name, plan in plans.items():
+        calls_by[name] = (lambda pl: lambda t: snapmla.decode_fp8(
+            qq, fp8, t, seqlens, softmax_scale=scale, plan=pl))(plan)
+    if peers is not None:
+        fm, f8 = peers.FlashMLA(seqlens, s_q, h), peers.PR54(seqlens, s_q, h)
+        cache4 = kv.view(num_pages, 64, 1, 576)
+        q8, cache8 = q.to(torch.float8_e4m3fn), cache4.to(torch.float8_e4m3fn)
+        calls_by["flashmla_bf16"] = lambda t: fm(q, cache4, t, seqlens, scale, True)
+        calls_by["pr54_fp8"] = lambda t: f8(q8, cache8, t, seqlens, scale, True)
+    n = max(calls, sets)
+    graphs = {}
+    for k, fn in calls_by.items():
+        for t in tables:
+            fn(t)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(n):
+                fn(tables[i % sets])
+        graphs[k] = g
+    torch.cuda.synchronize()
+    got = time_graphs(graphs, n, rounds)
+    pages_per_split = {name: round(b * pages_per_seq / int(plan.split_offsets[-1]), 2) for name, plan in plans.items()}
+    return {"b": b, "h": h, "s_q": s_q, "s_k": s_k, "recommended_workers": full,
+            "pages_per_split": pages_per_split, "us": got}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--peers", metavar="DIR")
+    ap.add_argument("--calls", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--out", metavar="DIR")
+    a = ap.parse_args()
+    peers = load_peers(a.peers) if a.peers else None
+    rows = []
+    for case in CASES:
+        r = run_case(case, peers, a.calls, a.rounds)
+        rows.append(r)
+        fp8 = "  ".join(f"{k[4:]}[{r['pages_per_split'][k]}]: {v}" for k, v in r["us"].items() if k.startswith("fp8"))
+        peer = "  ".join(f"{k} {v}" for k, v in r["us"].items() if not k.startswith("fp8"))
+        print(f"b={r['b']} h={r['h']} s_q={r['s_q']} s_k={r['s_k']}: {fp8} | {peer}", flush=True)
+        torch.cuda.empty_cache()
+    if a.out:
+        os.makedirs(a.out, exist_ok=True)
+        with open(os.path.join(a.out, "split_sweep.json"), "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
