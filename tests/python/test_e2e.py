@@ -222,3 +222,49 @@ def test_cuda_graph_steps_match_eager_steps():
         eng.run(check_pages=True)
         runs.append({r.id: r.tokens for r in eng.finished})
     assert runs[0] == runs[1]
+
+
+class _FakeFlashMLA:
+    """Stands in for the peers' FlashMLA object on the CPU: decode_bf16 underneath, and a record of
+    whether each call found the step's scheduler metadata already made."""
+
+    def __init__(self):
+        self.meta = self.splits = None
+        self.saw_meta = []
+
+    def __call__(self, q, cache, block_table, seqlens, scale, causal):
+        assert cache.dim() == 4 and cache.shape[1:3] == (64, 1) and not causal
+        self.saw_meta.append(self.meta is not None)
+        if self.meta is None:
+            self.meta, self.splits = object(), object()
+        return st.decode_bf16(q, cache.view(cache.shape[0], 64, cache.shape[-1]), block_table, seqlens,
+                              softmax_scale=scale)
+
+
+def test_flashmla_bf16_kernel_gets_one_plan_per_step_and_the_same_tokens():
+    # --bf16-kernel flashmla: the BF16 cache's decode goes to FlashMLA's call in every layer, its
+    # metadata made by the first layer of each step and reused by the others (as engines do), and
+    # the tokens are decode_bf16's where the kernels compute the same function.
+    reqs = lambda: make_requests(4, 120, 3, CFG.vocab, seed=9)  # noqa: E731
+    runs = {}
+    for name, fm in (("snapmla", None), ("flashmla", _FakeFlashMLA())):
+        model = Model(CFG, "cpu", seed=0, max_pos=1024, flashmla=fm)
+        eng = Engine(model, "bf16", 1 << 26, max_len=1024, max_batch=4, record_tokens=True)
+        for r in reqs():
+            eng.submit(r)
+        eng.run()
+        runs[name] = {r.id: r.tokens for r in eng.finished}
+        if fm is not None:
+            steps = len(fm.saw_meta) // CFG.layers
+            assert steps >= 3 and len(fm.saw_meta) == steps * CFG.layers
+            assert fm.saw_meta == ([False] + [True] * (CFG.layers - 1)) * steps
+    assert runs["flashmla"] == runs["snapmla"]
+
+
+def test_flashmla_bf16_kernel_needs_the_peers_and_a_gpu(capsys):
+    from snapmla.e2e.bench import parse_args
+    for argv, expect in ((["--bf16-kernel", "flashmla"], "--peers"),
+                         (["--bf16-kernel", "flashmla", "--peers", ".", "--device", "cpu"], "GPU")):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert expect in capsys.readouterr().err

@@ -58,6 +58,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     a("--moe-standin", action="store_true",
       help="add a dense SwiGLU per layer with the FLOPs of DeepSeek-V3's 9 active experts (intermediate 18432)")
     a("--mlp-intermediate", type=int, default=0, help="the stand-in's intermediate size (implies --moe-standin)")
+    a("--bf16-kernel", default="snapmla", choices=["snapmla", "flashmla"],
+      help="the BF16 cache's decode kernel: snapmla's decode_bf16, or FlashMLA's dense BF16 decode (what "
+           "engines run today; needs --peers)")
+    a("--peers", default=None, metavar="DIR",
+      help="a folder with peers.py (the FlashMLA BF16 loader, as python -m snapmla.bench --peers takes)")
     # Output.
     a("--out", default=None, help="write PREFIX.json, PREFIX.md and PREFIX.png (e.g. docs/results/e2e_h200)")
     a("--commit", default=None, help="the commit the results are from (default: git rev-parse)")
@@ -77,6 +82,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         ap.error(f"--kv-gib: expected a positive size, got {args.kv_gib}")
     if args.moe_standin and not args.mlp_intermediate:
         args.mlp_intermediate = 9 * 2048
+    if args.bf16_kernel == "flashmla" and not args.peers:
+        ap.error("--bf16-kernel flashmla: expected --peers DIR, a folder with peers.py (FlashMLA's loader)")
+    if args.bf16_kernel == "flashmla" and args.device == "cpu":
+        ap.error("--bf16-kernel flashmla: FlashMLA's kernel runs on an sm_90 GPU, not --device cpu")
     return args
 
 
@@ -243,7 +252,16 @@ def _run(args, tp: TensorParallel) -> int:
     caches = ["fp8", "bf16"] if args.cache == "both" else [args.cache]
     progress(f"e2e: weights ({cfg.weight_bytes(args.tp) / GIB:.1f} GiB per rank) on {device}", force=True)
     t0 = time.perf_counter()
-    model = Model(cfg, device, seed=args.seed, tp=tp, max_pos=max(args.contexts) + args.output_len)
+    flashmla = None
+    if args.bf16_kernel == "flashmla":
+        if device.type != "cuda":
+            raise SystemExit("--bf16-kernel flashmla: FlashMLA's kernel needs an sm_90 GPU")
+        from ..bench import load_peers
+        # Its scheduler metadata is reset each step (Model.decode_step): the first layer computes
+        # it on the GPU for the step's lengths, the other layers reuse it, as engines do.
+        flashmla = load_peers(args.peers).FlashMLA(None, 1, cfg.heads // args.tp)
+    model = Model(cfg, device, seed=args.seed, tp=tp, max_pos=max(args.contexts) + args.output_len,
+                  flashmla=flashmla)
     weights_s = time.perf_counter() - t0
     if args.kv_gib is not None:
         kv_bytes = int(args.kv_gib * GIB)
@@ -280,6 +298,8 @@ def _run(args, tp: TensorParallel) -> int:
 def summarize(args, cfg: ModelConfig, device, tp: TensorParallel, kv_bytes: int, weights_s: float,
               runs: Dict[tuple, Dict], caches: List[str]) -> Dict:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU reference"
+    bf16_kernel = ("FlashMLA's dense BF16 decode (its own split scheduler, computed once per step)"
+                   if args.bf16_kernel == "flashmla" else "snapmla's decode_bf16")
     mlp = (f"a dense stand-in for the MoE (SwiGLU, intermediate {cfg.mlp_intermediate}, one weight set shared "
            f"by the layers)" if cfg.mlp_intermediate else "MoE / MLP left out (attention layers only)")
     setup = (f"{cfg.layers} MLA layers (hidden {cfg.hidden}, {cfg.heads} heads"
@@ -288,7 +308,8 @@ def summarize(args, cfg: ModelConfig, device, tp: TensorParallel, kv_bytes: int,
              f"{'YaRN (factor 40, DeepSeek-V3)' if cfg.rope == 'yarn' else 'plain'} RoPE, random bf16 weights "
              f"({cfg.weight_bytes(tp.size) / GIB:.1f} GiB per rank), {mlp}. KV pool {kv_bytes / GIB:.1f} GiB per "
              f"GPU for either cache ({BYTES_PER_TOKEN['fp8']} vs {BYTES_PER_TOKEN['bf16']} bytes per token and "
-             f"layer); prompts of `context` tokens, {args.output_len} output tokens reserved per request.")
+             f"layer); prompts of `context` tokens, {args.output_len} output tokens reserved per request. "
+             f"The BF16 cache's decode kernel: {bf16_kernel}.")
     notes = [
         "Prefill runs each layer's KV projection on the prompt's embeddings and writes the rows with the "
         "library's append (chunks of %d tokens); it is not timed in tokens/s." % args.prefill_chunk,
@@ -311,5 +332,5 @@ def summarize(args, cfg: ModelConfig, device, tp: TensorParallel, kv_bytes: int,
                 row["fp8_" + k], row["bf16_" + k] = f[k], b[k]
             results.append(row)
     return {"gpu": gpu, "date": datetime.date.today().isoformat(), "commit": _commit(args), "setup": setup,
-            "notes": notes, "tp": tp.size, "kv_gib": kv_bytes / GIB, "weights_init_s": weights_s,
+            "notes": notes, "tp": tp.size, "bf16_kernel": args.bf16_kernel, "kv_gib": kv_bytes / GIB, "weights_init_s": weights_s,
             "results": results, "runs": list(runs.values())}

@@ -188,7 +188,7 @@ class Model:
     and one decode step for a batch."""
 
     def __init__(self, cfg: ModelConfig, device, seed: int = 0, tp: Optional[TensorParallel] = None,
-                 max_pos: int = 1 << 17):
+                 max_pos: int = 1 << 17, flashmla=None):
         self.cfg, self.device, self.tp = cfg, torch.device(device), tp or TensorParallel()
         if cfg.heads % self.tp.size:
             raise ValueError(f"--tp: {self.tp.size} does not divide the {cfg.heads} heads")
@@ -205,6 +205,10 @@ class Model:
         self.lm_head = init.normal(cfg.hidden, cfg.vocab, std=cfg.hidden ** -0.5)
         self.rope = rope_tables(cfg, max_pos, self.device)
         self.num_workers = st.recommended_num_workers(self.embed, 1, self.local_heads)
+        # FlashMLA's BF16 decode for the BF16 cache instead of decode_bf16 (a peers.py FlashMLA
+        # object: called as (q, cache [P, 64, 1, 576], block_table, seqlens, scale, causal), its
+        # scheduler metadata in .meta / .splits), or None.
+        self.flashmla = flashmla
         self.keep_logits = False  # tests: keep the last eager step's logits in last_logits
         self.last_logits: Optional[torch.Tensor] = None
 
@@ -242,6 +246,9 @@ class Model:
         if isinstance(cache, PagedFp8Cache):
             out, _ = st.decode_fp8(st.quantize_query(q_full), cache, block_table, seqlens,
                                    softmax_scale=cfg.softmax_scale, plan=plan)
+        elif self.flashmla is not None:
+            out, _ = self.flashmla(q_full, cache.view(cache.shape[0], PAGE_SIZE, 1, cache.shape[-1]), block_table,
+                                   seqlens, cfg.softmax_scale, False)
         else:
             out, _ = st.decode_bf16(q_full, cache, block_table, seqlens,
                                     softmax_scale=cfg.softmax_scale, plan=plan)
@@ -259,6 +266,8 @@ class Model:
         slots = torch.where(active, page * PAGE_SIZE + pos % PAGE_SIZE, -1).int()
         seqlens = torch.where(active, pos + 1, 0).int()
         plan = st.plan_splits(seqlens, self.num_workers)  # one plan, shared by every layer
+        if self.flashmla is not None:  # FlashMLA's plan: made by the first layer's call, then shared
+            self.flashmla.meta = self.flashmla.splits = None
         cos, sin = self.rope[0][pos], self.rope[1][pos]
         x = F.embedding(tokens, self.embed)
         for layer, cache in zip(self.layers, caches):
