@@ -312,6 +312,28 @@ TEST(SplitKv, LaunchOrderIsLongestFirstAndStable) {
   for (int k = 0; k < M.offsets[b]; ++k) ASSERT_EQ(M.order[k], k);
 }
 
+// Every sequence has at least one split, the first at 0, each of whole pages and, for a
+// sequence with tokens, not empty; no split longer than 1.25 shares of `share` pages (a remainder
+// under a quarter share rides along); the plan within capacity.
+void expect_plan_covers(const OwnedPlan& P, const std::vector<int32_t>& seqlens, int workers, int64_t share) {
+  const int b = int(seqlens.size());
+  ASSERT_EQ(P.offsets[0], 0);
+  ASSERT_LE(P.offsets[b], split_plan_capacity(b, workers));
+  for (int i = 0; i < b; ++i) {
+    const int lo = P.offsets[i], hi = P.offsets[i + 1];
+    ASSERT_GE(hi - lo, 1);
+    ASSERT_EQ(P.begins[lo], 0);
+    for (int k = lo; k < hi; ++k) {
+      const int end = k + 1 < hi ? P.begins[k + 1] : seqlens[i];
+      ASSERT_EQ(P.begins[k] % kPageSize, 0);
+      if (seqlens[i] > 0) {
+        ASSERT_GT(end, P.begins[k]);
+      }
+      ASSERT_LE(4 * ((end - P.begins[k] + 63) / 64), 5 * std::max<int64_t>(share, 1)) << "balanced shares";
+    }
+  }
+}
+
 TEST(SplitKv, PlanCoversEverySequenceWithinCapacity) {
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
@@ -322,27 +344,11 @@ TEST(SplitKv, PlanCoversEverySequenceWithinCapacity) {
     for (auto& l : seqlens) l = len(rng) * (trial % 3 == 0 ? 0 : 1);
     PageTable pages{table.data(), seqlens.data(), b, 200, Device::cpu()};
     OwnedPlan P(pages, w);
-    ASSERT_EQ(P.offsets[0], 0);
-    ASSERT_LE(P.offsets[b], split_plan_capacity(b, w));
     for (size_t k = size_t(P.offsets[b]); k < P.begins.size(); ++k)
       ASSERT_TRUE(P.begins[k] == -1 && P.order[k] == -1) << "unused capacity " << k;
     int64_t total_blocks = 0;
     for (int32_t l : seqlens) total_blocks += (l + 63) / 64;
-    const int64_t share = (total_blocks + w - 1) / w;
-    for (int i = 0; i < b; ++i) {
-      const int lo = P.offsets[i], hi = P.offsets[i + 1];
-      ASSERT_GE(hi - lo, 1);
-      ASSERT_EQ(P.begins[lo], 0);
-      for (int k = lo; k < hi; ++k) {
-        const int end = k + 1 < hi ? P.begins[k + 1] : seqlens[i];
-        ASSERT_EQ(P.begins[k] % kPageSize, 0);
-        if (seqlens[i] > 0) {
-          ASSERT_GT(end, P.begins[k]);
-        }
-        // A remainder under a quarter share rides along: at most 1.25 shares per split.
-        ASSERT_LE(4 * ((end - P.begins[k] + 63) / 64), 5 * std::max<int64_t>(share, 1)) << "balanced shares";
-      }
-    }
+    expect_plan_covers(P, seqlens, w, (total_blocks + w - 1) / w);
   }
 }
 
@@ -384,19 +390,7 @@ TEST(SplitKv, QueryRowsKeepSmallTotalsFromShortSplits) {
     }
     PageTable pages{table.data(), seqlens.data(), b, 400, Device::cpu()};
     OwnedPlan P(pages, w, r);
-    ASSERT_LE(P.offsets[b], split_plan_capacity(b, w));
-    for (int i = 0; i < b; ++i) {
-      const int lo = P.offsets[i], hi = P.offsets[i + 1];
-      ASSERT_GE(hi - lo, 1);
-      ASSERT_EQ(P.begins[lo], 0);
-      for (int k = lo; k < hi; ++k) {
-        const int end = k + 1 < hi ? P.begins[k + 1] : seqlens[i];
-        if (seqlens[i] > 0) {
-          ASSERT_GT(end, P.begins[k]);
-        }
-        ASSERT_LE(4 * ((end - P.begins[k] + 63) / 64), 5 * chunk) << "at most 1.25 shares per split";
-      }
-    }
+    expect_plan_covers(P, seqlens, w, chunk);
   }
 }
 

@@ -227,18 +227,30 @@ def decode_arrays(op: str, inputs: tuple, out: Any, lse: Any, workspace: Any, so
     return out, lse
 
 
+def fp8_inputs(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Any, cache_seqlens: Any,
+               plan: Optional[SplitPlan]) -> tuple:
+    """decode_fp8's input arrays in the order of decode_arrays (see _CACHE)."""
+    if plan is None:
+        return (q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table, cache_seqlens,
+                None, None, None)
+    return (q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table, cache_seqlens,
+            plan.split_offsets, plan.split_begin, plan.split_order)
+
+
+def bf16_inputs(q: Any, cache: Any, block_table: Any, cache_seqlens: Any, plan: Optional[SplitPlan]) -> tuple:
+    """decode_bf16's input arrays in the order of decode_arrays."""
+    if plan is None:
+        return (q, cache, block_table, cache_seqlens, None, None, None)
+    return (q, cache, block_table, cache_seqlens, plan.split_offsets, plan.split_begin, plan.split_order)
+
+
 def decode_fp8(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Any, cache_seqlens: Any, *,
                softmax_scale: float, causal: bool = True, plan: Optional[SplitPlan] = None,
                workspace: Any = None, out: Any = None, lse: Any = None,
                stream: Any = None, empty_lse: float = -math.inf):
     """SnapMLA decoding: returns (out [b, s_q, h, 512] bf16, lse [b, h, s_q] f32). A query row
     that sees no token gets out = 0 and lse = empty_lse (-inf, or +inf as FlashMLA reports it)."""
-    if plan is None:
-        inputs = (q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table, cache_seqlens,
-                  None, None, None)
-    else:
-        inputs = (q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table, cache_seqlens,
-                  plan.split_offsets, plan.split_begin, plan.split_order)
+    inputs = fp8_inputs(q, cache, block_table, cache_seqlens, plan)
     if out is None and lse is None and workspace is None and stream is None:
         done = _fastpath.decode_allocated("decode_fp8", inputs, softmax_scale, causal, empty_lse)
         if done is not None:
@@ -250,10 +262,7 @@ def decode_bf16(q: Any, cache: Any, block_table: Any, cache_seqlens: Any, *, sof
                 causal: bool = True, plan: Optional[SplitPlan] = None, workspace: Any = None,
                 out: Any = None, lse: Any = None, stream: Any = None, empty_lse: float = -math.inf):
     """Decoding on the BF16 cache (the baseline): returns (out, lse) as decode_fp8."""
-    if plan is None:
-        inputs = (q, cache, block_table, cache_seqlens, None, None, None)
-    else:
-        inputs = (q, cache, block_table, cache_seqlens, plan.split_offsets, plan.split_begin, plan.split_order)
+    inputs = bf16_inputs(q, cache, block_table, cache_seqlens, plan)
     if out is None and lse is None and workspace is None and stream is None:
         done = _fastpath.decode_allocated("decode_bf16", inputs, softmax_scale, causal, empty_lse)
         if done is not None:

@@ -30,8 +30,8 @@ from torch import Tensor
 
 from . import _C, _fastpath
 from ._frameworks import raw as _dl
-from ._api import (HEAD_DIM, LATENT_DIM, ROPE_DIM, PagedFp8Cache, QuantizedQuery, SplitPlan,
-                   decode_arrays, recommended_num_workers, split_plan_capacity)
+from ._api import (HEAD_DIM, LATENT_DIM, ROPE_DIM, PagedFp8Cache, QuantizedQuery, SplitPlan, bf16_inputs,
+                   decode_arrays, fp8_inputs, recommended_num_workers, split_plan_capacity)
 from ._frameworks import current_stream
 
 __all__ = ["append", "quantize_query", "gather_dequant", "plan_splits", "decode_fp8",
@@ -294,12 +294,7 @@ def decode_fp8(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Tensor,
                plan: Optional[SplitPlan] = None) -> Tuple[Tensor, Tensor]:
     """torch.ops.snapmla.decode_fp8 in the native API's arguments (in plain eager mode the op's
     pointer path without the dispatcher: see _plain_eager)."""
-    if plan is None:
-        inputs = (q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table, cache_seqlens,
-                  None, None, None)
-    else:
-        inputs = (q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table, cache_seqlens,
-                  plan.split_offsets, plan.split_begin, plan.split_order)
+    inputs = fp8_inputs(q, cache, block_table, cache_seqlens, plan)
     softmax_scale, causal = float(softmax_scale), bool(causal)
     done = _eager_pointer_path("decode_fp8", inputs, softmax_scale, causal)
     if done is not None:
@@ -311,10 +306,7 @@ def decode_bf16(q: Tensor, cache: Tensor, block_table: Tensor, cache_seqlens: Te
                 softmax_scale: float, causal: bool = True,
                 plan: Optional[SplitPlan] = None) -> Tuple[Tensor, Tensor]:
     """torch.ops.snapmla.decode_bf16 in the native API's arguments (as decode_fp8)."""
-    if plan is None:
-        inputs = (q, cache, block_table, cache_seqlens, None, None, None)
-    else:
-        inputs = (q, cache, block_table, cache_seqlens, plan.split_offsets, plan.split_begin, plan.split_order)
+    inputs = bf16_inputs(q, cache, block_table, cache_seqlens, plan)
     softmax_scale, causal = float(softmax_scale), bool(causal)
     done = _eager_pointer_path("decode_bf16", inputs, softmax_scale, causal)
     if done is not None:

@@ -57,18 +57,25 @@ def cpu_sized(c):
     return b <= 2 and s_k <= 140 and not zeros
 
 
-def make_case(c, seed):
-    """(seqlens, q bits [b, s_q, h, 576], block_table, k_cache bits [pages, 64, 1, 576]) in NumPy."""
-    b, s_q, s_k, h_q, varlen, _, zeros = c
-    rng = np.random.default_rng(seed)
+def lengths_and_table(c, rng):
+    """The case's lengths (int64) and its block table (a permutation of the pages, padded to 256
+    tokens per sequence), from `rng`."""
+    b, s_q, s_k, _, varlen, _, zeros = c
     seqlens = np.full(b, s_k, np.int64)
     if varlen:
         seqlens = np.maximum(rng.normal(s_k, s_k / 2, b), s_q).astype(np.int64)
     if zeros:
         seqlens[rng.standard_normal(b) > 0] = 0
-    max_pad = -(-int(seqlens.max()) // 256) * 256
-    pages_per = max_pad // 64
-    table = rng.permutation(b * pages_per).astype(np.int32).reshape(b, pages_per)
+    pages_per = -(-int(seqlens.max()) // 256) * 256 // 64
+    return seqlens, rng.permutation(b * pages_per).astype(np.int32).reshape(b, pages_per)
+
+
+def make_case(c, seed):
+    """(seqlens, q bits [b, s_q, h, 576], block_table, k_cache bits [pages, 64, 1, 576]) in NumPy."""
+    b, s_q, s_k, h_q, varlen, _, zeros = c
+    rng = np.random.default_rng(seed)
+    seqlens, table = lengths_and_table(c, rng)
+    pages_per = table.shape[1]
     q = np.clip(rng.standard_normal((b, s_q, h_q, 576)) / 10, -1, 1).astype(np.float32)
     kv = np.clip(rng.standard_normal((b * pages_per, 64, 1, 576)) / 10, -1, 1).astype(np.float32)
     for i in range(b):
@@ -183,14 +190,8 @@ def make_case_gpu(c, seed, device="cuda"):
     b, s_q, s_k, h_q, varlen, _, zeros = c
     rng = np.random.default_rng(seed)
     gen = torch.Generator(device=device).manual_seed(seed)
-    seqlens = np.full(b, s_k, np.int64)
-    if varlen:
-        seqlens = np.maximum(rng.normal(s_k, s_k / 2, b), s_q).astype(np.int64)
-    if zeros:
-        seqlens[rng.standard_normal(b) > 0] = 0
-    max_pad = -(-int(seqlens.max()) // 256) * 256
-    pages_per = max_pad // 64
-    table = rng.permutation(b * pages_per).astype(np.int32).reshape(b, pages_per)
+    seqlens, table = lengths_and_table(c, rng)
+    pages_per = table.shape[1]
     q = (torch.randn((b, s_q, h_q, 576), generator=gen, device=device) / 10).clamp_(-1, 1)
     kv = (torch.randn((b * pages_per, 64, 1, 576), generator=gen, device=device) / 10).clamp_(-1, 1)
     for i in range(b):
