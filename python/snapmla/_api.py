@@ -172,13 +172,19 @@ def _nbytes(x: Any) -> int:
 
 
 def _decode_outputs(q: Any, b: int, s_q: int, h: int, split_begin: Any, out: Any, lse: Any,
-                    workspace: Any):
-    if out is None:
-        out = empty(q, (b, s_q, h, LATENT_DIM), "bf16")
-    if lse is None:
-        lse = empty(q, (b, h, s_q), "f32")
-    if split_begin is not None and workspace is None and is_cuda(q):
-        workspace = empty(q, (decode_workspace_bytes(_numel(split_begin), s_q, h),), "u8")
+                    workspace: Any, stream: Any):
+    """The outputs and workspace a decode call was not given, allocated for work on `stream`
+    (a call given all of them enters no allocation context)."""
+    needs_workspace = split_begin is not None and workspace is None and is_cuda(q)
+    if out is not None and lse is not None and not needs_workspace:
+        return out, lse, workspace
+    with allocating_for(q, stream):
+        if out is None:
+            out = empty(q, (b, s_q, h, LATENT_DIM), "bf16")
+        if lse is None:
+            lse = empty(q, (b, h, s_q), "f32")
+        if needs_workspace:
+            workspace = empty(q, (decode_workspace_bytes(_numel(split_begin), s_q, h),), "u8")
     return out, lse, workspace
 
 
@@ -200,8 +206,7 @@ def decode_arrays(op: str, inputs: tuple, out: Any, lse: Any, workspace: Any, so
     allocating = out is None and lse is None and workspace is None and stream is None
     q, split_offsets, split_begin = inputs[0], inputs[-3], inputs[-2]
     b, s_q, h = (int(d) for d in q.shape[:3])
-    with allocating_for(q, stream):
-        out, lse, workspace = _decode_outputs(q, b, s_q, h, split_begin, out, lse, workspace)
+    out, lse, workspace = _decode_outputs(q, b, s_q, h, split_begin, out, lse, workspace, stream)
     s = current_stream(q, stream)
     arrays = inputs + (out, lse, workspace)
     sig, ptrs = _fastpath.prepare(op, arrays)
