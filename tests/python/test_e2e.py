@@ -241,19 +241,25 @@ class _FakeFlashMLA:
                               softmax_scale=scale)
 
 
-def test_flashmla_bf16_kernel_gets_one_plan_per_step_and_the_same_tokens():
+def test_flashmla_bf16_kernel_gets_one_plan_per_step_and_the_same_tokens(monkeypatch):
     # --bf16-kernel flashmla: the BF16 cache's decode goes to FlashMLA's call in every layer, its
-    # metadata made by the first layer of each step and reused by the others (as engines do), and
-    # the tokens are decode_bf16's where the kernels compute the same function.
+    # metadata made by the first layer of each step and reused by the others (as engines do; no
+    # snapmla plan is made for it), and the tokens are decode_bf16's where the kernels compute the
+    # same function.
     reqs = lambda: make_requests(4, 120, 3, CFG.vocab, seed=9)  # noqa: E731
+    plans = []
+    plan_splits = st.plan_splits
+    monkeypatch.setattr(st, "plan_splits", lambda *a, **k: plans.append(1) or plan_splits(*a, **k))
     runs = {}
     for name, fm in (("snapmla", None), ("flashmla", _FakeFlashMLA())):
+        plans.clear()
         model = Model(CFG, "cpu", seed=0, max_pos=1024, flashmla=fm)
         eng = Engine(model, "bf16", 1 << 26, max_len=1024, max_batch=4, record_tokens=True)
         for r in reqs():
             eng.submit(r)
         eng.run()
         runs[name] = {r.id: r.tokens for r in eng.finished}
+        assert (len(plans) > 0) == (fm is None)
         if fm is not None:
             steps = len(fm.saw_meta) // CFG.layers
             assert steps >= 3 and len(fm.saw_meta) == steps * CFG.layers

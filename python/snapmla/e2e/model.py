@@ -265,9 +265,12 @@ class Model:
         page = block_table.gather(1, (pos // PAGE_SIZE)[:, None])[:, 0].long()
         slots = torch.where(active, page * PAGE_SIZE + pos % PAGE_SIZE, -1).int()
         seqlens = torch.where(active, pos + 1, 0).int()
-        plan = st.plan_splits(seqlens, self.num_workers)  # one plan, shared by every layer
-        if self.flashmla is not None:  # FlashMLA's plan: made by the first layer's call, then shared
+        if self.flashmla is not None and not isinstance(caches[0], PagedFp8Cache):
+            # FlashMLA plans for itself: made by the first layer's call, then shared.
             self.flashmla.meta = self.flashmla.splits = None
+            plan = None
+        else:
+            plan = st.plan_splits(seqlens, self.num_workers)  # one plan, shared by every layer
         cos, sin = self.rope[0][pos], self.rope[1][pos]
         x = F.embedding(tokens, self.embed)
         for layer, cache in zip(self.layers, caches):
