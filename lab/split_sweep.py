@@ -21,25 +21,11 @@ import statistics
 import torch
 
 import snapmla
-from snapmla.bench import load_peers
+from snapmla.bench import capture_graphs, load_peers, time_interleaved
 
 CASES = [(1, 128, 1, 1024), (1, 128, 1, 4096), (1, 128, 1, 8192), (1, 128, 1, 16384), (2, 128, 1, 8192),
          (4, 128, 1, 4096), (8, 128, 1, 16384), (1, 128, 2, 8192), (1, 64, 1, 8192), (1, 16, 1, 8192)]
 FRACTIONS = [1.0, 0.75, 0.5, 1 / 3, 0.25, 1 / 6]
-
-
-def time_graphs(graphs, calls, rounds):
-    times = {k: [] for k in graphs}
-    order = list(graphs)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for r in range(rounds):
-        for k in order[r % len(order):] + order[:r % len(order)]:
-            start.record()
-            graphs[k].replay()
-            end.record()
-            end.synchronize()
-            times[k].append(start.elapsed_time(end) * 1e3 / calls)
-    return {k: round(statistics.median(v), 2) for k, v in times.items()}
 
 
 def run_case(case, peers, calls, rounds):
@@ -75,18 +61,8 @@ def run_case(case, peers, calls, rounds):
         calls_by["flashmla_bf16"] = lambda t: fm(q, cache4, t, seqlens, scale, True)
         calls_by["pr54_fp8"] = lambda t: f8(q8, cache8, t, seqlens, scale, True)
     n = max(calls, sets)
-    graphs = {}
-    for k, fn in calls_by.items():
-        for t in tables:
-            fn(t)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for i in range(n):
-                fn(tables[i % sets])
-        graphs[k] = g
-    torch.cuda.synchronize()
-    got = time_graphs(graphs, n, rounds)
+    graphs = capture_graphs(torch, calls_by, tables, n)
+    got = {k: round(statistics.median(v), 2) for k, v in time_interleaved(torch, graphs, n, rounds).items()}
     pages_per_split = {name: round(b * pages_per_seq / int(plan.split_offsets[-1]), 2) for name, plan in plans.items()}
     return {"b": b, "h": h, "s_q": s_q, "s_k": s_k, "recommended_workers": full,
             "pages_per_split": pages_per_split, "us": got}

@@ -99,6 +99,42 @@ def floor_us(b, h, s_q, lens_sum, args):
     return max(bytes_ / (args.bw * 1e12), compute) * 1e6
 
 
+def capture_graphs(torch, kernels, tables, calls):
+    """One CUDA graph per kernel: `calls` calls cycling over the page tables, after an eager
+    warm-up over each table (peers fill their metadata on the first call) and one replay."""
+    graphs = {}
+    for name, call in kernels.items():
+        for t in tables:
+            call(t)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(calls):
+                call(tables[i % len(tables)])
+        g.replay()
+        graphs[name] = g
+    torch.cuda.synchronize()
+    return graphs
+
+
+def time_interleaved(torch, graphs, calls, rounds, each=None):
+    """Per graph, the time of one call in each of `rounds` rounds (us), the graphs replayed in a
+    rotating order; `each()` runs after every replay (the clock reading)."""
+    times = {name: [] for name in graphs}
+    order = list(graphs)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for r in range(rounds):
+        for name in order[r % len(order):] + order[:r % len(order)]:
+            start.record()
+            graphs[name].replay()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end) * 1e3 / calls)
+            if each is not None:
+                each()
+    return times
+
+
 def run_case(case, args, peers, torch, snapmla, nvml, sms):
     b, h, s_q, s_k = case
     dev = torch.device("cuda")
@@ -140,33 +176,15 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
         kernels["flashmla_bf16"] = lambda t: fm(q, cache4, t, seqlens, scale, True)
         kernels["pr54_fp8"] = lambda t: f8(q8, cache8, t, seqlens, scale, True)
 
-    graphs = {}
-    for name, call in kernels.items():
-        for t in tables:  # eager warm-up (peers fill their metadata on the first call)
-            call(t)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for i in range(calls):
-                call(tables[i % sets])
-        g.replay()
-        graphs[name] = g
-    torch.cuda.synchronize()
-
-    times = {name: [] for name in graphs}
+    graphs = capture_graphs(torch, kernels, tables, calls)
     clocks = []
-    order = list(graphs)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for r in range(args.rounds):
-        for name in order[r % len(order):] + order[:r % len(order)]:
-            start.record()
-            graphs[name].replay()
-            end.record()
-            end.synchronize()
-            times[name].append(start.elapsed_time(end) * 1e3 / calls)
-            mhz = nvml.sm_mhz()
-            if mhz:
-                clocks.append(mhz)
+
+    def read_clock():
+        mhz = nvml.sm_mhz()
+        if mhz:
+            clocks.append(mhz)
+
+    times = time_interleaved(torch, graphs, calls, args.rounds, read_clock)
     row = {"b": b, "h": h, "s_q": s_q, "s_k": s_k}
     for name, ts in times.items():
         row[f"{name}_us"] = round(statistics.median(ts), 2)
