@@ -110,20 +110,31 @@ def reference(seqlens, q_bits, table, kv_bits, causal):
 
 
 def expect_close(name, got, want, abs_tol, rel_tol, cos_tol=None):
-    got, want = np.asarray(got, np.float64).copy(), np.asarray(want, np.float64).copy()
+    """got against want (NumPy arrays, or PyTorch tensors checked where they live), in float64:
+    infinities and NaN in the same places, every other element within abs_tol or rel_tol, and the
+    cosine difference within cos_tol."""
+    if isinstance(got, np.ndarray) or np.isscalar(got):
+        got, want = np.asarray(got, np.float64).copy(), np.asarray(want, np.float64).copy()
+        equal, isnan = np.array_equal, np.isnan
+    else:
+        got, want = got.double().clone(), want.double().clone()
+        equal, isnan = torch.equal, torch.isnan
     assert got.shape == want.shape, name
-    for special in (np.inf, -np.inf):
+    for special in (math.inf, -math.inf):
         mask_g, mask_w = got == special, want == special
-        assert np.array_equal(mask_g, mask_w), f"{name}: {special} at {mask_g.sum()} places, expected {mask_w.sum()}"
-        got[mask_g] = want[mask_w] = 0
-    assert np.array_equal(np.isnan(got), np.isnan(want)), f"{name}: NaN in other places"
-    got[np.isnan(got)] = want[np.isnan(want)] = 0
-    err = np.abs(got - want)
-    ok = (err < abs_tol) | (err / (np.abs(want) + 1e-6) < rel_tol)
-    assert ok.all(), f"{name}: {int((~ok).sum())} of {ok.size} elements off, worst {err.max():.3e}"
+        assert equal(mask_g, mask_w), f"{name}: {special} at {int(mask_g.sum())} places, expected {int(mask_w.sum())}"
+        got[mask_g] = 0
+        want[mask_w] = 0
+    nan_g, nan_w = isnan(got), isnan(want)
+    assert equal(nan_g, nan_w), f"{name}: NaN in other places"
+    got[nan_g] = 0
+    want[nan_w] = 0
+    err = abs(got - want)
+    ok = (err < abs_tol) | (err / (abs(want) + 1e-6) < rel_tol)
+    assert bool(ok.all()), f"{name}: {int((~ok).sum())} of {int(np.prod(ok.shape))} elements off, worst {float(err.max()):.3e}"
     if cos_tol is not None:
-        denom = (want * want).sum() + (got * got).sum()
-        cos_diff = 0.0 if (want * want).sum() < 1e-12 else 1 - 2 * (got * want).sum() / denom
+        ww, gg = float((want * want).sum()), float((got * got).sum())
+        cos_diff = 0.0 if ww < 1e-12 else 1 - 2 * float((got * want).sum()) / (ww + gg)
         assert abs(cos_diff) <= cos_tol, f"{name}: cosine difference {cos_diff:.3e}"
 
 
@@ -228,28 +239,6 @@ def reference_gpu(seqlens, table, q, kv, causal):
     return out, lse
 
 
-def expect_close_gpu(name, got, want, abs_tol, rel_tol, cos_tol=None):
-    """expect_close on CUDA tensors, in float64 on the GPU."""
-    got, want = got.double().clone(), want.double().clone()
-    assert got.shape == want.shape, name
-    for special in (math.inf, -math.inf):
-        mask_g, mask_w = got == special, want == special
-        assert torch.equal(mask_g, mask_w), \
-            f"{name}: {special} at {int(mask_g.sum())} places, expected {int(mask_w.sum())}"
-        got[mask_g] = 0
-        want[mask_w] = 0
-    assert torch.equal(torch.isnan(got), torch.isnan(want)), f"{name}: NaN in other places"
-    got = torch.nan_to_num(got, nan=0.0)
-    want = torch.nan_to_num(want, nan=0.0)
-    err = (got - want).abs()
-    ok = (err < abs_tol) | (err / (want.abs() + 1e-6) < rel_tol)
-    assert bool(ok.all()), f"{name}: {int((~ok).sum())} of {ok.numel()} elements off, worst {float(err.max()):.3e}"
-    if cos_tol is not None:
-        ww, gg = float((want * want).sum()), float((got * got).sum())
-        cos_diff = 0.0 if ww < 1e-12 else 1 - 2 * float((got * want).sum()) / (ww + gg)
-        assert abs(cos_diff) <= cos_tol, f"{name}: cosine difference {cos_diff:.3e}"
-
-
 def check_case_gpu(c, seed, device="cuda"):
     """check_case's checks for both metadata interfaces on one case's data (drawn and checked on
     the GPU; the reference computed once)."""
@@ -263,8 +252,8 @@ def check_case_gpu(c, seed, device="cuda"):
         else:
             meta, num_splits = flash_mla.get_mla_metadata(sl, s_q * h_q, 1)
         out, lse = flash_mla.flash_mla_with_kvcache(q, k_cache, bt, sl, 512, meta, num_splits, causal=causal)
-        expect_close_gpu(f"{interface}: out", out, want_out, 8e-4, 2.01 / 128, 5e-6)
-        expect_close_gpu(f"{interface}: lse", lse, want_lse, 1e-6, 8.01 / 65536)
+        expect_close(f"{interface}: out", out, want_out, 8e-4, 2.01 / 128, 5e-6)
+        expect_close(f"{interface}: lse", lse, want_lse, 1e-6, 8.01 / 65536)
         if interface == "sched_meta":  # the plan is reused, as FlashMLA allows for the same shapes
             out2, lse2 = flash_mla.flash_mla_with_kvcache(q, k_cache, bt, sl, 512, meta, None, causal=causal)
             assert torch.equal(out2, out) and torch.equal(lse2, lse)
