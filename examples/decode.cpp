@@ -37,8 +37,8 @@ int main() {
   for (int p = 0; p < pages; ++p) block_table[p] = p;
   PageTable table{block_table.data(), seqlens.data(), 1, pages, cpu};
   const int workers = 4;
-  std::vector<int32_t> offsets(2), begins(split_plan_capacity(1, workers)), order(begins.size());
-  SplitPlan plan{offsets.data(), begins.data(), int(begins.size()), 1, cpu, order.data()};
+  std::vector<int32_t> offsets(2), begins(split_plan_capacity(1, workers)), ranges(begins.size());
+  SplitPlan plan{offsets.data(), begins.data(), int(begins.size()), 1, cpu, ranges.data()};
   plan_splits(table, workers, plan);
 
   std::vector<bf16> out(size_t(heads) * kLatentDim);

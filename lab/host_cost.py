@@ -144,10 +144,10 @@ def entry_calls(c):
         "snapmla.torch.decode_bf16 (op wrapper)": lambda: st.decode_bf16(c["q"], c["k16"], t, s, **kw),
         "torch.ops.snapmla.decode_fp8": lambda: ops.decode_fp8(
             qq.nope, qq.rope, qq.scale, fp8.latent, fp8.scale, fp8.rope, t, s, scale, True,
-            plan.split_offsets, plan.split_begin, plan.split_order),
+            plan.split_offsets, plan.split_begin, plan.worker_splits),
         "torch.ops.snapmla.decode_fp8.default": lambda: ops.decode_fp8.default(
             qq.nope, qq.rope, qq.scale, fp8.latent, fp8.scale, fp8.rope, t, s, scale, True,
-            plan.split_offsets, plan.split_begin, plan.split_order),
+            plan.split_offsets, plan.split_begin, plan.worker_splits),
     }
 
 

@@ -81,9 +81,9 @@ def snapmla_calls(c):
         "snapmla.torch.decode_bf16 (op wrapper)": lambda: st.decode_bf16(c.q, k16, c.block_table,
                                                                           c.cache_seqlens, **kw),
         "torch.ops.snapmla.decode_fp8": lambda: ops.decode_fp8(
-            *c.qq, *c.fp8, c.block_table, c.cache_seqlens, c.softmax_scale, True, *plan[:2], plan.split_order),
+            *c.qq, *c.fp8, c.block_table, c.cache_seqlens, c.softmax_scale, True, *plan[:2], plan.worker_splits),
         "torch.ops.snapmla.decode_bf16": lambda: ops.decode_bf16(
-            c.q, k16, c.block_table, c.cache_seqlens, c.softmax_scale, True, *plan[:2], plan.split_order),
+            c.q, k16, c.block_table, c.cache_seqlens, c.softmax_scale, True, *plan[:2], plan.worker_splits),
         "snapmla.flash_mla (arrays)": lambda: flash_mla.flash_mla_with_kvcache(
             c.q, c.k_cache, c.block_table, c.cache_seqlens, 512, meta, num_splits, causal=True),
         "snapmla.flash_mla (sched meta)": lambda: flash_mla.flash_mla_with_kvcache(

@@ -167,13 +167,13 @@ inline DecodeOptions options(const Batch& B, const SplitPlan* plan = nullptr, bo
 
 // A plan with its own storage.
 struct OwnedPlan {
-  std::vector<int32_t> offsets, begins, order;
+  std::vector<int32_t> offsets, begins, worker_splits;
   SplitPlan plan;
   OwnedPlan(PageTable pages, int workers, int query_rows = 0)
       : offsets(pages.batch + 1),
         begins(split_plan_capacity(pages.batch, workers), 0x5A5A5A5A),  // garbage the plan must not leave
-        order(begins.size(), 0x5A5A5A5A) {
-    plan = {offsets.data(), begins.data(), int(begins.size()), pages.batch, Device::cpu(), order.data()};
+        worker_splits(begins.size(), 0x5A5A5A5A) {
+    plan = {offsets.data(), begins.data(), int(begins.size()), pages.batch, Device::cpu(), worker_splits.data()};
     plan_splits(pages, workers, plan, nullptr, query_rows);
   }
 };

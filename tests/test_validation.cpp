@@ -155,18 +155,32 @@ TEST_F(Bad, PlansThatDoNotFit) {
   EXPECT_ARG_ERROR(plan_splits(B.pages(), 0, P.plan), "num_workers");
   EXPECT_ARG_ERROR(plan_splits(B.pages(), 4, P.plan, nullptr, -1), "query_rows");
   EXPECT_ARG_ERROR(plan_splits(B.pages(), 4, P.plan, nullptr, 513), "query_rows");
-  // A launch order that is not a permutation of the splits.
+  // Worker ranges not made by plan_splits: not from 0, decreasing, not ending at the last split.
   test::OwnedPlan R(B.pages(), 4);
-  ASSERT_GE(R.offsets[2], 2);
-  R.order[0] = R.order[1];
+  const int workers = R.plan.capacity - R.plan.batch, splits = R.offsets[2];
+  ASSERT_GE(splits, 2);
   opt = test::options(B, &R.plan);
-  EXPECT_ARG_ERROR(decode8(B.qq(), B.fp8(), B.pages(), opt), "options.plan.split_order");
-  R.order[0] = R.offsets[2];  // one past the last split
-  EXPECT_ARG_ERROR(decode8(B.qq(), B.fp8(), B.pages(), opt), "options.plan.split_order");
+  const std::vector<int32_t> good = R.worker_splits;
+  R.worker_splits[0] = 1;
+  EXPECT_ARG_ERROR(decode8(B.qq(), B.fp8(), B.pages(), opt), "options.plan.worker_splits");
+  R.worker_splits = good;
+  R.worker_splits[1] = splits;
+  R.worker_splits[2] = 0;
+  EXPECT_ARG_ERROR(decode8(B.qq(), B.fp8(), B.pages(), opt), "options.plan.worker_splits");
+  R.worker_splits = good;
+  R.worker_splits[size_t(workers)] = splits - 1;  // the last split run by no worker
+  EXPECT_ARG_ERROR(decode8(B.qq(), B.fp8(), B.pages(), opt), "options.plan.worker_splits");
+  R.worker_splits = good;
+  R.plan.worker_splits = R.worker_splits.data();
   SplitPlan misaligned = R.plan;
-  misaligned.split_order = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(R.order.data()) + 2);
+  misaligned.worker_splits = reinterpret_cast<int32_t*>(reinterpret_cast<char*>(R.worker_splits.data()) + 2);
   opt = test::options(B, &misaligned);
-  EXPECT_ARG_ERROR(decode8(B.qq(), B.fp8(), B.pages(), opt), "options.plan.split_order");
+  EXPECT_ARG_ERROR(decode8(B.qq(), B.fp8(), B.pages(), opt), "options.plan.worker_splits");
+  // Worker ranges need room for at least one worker past the batch.
+  SplitPlan no_workers = R.plan;
+  no_workers.capacity = no_workers.batch;
+  opt = test::options(B, &no_workers);
+  EXPECT_ARG_ERROR(decode8(B.qq(), B.fp8(), B.pages(), opt), "options.plan.capacity");
 }
 
 TEST_F(Bad, DevicesThatDoNotMatchOrAreNotBuilt) {

@@ -104,16 +104,19 @@ struct DecodeOutput {
 };
 
 // Split-KV plan: each sequence's tokens divided into contiguous splits that are processed
-// independently and merged by the combine step. Fixed-size buffers (sized by
-// split_plan_capacity), so planning needs no allocation and can run inside a CUDA graph.
+// independently and merged by the combine step, and the splits dealt out to workers (one CTA
+// per worker and 64-row tile on the GPU). Fixed-size buffers (sized by split_plan_capacity), so
+// planning needs no allocation and can run inside a CUDA graph.
 //   split_offsets [batch + 1]: the splits of sequence i are split_offsets[i] .. [i+1] - 1
 //   split_begin   [capacity]:  first token of each split, a multiple of 64; a split ends where
 //                              the next split of its sequence begins, or at the sequence end.
-//   split_order   [capacity]:  optional (null: index order). The order the GPU launches the
-//                              splits in: longest first (pages descending, ties by index), so
-//                              that short splits fill in behind long ones (b = 128 with lengths
-//                              U(1, 32K) on an H200: 1.2-1.4x faster than the index order).
-//                              Plans with more than kMaxOrderedSplits splits keep the index order.
+//   worker_splits [capacity]:  optional. The plan's workers are its capacity - batch slots
+//                              (split_plan_capacity(batch, num_workers) gives num_workers);
+//                              worker k runs splits worker_splits[k] .. worker_splits[k + 1] - 1,
+//                              a contiguous run that may cross sequence boundaries, and
+//                              worker_splits[capacity - batch] is the number of splits. plan_splits
+//                              gives every worker the same work (blocks plus a fixed cost per
+//                              split). Null: one worker per split, in index order.
 // A sequence with no tokens has exactly one (empty) split.
 struct SplitPlan {
   int32_t* split_offsets = nullptr;
@@ -121,14 +124,12 @@ struct SplitPlan {
   int capacity = 0;
   int batch = 0;
   Device device{};
-  int32_t* split_order = nullptr;  // last, so that older aggregate initializers still compile
+  int32_t* worker_splits = nullptr;  // last, so that older aggregate initializers still compile
 };
 
-// Enough room for any seqlens when planning for `num_workers` parallel workers.
+// Enough room for any seqlens when planning for `num_workers` parallel workers: batch +
+// num_workers (each worker boundary adds at most one split).
 int split_plan_capacity(int batch, int num_workers);
-
-// The most splits plan_splits orders longest-first (the GPU planner sorts them in one block).
-inline constexpr int kMaxOrderedSplits = 4096;
 
 // Options common to decode_fp8 and decode_bf16.
 // Which tile decode_fp8's GPU path runs. kAuto: the 16-row narrow tile when num_heads * seqlen_q

@@ -43,13 +43,14 @@ class QuantizedQuery(NamedTuple):
 
 
 class SplitPlan(NamedTuple):
-    """plan_splits' result: split_offsets [b + 1], split_begin [capacity] and split_order
-    [capacity] (int32; the GPU launch order, longest split first; None: index order)."""
+    """plan_splits' result: split_offsets [b + 1], split_begin [capacity] and worker_splits
+    [capacity] (int32; worker k runs splits worker_splits[k] .. worker_splits[k + 1] - 1, across
+    sequence boundaries, all workers with the same work; None: one worker per split)."""
 
     split_offsets: Any
     split_begin: Any
     num_workers: int
-    split_order: Any = None
+    worker_splits: Any = None
 
 
 def _numel(x: Any) -> int:
@@ -163,8 +164,8 @@ def plan_splits(cache_seqlens: Any, num_workers: int, *, out: Optional[SplitPlan
                             num_workers, empty(cache_seqlens, (cap,), "i32"))
     _C.plan_splits(raw(cache_seqlens), int(num_workers), raw(out.split_offsets), raw(out.split_begin),
                    current_stream(cache_seqlens, stream),
-                   raw(out.split_order) if out.split_order is not None else None, int(query_rows))
-    return SplitPlan(out.split_offsets, out.split_begin, int(num_workers), out.split_order)
+                   raw(out.worker_splits) if out.worker_splits is not None else None, int(query_rows))
+    return SplitPlan(out.split_offsets, out.split_begin, int(num_workers), out.worker_splits)
 
 
 def _nbytes(x: Any) -> int:
@@ -190,7 +191,7 @@ def _decode_outputs(q: Any, b: int, s_q: int, h: int, split_begin: Any, out: Any
 
 # The arrays of a decode call, in the order of _C.decode_fp8_raw / decode_bf16_raw: the inputs
 # (the query, the cache, block_table, cache_seqlens, then the plan's split_offsets, split_begin,
-# split_order) and then out, lse and workspace. _CACHE is where the inputs' cache starts (its
+# worker_splits) and then out, lse and workspace. _CACHE is where the inputs' cache starts (its
 # first plane, whose rows give the page count); block_table is inputs[-5].
 _CACHE = {"decode_fp8": 3, "decode_bf16": 1}
 _CACHE_ROW = {"decode_fp8": LATENT_DIM, "decode_bf16": HEAD_DIM}
@@ -239,14 +240,14 @@ def fp8_inputs(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Any, cache_
         return (q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table, cache_seqlens,
                 None, None, None)
     return (q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table, cache_seqlens,
-            plan.split_offsets, plan.split_begin, plan.split_order)
+            plan.split_offsets, plan.split_begin, plan.worker_splits)
 
 
 def bf16_inputs(q: Any, cache: Any, block_table: Any, cache_seqlens: Any, plan: Optional[SplitPlan]) -> tuple:
     """decode_bf16's input arrays in the order of decode_arrays."""
     if plan is None:
         return (q, cache, block_table, cache_seqlens, None, None, None)
-    return (q, cache, block_table, cache_seqlens, plan.split_offsets, plan.split_begin, plan.split_order)
+    return (q, cache, block_table, cache_seqlens, plan.split_offsets, plan.split_begin, plan.worker_splits)
 
 
 def decode_fp8(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Any, cache_seqlens: Any, *,

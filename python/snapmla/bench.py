@@ -1,6 +1,11 @@
 """Same-run decode benchmark: decode_fp8 and decode_bf16 beside the peer kernels engines run.
 
     python -m snapmla.bench [--peers DIR] [--cases grid|quick|b,h,s_q,s_k ...] [--out DIR]
+    python -m snapmla.bench --peers DIR --sweep [--out DIR]
+
+`--sweep` times the batch sweep instead (every batch an engine's queue may hold, at each head
+count; see SWEEP) and writes h200_sweep.{json,md,png}: time against batch, one panel per h, and a
+summary of the ratios and of the time per cached token against b = 256's.
 
 Every kernel of a case runs in this process on the same data (randn / 10, pages permuted), each as
 a CUDA graph of `--calls` decode calls (cycling over enough page sets that the caches are well past
@@ -42,6 +47,10 @@ GRID = [
     (128, 128, 1, 1024), (1, 128, 1, 1024),
 ]
 QUICK = [(128, 128, 1, 8192), (128, 64, 1, 8192), (128, 16, 1, 8192)]
+# The batch sweep: time should follow the work at every batch (no wave steps).
+SWEEP_BATCHES = [1, 2, 4, 8, 16, 20, 32, 46, 64, 82, 100, 128, 160, 200, 256]
+SWEEP = ([(b, h, 1, s_k) for h in (128, 64, 16, 8) for s_k in (8192, 32768) for b in SWEEP_BATCHES]
+         + [(b, 128, 2, 8192) for b in (32, 82, 128)] + [(b, 128, 1, "U") for b in (46, 128)])
 UNIFORM_MAX = 32768
 PAGE = 64
 
@@ -162,7 +171,7 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
     q = (torch.randn(b, s_q, h, 576, device=dev) / 10).to(torch.bfloat16)
     qq = snapmla.quantize_query(q)
     workers = snapmla.recommended_num_workers(q, s_q, h)
-    plan = snapmla.plan_splits(seqlens, workers)
+    plan = snapmla.plan_splits(seqlens, workers, query_rows=s_q * h)
 
     kernels = {
         "fp8": lambda t: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=plan),
@@ -233,6 +242,65 @@ def markdown(meta, rows, peers):
     return "\n".join(lines) + "\n"
 
 
+def sweep_summary(rows, peers):
+    """The sweep's checks as lines: the worst ratios against the peers, and per (h, s_k) the
+    largest deviation of decode_fp8's time per cached token at b >= 16 from its b = 256 value."""
+    lines = []
+    if peers:
+        worst = min(rows, key=lambda r: r["fp8_speedup_vs_flashmla_bf16"])
+        worst8 = min(rows, key=lambda r: r["fp8_speedup_vs_pr54_fp8"])
+        worst16 = max(rows, key=lambda r: r["bf16_over_flashmla_bf16"])
+        lines.append(f"- decode_fp8 vs FlashMLA BF16: worst {worst['fp8_speedup_vs_flashmla_bf16']}x "
+                     f"(b={worst['b']} h={worst['h']} s_q={worst['s_q']} s_k={worst['s_k']}); "
+                     f"{sum(r['fp8_speedup_vs_flashmla_bf16'] < 1 for r in rows)} of {len(rows)} cases below 1.0x")
+        lines.append(f"- decode_fp8 vs FlashMLA FP8 (PR#54): worst {worst8['fp8_speedup_vs_pr54_fp8']}x "
+                     f"(b={worst8['b']} h={worst8['h']} s_q={worst8['s_q']} s_k={worst8['s_k']}); "
+                     f"{sum(r['fp8_speedup_vs_pr54_fp8'] < 1 for r in rows)} of {len(rows)} cases below 1.0x")
+        lines.append(f"- decode_bf16 / FlashMLA BF16: worst {worst16['bf16_over_flashmla_bf16']} "
+                     f"(b={worst16['b']} h={worst16['h']} s_q={worst16['s_q']} s_k={worst16['s_k']}); "
+                     f"{sum(r['bf16_over_flashmla_bf16'] > 1.1 for r in rows)} of {len(rows)} cases above 1.1")
+    for (h, s_k) in sorted({(r["h"], r["s_k"]) for r in rows if r["s_q"] == 1 and r["s_k"] != "U"}):
+        by_b = {r["b"]: r for r in rows if r["h"] == h and r["s_k"] == s_k and r["s_q"] == 1}
+        if 256 not in by_b:
+            continue
+        ref = by_b[256]["fp8_us"] / 256
+        dev = max((((by_b[b]["fp8_us"] / b) / ref - 1, b) for b in by_b if b >= 16), key=lambda x: abs(x[0]))
+        lines.append(f"- h={h}, s_k={s_k}: decode_fp8 time per cached token at b >= 16 within "
+                     f"{dev[0] * 100:+.1f}% of b = 256's (worst b = {dev[1]})")
+    return lines
+
+
+def plot_sweep(rows, path, peers):
+    """Time against batch, one panel per h: solid 8K, dashed 32K, one colour per kernel."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install matplotlib)", flush=True)
+        return
+    heads = sorted({r["h"] for r in rows}, reverse=True)
+    fig, axes = plt.subplots(1, len(heads), figsize=(4.5 * len(heads), 4), squeeze=False)
+    kernels = [("fp8", "decode_fp8", "C0"), ("bf16", "decode_bf16", "C1")]
+    if peers:
+        kernels += [("flashmla_bf16", "FlashMLA BF16", "C2"), ("pr54_fp8", "FlashMLA FP8 (PR#54)", "C3")]
+    for ax, h in zip(axes[0], heads):
+        for s_k, style in ((8192, "-"), (32768, "--")):
+            sel = sorted((r for r in rows if r["h"] == h and r["s_k"] == s_k and r["s_q"] == 1), key=lambda r: r["b"])
+            if not sel:
+                continue
+            for key, label, colour in kernels:
+                ax.plot([r["b"] for r in sel], [r[f"{key}_us"] for r in sel], style, color=colour, marker=".",
+                        label=f"{label}, {s_k // 1024}K")
+        ax.set_title(f"h = {h}, s_q = 1")
+        ax.set_xlabel("batch")
+        ax.set_ylabel("us per decode call")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def commit_of_tree() -> str:
     env = os.environ.get("SNAPMLA_COMMIT")
     if env:
@@ -249,9 +317,11 @@ def main(argv=None):
     ap.add_argument("--peers", metavar="DIR", help="folder with peers.py (FlashMLA BF16 and FP8 loaders)")
     ap.add_argument("--cases", nargs="+", default=["grid"],
                     help="'grid' (the results page), 'quick' (b=128, 8K, h=128/64/16) or b,h,s_q,s_k ...")
+    ap.add_argument("--sweep", action="store_true",
+                    help="the batch sweep (SWEEP) instead of --cases; writes h200_sweep.{json,md,png}")
     ap.add_argument("--calls", type=int, default=10, help="decode calls per CUDA graph (default 10)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case (default 5)")
-    ap.add_argument("--out", metavar="DIR", help="write h200.json and h200.md there")
+    ap.add_argument("--out", metavar="DIR", help="write h200.json and h200.md (h200_sweep.*) there")
     ap.add_argument("--bw", type=float, default=4.3, help="copy bandwidth for the floor, TB/s (4.3)")
     ap.add_argument("--fp8-tflops", type=float, default=1240.0, help="FP8 GEMM rate for the floor (1240)")
     ap.add_argument("--bf16-tflops", type=float, default=685.0, help="BF16 GEMM rate for the floor (685)")
@@ -266,6 +336,8 @@ def main(argv=None):
     cases = []
     for c in args.cases:
         cases += GRID if c == "grid" else QUICK if c == "quick" else [parse_case(c)]
+    if args.sweep:
+        cases = SWEEP
     peers = load_peers(args.peers) if args.peers else None
     if peers is None:
         print("no --peers given: timing decode_fp8 and decode_bf16 only", flush=True)
@@ -286,13 +358,19 @@ def main(argv=None):
                    f"{row['fp8_speedup_vs_flashmla_bf16']}x / {row['fp8_speedup_vs_pr54_fp8']}x"
         print(msg + f" (floor {row['floor_us']}, {row['sm_mhz']} MHz)", flush=True)
     md = markdown(meta, rows, peers is not None)
+    name = "h200_sweep" if args.sweep else "h200"
+    if args.sweep:
+        summary = sweep_summary(rows, peers is not None)
+        md += "\n## Summary\n\n" + "\n".join(summary) + "\n\n![time against batch](h200_sweep.png)\n"
     print(md)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "h200.json"), "w") as f:
+        with open(os.path.join(args.out, name + ".json"), "w") as f:
             json.dump({**meta, "results": rows}, f, indent=1)
-        with open(os.path.join(args.out, "h200.md"), "w") as f:
+        with open(os.path.join(args.out, name + ".md"), "w") as f:
             f.write(md)
+        if args.sweep:
+            plot_sweep(rows, os.path.join(args.out, name + ".png"), peers is not None)
     return rows
 
 

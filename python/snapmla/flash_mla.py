@@ -24,7 +24,7 @@ host synchronization).
 Shapes as FlashMLA's: q [b, s_q, h_q, 576] bf16 with any h_q in 1..128, k_cache [num_blocks, 64,
 1, 576] bf16, block_table [b, max_blocks] int32, cache_seqlens [b] int32. `num_splits` has
 FlashMLA's meaning (cumulative split counts [b + 1]); `tile_scheduler_metadata` holds SnapMLA's
-split_begin and split_order arrays back to back (opaque to callers in both libraries).
+split_begin and worker_splits arrays back to back (opaque to callers in both libraries).
 FlashMLA's conventions: the default softmax_scale is q.shape[-1] ** -0.5; a query that sees no
 token gets out = 0 and lse = +inf; `causal` masks within the last s_q positions; the page size
 must be 64 and h_kv 1 (MLA).
@@ -68,7 +68,7 @@ class FlashMLASchedMeta:
 
     have_initialized: bool = False
     config: Optional[Config] = None
-    tile_scheduler_metadata: Any = None  # split_begin, then split_order (int32)
+    tile_scheduler_metadata: Any = None  # split_begin, then worker_splits (int32)
     num_splits: Any = None               # split_offsets [b + 1] (int32)
 
 
@@ -87,9 +87,9 @@ def _plan_arrays(cache_seqlens: Any, s_q: int, h: int) -> Tuple[Any, Any]:
     workers = recommended_num_workers(cache_seqlens, s_q, h)
     b = _numel(cache_seqlens)
     cap = split_plan_capacity(b, workers)
-    meta = empty(cache_seqlens, (2 * cap,), "i32")  # split_begin, then split_order
+    meta = empty(cache_seqlens, (2 * cap,), "i32")  # split_begin, then worker_splits
     offsets = empty(cache_seqlens, (b + 1,), "i32")
-    plan_splits(cache_seqlens, workers, out=SplitPlan(offsets, meta[:cap], workers, meta[cap:]))
+    plan_splits(cache_seqlens, workers, out=SplitPlan(offsets, meta[:cap], workers, meta[cap:]), query_rows=s_q * h)
     return meta, offsets
 
 
@@ -113,7 +113,7 @@ def get_mla_metadata(cache_seqlens: Any = None, num_q_tokens_per_head_k: Optiona
 
 def plan_of_metadata(tile_scheduler_metadata: Any, num_splits: Any) -> SplitPlan:
     """The SplitPlan get_mla_metadata's results stand for (the metadata holds split_begin, then
-    split_order)."""
+    worker_splits)."""
     cap = _numel(tile_scheduler_metadata) // 2
     return SplitPlan(num_splits, tile_scheduler_metadata[:cap], 0, tile_scheduler_metadata[cap:])
 

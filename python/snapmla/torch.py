@@ -9,12 +9,12 @@ allocator, graph-pool aware), launch on torch's current stream and never synchro
     torch.ops.snapmla.quantize_query(q) -> (nope, rope, scale)
     torch.ops.snapmla.gather_dequant(latent, scale, rope, slots) -> rows
     torch.ops.snapmla.plan_splits(cache_seqlens, num_workers, query_rows=0)
-        -> (split_offsets, split_begin, split_order)
+        -> (split_offsets, split_begin, worker_splits)
     torch.ops.snapmla.decode_fp8(q_nope, q_rope, q_scale, latent, scale, rope, block_table,
                                  cache_seqlens, softmax_scale, causal, split_offsets,
-                                 split_begin, split_order=None) -> (out, lse)
+                                 split_begin, worker_splits=None) -> (out, lse)
     torch.ops.snapmla.decode_bf16(q, cache, block_table, cache_seqlens, softmax_scale, causal,
-                                  split_offsets, split_begin, split_order=None) -> (out, lse)
+                                  split_offsets, split_begin, worker_splits=None) -> (out, lse)
 
 The functions below wrap them with the native API's argument style (snapmla.decode_fp8 ...).
 """
@@ -186,36 +186,36 @@ def _decode(op: str, inputs: tuple, softmax_scale: float, causal: bool):
 
 
 def _decode_fp8(q_nope, q_rope, q_scale, latent, scale, rope, block_table, cache_seqlens, softmax_scale,
-                causal, split_offsets, split_begin, split_order=None):
+                causal, split_offsets, split_begin, worker_splits=None):
     return _decode("decode_fp8", (q_nope, q_rope, q_scale, latent, scale, rope, block_table, cache_seqlens,
-                                  split_offsets, split_begin, split_order), softmax_scale, causal)
+                                  split_offsets, split_begin, worker_splits), softmax_scale, causal)
 
 
 def _decode_fp8_fake(q_nope, q_rope, q_scale, latent, scale, rope, block_table, cache_seqlens, softmax_scale,
-                     causal, split_offsets, split_begin, split_order=None):
+                     causal, split_offsets, split_begin, worker_splits=None):
     return _decode_outputs_fake(q_nope)
 
 
 _decode_fp8_op = _define(
     "decode_fp8(Tensor q_nope, Tensor q_rope, Tensor q_scale, Tensor latent, Tensor scale, Tensor rope, "
     "Tensor block_table, Tensor cache_seqlens, float softmax_scale, bool causal, Tensor? split_offsets, "
-    "Tensor? split_begin, Tensor? split_order=None) -> (Tensor, Tensor)", _decode_fp8, _decode_fp8_fake)
+    "Tensor? split_begin, Tensor? worker_splits=None) -> (Tensor, Tensor)", _decode_fp8, _decode_fp8_fake)
 
 
 def _decode_bf16(q, cache, block_table, cache_seqlens, softmax_scale, causal, split_offsets, split_begin,
-                 split_order=None):
-    return _decode("decode_bf16", (q, cache, block_table, cache_seqlens, split_offsets, split_begin, split_order),
+                 worker_splits=None):
+    return _decode("decode_bf16", (q, cache, block_table, cache_seqlens, split_offsets, split_begin, worker_splits),
                    softmax_scale, causal)
 
 
 def _decode_bf16_fake(q, cache, block_table, cache_seqlens, softmax_scale, causal, split_offsets, split_begin,
-                      split_order=None):
+                      worker_splits=None):
     return _decode_outputs_fake(q)
 
 
 _decode_bf16_op = _define(
     "decode_bf16(Tensor q, Tensor cache, Tensor block_table, Tensor cache_seqlens, float softmax_scale, "
-    "bool causal, Tensor? split_offsets, Tensor? split_begin, Tensor? split_order=None) -> (Tensor, Tensor)",
+    "bool causal, Tensor? split_offsets, Tensor? split_begin, Tensor? worker_splits=None) -> (Tensor, Tensor)",
     _decode_bf16, _decode_bf16_fake)
 
 

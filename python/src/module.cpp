@@ -99,19 +99,19 @@ struct DecodeArgs {
 };
 
 // A split plan's arrays, checked against the batch b and the device of `like` (named so in
-// errors): split_offsets [b + 1], split_begin [capacity], optional split_order [capacity].
+// errors): split_offsets [b + 1], split_begin [capacity], optional worker_splits [capacity].
 SplitPlan split_plan(const char* op, int b, const char* like, Device d, const Array& split_offsets,
-                     const Array& split_begin, const OptArray& split_order) {
+                     const Array& split_begin, const OptArray& worker_splits) {
   const Arg so(op, "split_offsets", split_offsets), sb(op, "split_begin", split_begin);
   so.kind(Kind::kI32).numel(int64_t(b) + 1);
   sb.kind(Kind::kI32);
   same_device(op, {{like, d}, {"split_offsets", so.device()}, {"split_begin", sb.device()}});
   SplitPlan plan{so.as<int32_t>(), sb.as<int32_t>(), int(sb.size()), b, d};
-  if (split_order) {
-    const Arg sr(op, "split_order", *split_order);
+  if (worker_splits) {
+    const Arg sr(op, "worker_splits", *worker_splits);
     sr.kind(Kind::kI32).numel(sb.size());
-    same_device(op, {{like, d}, {"split_order", sr.device()}});
-    plan.split_order = sr.as<int32_t>();
+    same_device(op, {{like, d}, {"worker_splits", sr.device()}});
+    plan.worker_splits = sr.as<int32_t>();
   }
   return plan;
 }
@@ -119,7 +119,7 @@ SplitPlan split_plan(const char* op, int b, const char* like, Device d, const Ar
 DecodeArgs decode_args(const char* op, int b, int s_q, int h, Device d, const Array& out,
                        const Array& lse, float softmax_scale, bool causal,
                        const OptArray& split_offsets, const OptArray& split_begin,
-                       const OptArray& workspace, uintptr_t stream, const OptArray& split_order,
+                       const OptArray& workspace, uintptr_t stream, const OptArray& worker_splits,
                        float empty_lse) {
   const Arg o(op, "out", out), l(op, "lse", lse);
   o.kind(Kind::kBf16).numel(int64_t(b) * s_q * h * kLatentDim);
@@ -135,10 +135,10 @@ DecodeArgs decode_args(const char* op, int b, int s_q, int h, Device d, const Ar
     throw Error(op, split_offsets ? "split_begin" : "split_offsets",
                 "expected split_offsets and split_begin together (a plan from plan_splits)");
   if (split_offsets) {
-    r.plan = split_plan(op, b, "q", d, *split_offsets, *split_begin, split_order);
+    r.plan = split_plan(op, b, "q", d, *split_offsets, *split_begin, worker_splits);
     r.options.plan = &r.plan;
-  } else if (split_order) {
-    throw Error(op, "split_order", "expected it with split_offsets and split_begin (a plan from plan_splits)");
+  } else if (worker_splits) {
+    throw Error(op, "worker_splits", "expected it with split_offsets and split_begin (a plan from plan_splits)");
   }
   if (workspace) {
     const Arg w(op, "workspace", *workspace);
@@ -169,7 +169,7 @@ struct RawCall {
   SplitPlan plan;
   DecodeOptions options;
   RawCall(const RawShape& s, uintptr_t block_table, uintptr_t cache_seqlens, uintptr_t split_offsets,
-          uintptr_t split_begin, uintptr_t split_order, uintptr_t out_p, uintptr_t lse, uintptr_t workspace,
+          uintptr_t split_begin, uintptr_t worker_splits, uintptr_t out_p, uintptr_t lse, uintptr_t workspace,
           float softmax_scale, bool causal, float empty_lse, uintptr_t stream) {
     const Device d = s.device();
     pages = {reinterpret_cast<int32_t*>(block_table), reinterpret_cast<int32_t*>(cache_seqlens), s.b, s.max_pages, d};
@@ -180,7 +180,7 @@ struct RawCall {
     options.stream = to_stream(stream);
     if (s.plan_capacity > 0) {
       plan = {reinterpret_cast<int32_t*>(split_offsets), reinterpret_cast<int32_t*>(split_begin), s.plan_capacity,
-              s.b, d, reinterpret_cast<int32_t*>(split_order)};
+              s.b, d, reinterpret_cast<int32_t*>(worker_splits)};
       options.plan = &plan;
     }
     options.workspace = reinterpret_cast<void*>(workspace);
@@ -257,18 +257,18 @@ void bind_ops(nb::module_& m) {
   m.def(
       "plan_splits",
       [](const Array& cache_seqlens, int num_workers, const Array& split_offsets,
-         const Array& split_begin, uintptr_t stream, const OptArray& split_order, int query_rows) {
+         const Array& split_begin, uintptr_t stream, const OptArray& worker_splits, int query_rows) {
         constexpr const char* op = "plan_splits";
         const PageTable pages = page_table(op, std::nullopt, cache_seqlens);
         const SplitPlan plan = split_plan(op, pages.batch, "cache_seqlens", pages.device,
-                                          split_offsets, split_begin, split_order);
+                                          split_offsets, split_begin, worker_splits);
         gil_scoped_release release;
         plan_splits(pages, num_workers, plan, to_stream(stream), query_rows);
       },
       "cache_seqlens"_a, "num_workers"_a, "split_offsets"_a, "split_begin"_a, "stream"_a = 0,
-      "split_order"_a = nb::none(), "query_rows"_a = 0,
+      "worker_splits"_a = nb::none(), "query_rows"_a = 0,
       "Split-KV plan from cache_seqlens into split_offsets [b + 1], split_begin [capacity] and "
-      "(optional) split_order [capacity], the launch order (longest split first).");
+      "(optional) worker_splits [capacity], the worker ranges (worker k runs splits worker_splits[k] .. [k + 1] - 1).");
 
   m.def(
       "decode_fp8",
@@ -276,7 +276,7 @@ void bind_ops(nb::module_& m) {
          const Array& scale, const Array& rope, const Array& block_table,
          const Array& cache_seqlens, const Array& out, const Array& lse, float softmax_scale,
          bool causal, const OptArray& split_offsets, const OptArray& split_begin,
-         const OptArray& workspace, uintptr_t stream, const OptArray& split_order, float empty_lse) {
+         const OptArray& workspace, uintptr_t stream, const OptArray& worker_splits, float empty_lse) {
         constexpr const char* op = "decode_fp8";
         const Arg qn(op, "q_nope", q_nope), qr(op, "q_rope", q_rope), qs(op, "q_scale", q_scale);
         int b, s_q, h;
@@ -291,7 +291,7 @@ void bind_ops(nb::module_& m) {
         const PagedFp8Cache cache = fp8_cache(op, latent, scale, rope);
         const PageTable pages = page_table(op, block_table, cache_seqlens);
         const DecodeArgs a = decode_args(op, b, s_q, h, d, out, lse, softmax_scale, causal,
-                                         split_offsets, split_begin, workspace, stream, split_order,
+                                         split_offsets, split_begin, workspace, stream, worker_splits,
                                          empty_lse);
         gil_scoped_release release;
         decode_fp8(q, cache, pages, a.out, a.options);
@@ -299,7 +299,7 @@ void bind_ops(nb::module_& m) {
       "q_nope"_a, "q_rope"_a, "q_scale"_a, "latent"_a, "scale"_a, "rope"_a, "block_table"_a,
       "cache_seqlens"_a, "out"_a, "lse"_a, "softmax_scale"_a, "causal"_a = true,
       "split_offsets"_a = nb::none(), "split_begin"_a = nb::none(), "workspace"_a = nb::none(),
-      "stream"_a = 0, "split_order"_a = nb::none(), "empty_lse"_a = -std::numeric_limits<float>::infinity(),
+      "stream"_a = 0, "worker_splits"_a = nb::none(), "empty_lse"_a = -std::numeric_limits<float>::infinity(),
       "SnapMLA decoding on the FP8 cache into out [b, s_q, h, 512], lse [b, h, s_q].");
 
   m.def(
@@ -307,7 +307,7 @@ void bind_ops(nb::module_& m) {
       [](const Array& q, const Array& cache, const Array& block_table, const Array& cache_seqlens,
          const Array& out, const Array& lse, float softmax_scale, bool causal,
          const OptArray& split_offsets, const OptArray& split_begin, const OptArray& workspace,
-         uintptr_t stream, const OptArray& split_order, float empty_lse) {
+         uintptr_t stream, const OptArray& worker_splits, float empty_lse) {
         constexpr const char* op = "decode_bf16";
         const Arg qa(op, "q", q);
         int b, s_q, h;
@@ -318,13 +318,13 @@ void bind_ops(nb::module_& m) {
         const PageTable pages = page_table(op, block_table, cache_seqlens);
         const DecodeArgs a = decode_args(op, b, s_q, h, qv.device, out, lse, softmax_scale,
                                          causal, split_offsets, split_begin, workspace, stream,
-                                         split_order, empty_lse);
+                                         worker_splits, empty_lse);
         gil_scoped_release release;
         decode_bf16(qv, c, pages, a.out, a.options);
       },
       "q"_a, "cache"_a, "block_table"_a, "cache_seqlens"_a, "out"_a, "lse"_a, "softmax_scale"_a,
       "causal"_a = true, "split_offsets"_a = nb::none(), "split_begin"_a = nb::none(),
-      "workspace"_a = nb::none(), "stream"_a = 0, "split_order"_a = nb::none(),
+      "workspace"_a = nb::none(), "stream"_a = 0, "worker_splits"_a = nb::none(),
       "empty_lse"_a = -std::numeric_limits<float>::infinity(),
       "Decoding on the BF16 cache (the baseline) into out [b, s_q, h, 512], lse [b, h, s_q].");
 
@@ -339,14 +339,14 @@ void bind_ops(nb::module_& m) {
       "decode_fp8_raw",
       [](uintptr_t q_nope, uintptr_t q_rope, uintptr_t q_scale, uintptr_t latent, uintptr_t scale,
          uintptr_t rope, uintptr_t block_table, uintptr_t cache_seqlens, uintptr_t split_offsets,
-         uintptr_t split_begin, uintptr_t split_order, uintptr_t out, uintptr_t lse, uintptr_t workspace,
+         uintptr_t split_begin, uintptr_t worker_splits, uintptr_t out, uintptr_t lse, uintptr_t workspace,
          const RawShape& shape, float softmax_scale, bool causal, float empty_lse, uintptr_t stream) {
         const Device d = shape.device();
         const QuantizedQuery q{reinterpret_cast<e4m3*>(q_nope), reinterpret_cast<bf16*>(q_rope),
                                reinterpret_cast<float*>(q_scale), shape.b, shape.s_q, shape.h, d};
         const PagedFp8Cache cache{reinterpret_cast<e4m3*>(latent), reinterpret_cast<float*>(scale),
                                   reinterpret_cast<bf16*>(rope), shape.num_pages, d};
-        RawCall c(shape, block_table, cache_seqlens, split_offsets, split_begin, split_order, out, lse,
+        RawCall c(shape, block_table, cache_seqlens, split_offsets, split_begin, worker_splits, out, lse,
                   workspace, softmax_scale, causal, empty_lse, stream);
         gil_scoped_release release;
         decode_fp8(q, cache, c.pages, c.out, c.options);
@@ -355,12 +355,12 @@ void bind_ops(nb::module_& m) {
   m.def(
       "decode_bf16_raw",
       [](uintptr_t q, uintptr_t cache, uintptr_t block_table, uintptr_t cache_seqlens, uintptr_t split_offsets,
-         uintptr_t split_begin, uintptr_t split_order, uintptr_t out, uintptr_t lse, uintptr_t workspace,
+         uintptr_t split_begin, uintptr_t worker_splits, uintptr_t out, uintptr_t lse, uintptr_t workspace,
          const RawShape& shape, float softmax_scale, bool causal, float empty_lse, uintptr_t stream) {
         const Device d = shape.device();
         const QueryBf16 qv{reinterpret_cast<bf16*>(q), shape.b, shape.s_q, shape.h, d};
         const PagedBf16Cache c16{reinterpret_cast<bf16*>(cache), shape.num_pages, d};
-        RawCall c(shape, block_table, cache_seqlens, split_offsets, split_begin, split_order, out, lse,
+        RawCall c(shape, block_table, cache_seqlens, split_offsets, split_begin, worker_splits, out, lse,
                   workspace, softmax_scale, causal, empty_lse, stream);
         gil_scoped_release release;
         decode_bf16(qv, c16, c.pages, c.out, c.options);

@@ -1,5 +1,6 @@
-// The planner's rule for how long a split is, shared by the reference planner (C++) and the GPU
-// planner (CUDA) so that both make the same plan by construction.
+// The planner's rules, shared by the reference planner (C++) and the GPU planner (CUDA) so that
+// both make the same plan by construction: how many workers a total is worth, and where the
+// balanced division of the work among them cuts the sequences.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +32,68 @@ SNAPMLA_HOST_DEVICE inline int64_t split_chunk(int64_t total_blocks, int num_wor
     while ((2 * chunk + 1) * (2 * chunk + 1) * 256 <= x) ++chunk;
   }
   return chunk;
+}
+
+// The fixed cost of one piece of work (a split, or a whole sequence) in page-equivalents: the
+// pipeline's drain and refill between pieces (the Q tile, the first pages' latency) and the
+// epilogue's stores.
+inline constexpr int64_t kPieceCostBlocks = 4;
+
+// The balanced division (docs/design.md, "Splits"). The sequences' costs are laid end to end on
+// one axis and worker k gets the axis from k x share to (k + 1) x share, so every worker has the
+// same work across sequence boundaries. Every worker pays one fixed cost for its first piece,
+// which the axis leaves out; a sequence that starts inside a worker's part is a further piece,
+// so sequence i > 0 costs kPieceCostBlocks before its blocks (sequence 0 is worker 0's first
+// piece): it lies over [c_i, c_i + fixed_i + blocks_i). A boundary that falls into a sequence's
+// blocks cuts it (a new split, the next worker's first piece, starts there); one that falls into
+// its fixed cost moves to the sequence's start (that worker then does up to one fixed cost less).
+struct WorkerShares {
+  int workers = 1;       // workers with work: the plan's first `workers` worker ranges
+  int64_t share = 1;     // cost per worker, >= 1
+  int64_t total = 0;     // the whole axis
+};
+
+SNAPMLA_HOST_DEVICE inline int64_t piece_fixed_cost(int seq) { return seq == 0 ? 0 : kPieceCostBlocks; }
+
+// How many of num_workers a total of `total_blocks` over `batch` sequences is worth (split_chunk:
+// all of them, or fewer for a small total given query_rows), and the share of each.
+SNAPMLA_HOST_DEVICE inline WorkerShares worker_shares(int64_t total_blocks, int batch, int num_workers,
+                                                      int query_rows) {
+  WorkerShares s;
+  const int64_t chunk = split_chunk(total_blocks, num_workers, query_rows);
+  int64_t used = (total_blocks + chunk - 1) / chunk;
+  if (used < 1) used = 1;
+  if (used > num_workers) used = num_workers;
+  s.workers = int(used);
+  s.total = total_blocks + (batch > 1 ? int64_t(batch - 1) * kPieceCostBlocks : 0);
+  s.share = (s.total + used - 1) / used;
+  if (s.share < 1) s.share = 1;
+  return s;
+}
+
+// The worker boundaries k x share (1 <= k < workers) inside sequence `seq`'s cost interval
+// [c0, c0 + fixed + blocks): workers [lo, cut) start at the sequence's first split, workers
+// [cut, hi) each at a cut inside it, at block cut_block(...) (in 1 .. blocks - 1). The sequence
+// has 1 + (hi - cut) splits.
+struct SequenceCuts {
+  int lo = 0, cut = 0, hi = 0;
+};
+
+SNAPMLA_HOST_DEVICE inline SequenceCuts sequence_cuts(int64_t c0, int64_t blocks, int seq, const WorkerShares& s) {
+  const int64_t fixed = piece_fixed_cost(seq), end = c0 + fixed + blocks;
+  int64_t lo = (c0 + s.share - 1) / s.share, hi = (end + s.share - 1) / s.share;
+  int64_t cut = (c0 + fixed) / s.share + 1;  // the first k with k x share > c0 + fixed
+  if (lo < 1) lo = 1;
+  if (hi > s.workers) hi = s.workers;
+  if (lo > hi) lo = hi;
+  if (cut < lo) cut = lo;
+  if (cut > hi) cut = hi;
+  return {int(lo), int(cut), int(hi)};
+}
+
+// The first block of the cut of worker k (sequence_cuts' cut <= k < hi).
+SNAPMLA_HOST_DEVICE inline int64_t cut_block(int64_t c0, int seq, int k, const WorkerShares& s) {
+  return int64_t(k) * s.share - c0 - piece_fixed_cost(seq);
 }
 
 }  // namespace snapmla::detail

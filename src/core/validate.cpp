@@ -132,7 +132,13 @@ void validate(const char* op, const SplitPlan& p, const char* name) {
              std::to_string(p.capacity) + " (size it with split_plan_capacity)");
   check_pointer(op, {name, "split_offsets"}, p.split_offsets, true, 4);
   check_pointer(op, {name, "split_begin"}, p.split_begin, true, 4);
-  if (p.split_order != nullptr) check_pointer(op, {name, "split_order"}, p.split_order, true, 4);
+  if (p.worker_splits != nullptr) {
+    check_pointer(op, {name, "worker_splits"}, p.worker_splits, true, 4);
+    if (p.capacity <= p.batch)
+      fail(op, join(name, "capacity"),
+           "expected > batch (" + std::to_string(p.batch) + ") with worker_splits: the plan's workers are its "
+           "capacity - batch slots (size it with split_plan_capacity), got " + std::to_string(p.capacity));
+  }
 }
 
 void validate(const char* op, const DecodeOptions& o, int batch) {
@@ -263,17 +269,20 @@ void check_plan_contents(const char* op, const SplitPlan& plan, const PageTable&
                  "cache_seqlens?)");
     }
   }
-  if (plan.split_order != nullptr) {
+  if (plan.worker_splits != nullptr) {
+    // Worker k runs splits [worker_splits[k], worker_splits[k + 1]): from 0, non-decreasing, the
+    // last worker's end the number of splits, so that every split runs exactly once.
     const int32_t total = plan.split_offsets[plan.batch];
-    std::vector<char> seen(static_cast<size_t>(total), 0);
-    for (int32_t k = 0; k < total; ++k) {
-      const int32_t v = plan.split_order[k];
-      if (v < 0 || v >= total || seen[static_cast<size_t>(v)])
-        fail(op, "options.plan.split_order",
+    const int workers = plan.capacity - plan.batch;
+    for (int k = 0; k <= workers; ++k) {
+      const int32_t v = plan.worker_splits[k];
+      const int32_t expect_lo = k == 0 ? 0 : plan.worker_splits[k - 1];
+      const bool ok = k == 0 ? v == 0 : (k == workers ? v == total : (v >= expect_lo && v <= total));
+      if (!ok || (k > 0 && v < expect_lo))
+        fail(op, "options.plan.worker_splits",
              "entry " + std::to_string(k) + " is " + std::to_string(v) +
-                 ": expected a permutation of the splits 0.." + std::to_string(total - 1) +
-                 " (was the plan made by plan_splits?)");
-      seen[static_cast<size_t>(v)] = 1;
+                 ": expected 0 at entry 0, then non-decreasing up to the number of splits " + std::to_string(total) +
+                 " at entry capacity - batch = " + std::to_string(workers) + " (was the plan made by plan_splits?)");
     }
   }
 }

@@ -200,40 +200,38 @@ void plan_splits(const char* op, const PageTable& pages, int num_workers, const 
                                             std::to_string(len) + ", expected >= 0");
     total_blocks += (len + kPageSize - 1) / kPageSize;
   }
-  // A worker's share is `chunk` blocks (detail::split_chunk: equal shares, or longer for a small
-  // total given query_rows); a sequence gets n = max(1, ceil(blocks / chunk - 1/4)) splits of
-  // equal size (a remainder under a quarter share rides along instead of costing a CTA and a
-  // combine), so a split has at most 1.25 chunk blocks and there are at most
-  // total_blocks / chunk + batch <= num_workers + batch.
-  const int64_t chunk = detail::split_chunk(total_blocks, num_workers, query_rows);
+  // The balanced division (core/split_rule.hpp): the sequences' costs (blocks plus a fixed cost
+  // each) end to end, worker k the part from k x share on; a worker boundary inside a sequence's
+  // blocks starts a new split there. Each boundary adds at most one split, so there are at most
+  // batch + workers - 1 <= capacity.
+  const detail::WorkerShares shares = detail::worker_shares(total_blocks, pages.batch, num_workers, query_rows);
+  const int slots = plan.capacity - pages.batch;  // the plan's workers (>= num_workers)
   int32_t k = 0;
+  int64_t c0 = 0;
   plan.split_offsets[0] = 0;
+  if (plan.worker_splits != nullptr) plan.worker_splits[0] = 0;
   for (int i = 0; i < pages.batch; ++i) {
     const int64_t blocks = (pages.cache_seqlens[i] + kPageSize - 1) / kPageSize;
-    const int64_t n = std::max<int64_t>(1, (4 * blocks + 3 * chunk - 1) / (4 * chunk));
-    for (int64_t j = 0; j < n; ++j) plan.split_begin[k++] = static_cast<int32_t>(j * blocks / n * kPageSize);
+    const detail::SequenceCuts cuts = detail::sequence_cuts(c0, blocks, i, shares);
+    if (plan.worker_splits != nullptr)
+      for (int w = cuts.lo; w < cuts.cut; ++w) plan.worker_splits[w] = k;
+    plan.split_begin[k++] = 0;
+    for (int w = cuts.cut; w < cuts.hi; ++w) {
+      if (plan.worker_splits != nullptr) plan.worker_splits[w] = k;
+      plan.split_begin[k++] = static_cast<int32_t>(detail::cut_block(c0, i, w, shares) * kPageSize);
+    }
     plan.split_offsets[i + 1] = k;
+    c0 += blocks + detail::piece_fixed_cost(i);
   }
   // Capacity past the last split is never read; -1 there, so a printed plan shows no garbage.
   std::fill(plan.split_begin + k, plan.split_begin + plan.capacity, -1);
-  if (plan.split_order == nullptr) return;
-  std::fill(plan.split_order + k, plan.split_order + plan.capacity, -1);
-  // Launch order: longest split first (pages descending, ties in index order), so that the
-  // GPU's CTAs for short splits fill in behind the long ones instead of leaving the long ones
-  // for last. Above kMaxOrderedSplits the index order (the GPU planner sorts in one block).
-  std::vector<int32_t> pages_of(static_cast<size_t>(k));
-  for (int i = 0; i < pages.batch; ++i) {
-    const int32_t lo = plan.split_offsets[i], hi = plan.split_offsets[i + 1];
-    const int32_t len = pages.cache_seqlens[i];
-    for (int32_t s = lo; s < hi; ++s) {
-      const int32_t end = s + 1 < hi ? plan.split_begin[s + 1] : len;
-      pages_of[static_cast<size_t>(s)] = (end - plan.split_begin[s] + kPageSize - 1) / kPageSize;
-    }
-  }
-  for (int32_t s = 0; s < k; ++s) plan.split_order[s] = s;
-  if (k <= kMaxOrderedSplits)
-    std::stable_sort(plan.split_order, plan.split_order + k,
-                     [&](int32_t a, int32_t b) { return pages_of[static_cast<size_t>(a)] > pages_of[static_cast<size_t>(b)]; });
+  if (plan.worker_splits == nullptr) return;
+  // Workers past the axis's end (and past the workers the total is worth) have no splits; the
+  // entries past the last worker's end are never read.
+  const int first_idle = static_cast<int>(std::min<int64_t>(shares.workers, (shares.total + shares.share - 1) / shares.share));
+  const int last = std::min(slots, plan.capacity - 1);  // a batch of 0 has no room for the end entry
+  for (int w = std::max(first_idle, 1); w <= last; ++w) plan.worker_splits[w] = k;
+  std::fill(plan.worker_splits + last + 1, plan.worker_splits + plan.capacity, -1);
 }
 
 }  // namespace named

@@ -18,7 +18,7 @@ def test_flash_mla_with_kvcache_is_decode_bf16(rng):
     assert num_splits.shape == (4,) and num_splits[0] == 0
     out, lse = flash_mla.flash_mla_with_kvcache(q, k_cache, table, seqlens, 512, meta, num_splits,
                                                 causal=True)
-    cap = len(meta) // 2  # the metadata: split_begin, then split_order
+    cap = len(meta) // 2  # the metadata: split_begin, then worker_splits
     plan = snapmla.SplitPlan(num_splits, meta[:cap], 0, meta[cap:])
     ref_out, ref_lse = snapmla.decode_bf16(q, cache16, table, seqlens, softmax_scale=576 ** -0.5,
                                            causal=True, plan=plan)

@@ -33,7 +33,7 @@ def test_pointer_path_is_bit_identical_and_follows_new_memory(rng):
     assert len(_fastpath._accepted) == 2
     again = snapmla.decode_fp8(snapmla.QuantizedQuery(*map(fresh, qq)), snapmla.PagedFp8Cache(*map(fresh, cache8)),
                                fresh(table), fresh(seqlens), softmax_scale=0.1,
-                               plan=snapmla.SplitPlan(*map(fresh, plan[:2]), plan.num_workers, fresh(plan.split_order)))
+                               plan=snapmla.SplitPlan(*map(fresh, plan[:2]), plan.num_workers, fresh(plan.worker_splits)))
     again16 = snapmla.decode_bf16(fresh(q), fresh(cache16), fresh(table), fresh(seqlens), softmax_scale=0.1, plan=plan)
     assert len(_fastpath._accepted) == 2  # no new signature: the pointer path ran
     for a, b in ((first, again), (first16, again16)):

@@ -164,7 +164,7 @@ def test_gpu_cache_ops_are_byte_identical_to_the_reference(rng):
     assert torch.equal(plan.split_offsets.cpu(), ref_plan.split_offsets)
     k = int(ref_plan.split_offsets[-1])
     assert torch.equal(plan.split_begin[:k].cpu(), ref_plan.split_begin[:k])
-    assert torch.equal(plan.split_order[:k].cpu(), ref_plan.split_order[:k])
+    assert torch.equal(plan.worker_splits[:k].cpu(), ref_plan.worker_splits[:k])
 
 
 def assert_bf16_close(out, lse, ref_out, ref_lse, case):
@@ -216,7 +216,7 @@ def test_custom_ops_pass_opcheck(rng, device):
         (ops.gather_dequant.default, (case.fp8.latent, case.fp8.scale, case.fp8.rope, case.slots)),
         (ops.decode_fp8.default, (qq.nope, qq.rope, qq.scale, *case.fp8, case.block_table,
                                   case.cache_seqlens, case.scale, True, plan.split_offsets,
-                                  plan.split_begin, plan.split_order)),
+                                  plan.split_begin, plan.worker_splits)),
         (ops.decode_bf16.default, (case.q, case.bf16, case.block_table, case.cache_seqlens,
                                    case.scale, True, None, None)),
         (ops.append_fp8.default, (case.kv, case.slots, *case.fp8)),
@@ -291,7 +291,7 @@ def test_flash_mla_compat_on_gpu(rng):
                                                 case.block_table, case.cache_seqlens, 512, meta,
                                                 num_splits, softmax_scale=case.scale)
     # The reference with the same plan (FlashMLA's num_splits and metadata are SnapMLA's plan).
-    cap = meta.numel() // 2  # split_begin, then split_order
+    cap = meta.numel() // 2  # split_begin, then worker_splits
     plan = snapmla.SplitPlan(num_splits, meta[:cap], 0, meta[cap:])
     assert int(num_splits[-1]) > 3  # the long sequence really is split
     ref_out, ref_lse = snapmla.reference.decode_bf16(case.q, case.bf16, case.block_table,

@@ -270,7 +270,7 @@ class Model:
             self.flashmla.meta = self.flashmla.splits = None
             plan = None
         else:
-            plan = st.plan_splits(seqlens, self.num_workers)  # one plan, shared by every layer
+            plan = st.plan_splits(seqlens, self.num_workers, query_rows=self.local_heads)  # one plan, every layer
         cos, sin = self.rope[0][pos], self.rope[1][pos]
         x = F.embedding(tokens, self.embed)
         for layer, cache in zip(self.layers, caches):

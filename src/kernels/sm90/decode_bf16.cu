@@ -140,225 +140,233 @@ __global__ void __launch_bounds__(384, 1)
     decode_bf16_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_kv,
                        const __grid_constant__ CUtensorMap tm_q) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  const int item = grid_item(p);
-  if (!has_work(p, item)) return;
+  const SplitRange range = splits_of_worker(p, grid_worker(p));
+  if (range.first >= range.last) return;
   const Smem sm(smem_raw);
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   const int row0 = grid_row0(p);
+  // Again before each further split of the worker (split_boundary).
+  const auto init_barriers = [&] { sm.init(); };
   if (threadIdx.x == 0) {
     if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
-    sm.init();
+    init_barriers();
   }
   __syncthreads();
 
   if (wg == 0) {
     wg::setmaxnreg_dec<40>();
-    const Work w = work_of(p, item);
-    const int nblk = w.pages();
-    if (t == 0) {
-      // The Q latent tile first: eight boxes of the [batch * rows, 576] query plane (the rope part
-      // goes to the consumers' registers).
-      load_q_tile<kLatentDim * 2, 2>(&tm_q, sm.qn, int(int64_t(w.seq) * p.rows + row0), sm.qbar);
-      for (int a = 0; a < nblk; a += 2) {
-        const int b = a + 1;
-        const int32_t pa = page_of(p, w, w.begin + a * kPageSize);
-        const int32_t pb = b < nblk ? page_of(p, w, w.begin + b * kPageSize) : 0;
-        const bool oka = page_ok(p, pa), okb = page_ok(p, pb);
-        // In the order the groups come free: page A's after both PVs of A, then page B's.
-        load_group(&tm_kv, sm, a, 1, pa, oka);
-        load_group(&tm_kv, sm, a, 2, pa, oka);
-        load_group(&tm_kv, sm, a, 0, pa, oka);
-        if (b < nblk) {
-          load_group(&tm_kv, sm, b, 2, pb, okb);
-          load_group(&tm_kv, sm, b, 0, pb, okb);
-          load_group(&tm_kv, sm, b, 1, pb, okb);
+    for (int item = range.first; item < range.last; ++item) {
+      if (item > range.first) split_boundary<384>(init_barriers);
+      const Work w = work_of(p, item);
+      const int nblk = w.pages();
+      if (t == 0) {
+        // The Q latent tile first: eight boxes of the [batch * rows, 576] query plane (the rope part
+        // goes to the consumers' registers).
+        load_q_tile<kLatentDim * 2, 2>(&tm_q, sm.qn, int(int64_t(w.seq) * p.rows + row0), sm.qbar);
+        for (int a = 0; a < nblk; a += 2) {
+          const int b = a + 1;
+          const int32_t pa = page_of(p, w, w.begin + a * kPageSize);
+          const int32_t pb = b < nblk ? page_of(p, w, w.begin + b * kPageSize) : 0;
+          const bool oka = page_ok(p, pa), okb = page_ok(p, pb);
+          // In the order the groups come free: page A's after both PVs of A, then page B's.
+          load_group(&tm_kv, sm, a, 1, pa, oka);
+          load_group(&tm_kv, sm, a, 2, pa, oka);
+          load_group(&tm_kv, sm, a, 0, pa, oka);
+          if (b < nblk) {
+            load_group(&tm_kv, sm, b, 2, pb, okb);
+            load_group(&tm_kv, sm, b, 0, pb, okb);
+            load_group(&tm_kv, sm, b, 1, pb, okb);
+          }
         }
       }
-    }
-    // A partial last page: zero its tokens past the split end in the V boxes once they land.
-    // Waited for only after its loads were issued: the stage's full barriers have then completed
-    // every earlier phase, so the parity names this page's.
-    __syncwarp();
-    ptx::named_barrier(5, 128);
-    const int last = nblk - 1, ntok = w.end - (w.begin + last * kPageSize);
-    if (nblk > 0 && ntok < kPageSize) {
-      if (page_ok(p, page_of(p, w, w.begin + last * kPageSize))) {
-        wg::mbar_wait(sm.full_of(last, 1), phase(last));
-        wg::mbar_wait(sm.full_of(last, 2), phase(last));
-        const uint4 zero = make_uint4(0, 0, 0, 0);
-        const int per_box = (kPageSize - ntok) * (kTmaBoxBytes / 16);
-        for (int i = t; i < 8 * per_box; i += 128) {
-          const int b = i / per_box, k = i % per_box;
-          *reinterpret_cast<uint4*>(sm.box(last, b) + ntok * kTmaBoxBytes + k * 16) = zero;
+      // A partial last page: zero its tokens past the split end in the V boxes once they land.
+      // Waited for only after its loads were issued: the stage's full barriers have then completed
+      // every earlier phase, so the parity names this page's.
+      __syncwarp();
+      ptx::named_barrier(5, 128);
+      const int last = nblk - 1, ntok = w.end - (w.begin + last * kPageSize);
+      if (nblk > 0 && ntok < kPageSize) {
+        if (page_ok(p, page_of(p, w, w.begin + last * kPageSize))) {
+          wg::mbar_wait(sm.full_of(last, 1), phase(last));
+          wg::mbar_wait(sm.full_of(last, 2), phase(last));
+          const uint4 zero = make_uint4(0, 0, 0, 0);
+          const int per_box = (kPageSize - ntok) * (kTmaBoxBytes / 16);
+          for (int i = t; i < 8 * per_box; i += 128) {
+            const int b = i / per_box, k = i % per_box;
+            *reinterpret_cast<uint4*>(sm.box(last, b) + ntok * kTmaBoxBytes + k * 16) = zero;
+          }
+          wg::fence_proxy_async();  // written with st.shared, read by wgmma
         }
-        wg::fence_proxy_async();  // written with st.shared, read by wgmma
+        wg::mbar_arrive(sm.tail);
       }
-      wg::mbar_arrive(sm.tail);
     }
     return;
   }
 
   wg::setmaxnreg_inc<232>();
-  const Work w = work_of(p, item);
-  const int nblk = w.pages();
-  const bool partial_last = nblk > 0 && w.end - (w.begin + (nblk - 1) * kPageSize) < kPageSize;
-  const int c = wg - 1;  // owns page 2 k + c of each pair; output half c
-  const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
-  const int r0 = 16 * warp + g;  // the thread's first row in the tile (and r0 + 8)
-  int64_t row[2];
-  int vis[2];
-  uint32_t qa[4][4];  // Q rope, the rope product's A operand
-  load_q_rows(p, w, row0, r0, q, p.q_bf16 + kLatentDim, kHeadDim, row, vis, qa);
-  const float factor[2] = {p.softmax_scale, p.softmax_scale};
-  SoftmaxState st;
-  float o[32][4];
+  for (int item = range.first; item < range.last; ++item) {
+    if (item > range.first) split_boundary<384>(NoInit{});
+    const Work w = work_of(p, item);
+    const int nblk = w.pages();
+    const bool partial_last = nblk > 0 && w.end - (w.begin + (nblk - 1) * kPageSize) < kPageSize;
+    const int c = wg - 1;  // owns page 2 k + c of each pair; output half c
+    const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+    const int r0 = 16 * warp + g;  // the thread's first row in the tile (and r0 + 8)
+    int64_t row[2];
+    int vis[2];
+    uint32_t qa[4][4];  // Q rope, the rope product's A operand
+    load_q_rows(p, w, row0, r0, q, p.q_bf16 + kLatentDim, kHeadDim, row, vis, qa);
+    const float factor[2] = {p.softmax_scale, p.softmax_scale};
+    SoftmaxState st;
+    float o[32][4];
 #pragma unroll
-  for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  wg::mbar_wait(sm.qbar, 0);
+    for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    wg::mbar_wait(sm.qbar, 0);
 
-  // S of page j into acc, in two commit groups: the rope box and this consumer's V half (the
-  // groups that come free first), then the other half.
-  float acc[8][4];
-  auto qk_half = [&](int j, int h) {
+    // S of page j into acc, in two commit groups: the rope box and this consumer's V half (the
+    // groups that come free first), then the other half.
+    float acc[8][4];
+    auto qk_half = [&](int j, int h) {
 #pragma unroll
-    for (int b = 4 * h; b < 4 * h + 4; ++b) {
-      const uint64_t qb = wg::desc_sw128(sm.qn + b * kBoxBytes), kb = wg::desc_sw128(sm.box(j, b));
+      for (int b = 4 * h; b < 4 * h + 4; ++b) {
+        const uint64_t qb = wg::desc_sw128(sm.qn + b * kBoxBytes), kb = wg::desc_sw128(sm.box(j, b));
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        wg::mma_64x64x16_bf16_ss(acc, wg::desc_add(qb, kk * 32), wg::desc_add(kb, kk * 32));
-    }
-  };
-  // `real`: the product is used. A discarded one (see below) waits for nothing: it may read a
-  // stage while a copy lands, and waiting could deadlock (the stage may be the other
-  // consumer's, whose next load waits for this consumer's release).
-  auto qk_first = [&](int j, bool real) {
-    if (real) {
-      wg::mbar_wait(sm.full_of(j, 0), phase(j));
-      wg::mbar_wait(sm.full_of(j, 1 + c), phase(j));
-    }
-    wg::fence_operands(acc);
-    wg::fence();
-    const uint64_t kr = wg::desc_sw128(sm.box(j, kRopeBox));
-    wg::mma_64x64x16_bf16_rs_zero(acc, qa[0], kr);
-#pragma unroll
-    for (int ks = 1; ks < 4; ++ks) wg::mma_64x64x16_bf16_rs(acc, qa[ks], wg::desc_add(kr, ks * 32));
-    qk_half(j, c);
-    wg::commit();
-  };
-  auto qk_second = [&](int j, bool real) {
-    if (real) wg::mbar_wait(sm.full_of(j, 2 - c), phase(j));
-    wg::fence();
-    qk_half(j, 1 - c);
-    wg::commit();
-  };
-  // Every pair issues the same wgmmas in every consumer, with no wgmma under a condition that
-  // ptxas cannot see is warpgroup-uniform (it would serialize them all): a consumer without a
-  // page in the pair (odd page count) computes a discarded product and adds the last page with
-  // P = 0, and after the last pair the QK is a discarded repeat of the last page.
-  if (nblk > 0) {
-    qk_first(min(c, nblk - 1), c < nblk);
-    qk_second(min(c, nblk - 1), c < nblk);
-  }
-  const int band = band_start(p, w);  // tokens from here on are not seen by every query row
-  for (int k = 0; 2 * k < nblk; ++k) {
-    const int ja = 2 * k, jb = 2 * k + 1, j = ja + c;  // the pair's pages; this consumer's
-    const bool mine = j < nblk, has_b = jb < nblk;
-    const int blk = w.begin + j * kPageSize;
-    const bool full = __all_sync(0xffffffffu, blk + kPageSize <= min(vis[0], vis[1]));
-    const bool none = __all_sync(0xffffffffu, blk >= max(vis[0], vis[1]));
-    const bool live = mine && !none;
-    float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f}, unused[2], m_a[2], m_b[2], f[2];
-    wg::wait<0>();
-    wg::fence_operands(acc);
-    if (mine) {
-      if (full) page_scores<false, false, true>(acc, factor, vis, blk, nullptr, q, mx);
-      else if (!none) page_scores<true, false, true>(acc, factor, vis, blk, nullptr, q, mx);
-    }
-    // P of page j as bf16 into the rope box of its stage (the QK has read it), K-major: row r's
-    // tokens 8 n + 2 q, + 1 are one word; zeros without a page.
-    auto write_p = [&](const float (&m)[2]) {
-      if (live) {
-        if (full) page_probs<false, false>(acc, m, nullptr, q, sum, unused);
-        else page_probs<true, false>(acc, m, nullptr, q, sum, unused);
-      }
-      uint8_t* pt = sm.box(j, kRopeBox);
-#pragma unroll
-      for (int ri = 0; ri < 2; ++ri)
-#pragma unroll
-        for (int n = 0; n < 8; ++n)
-          ptx::sts32(pt + km_offset(r0 + 8 * ri, 16 * n + 4 * q, kPageSize * 2),
-                     live ? bf16x2_bits(acc[n][2 * ri], acc[n][2 * ri + 1]) : 0u);
-      // Tokens some query rows do not see (causal, s_q > 1): their non-finite V values set to 0
-      // now that this page's QK has read them (those rows' P is 0, and 0 x NaN is NaN in PV; the
-      // rows that see them already have a non-finite score).
-      const int from = max(band - blk, 0), to = min(kPageSize, w.end - blk);
-      if (mine && from < to) zero_nonfinite_tokens(sm, j, from, to, t);
-      wg::fence_proxy_async();  // P written with st.shared, read by wgmma
-      if (q == 0) {
-        sm.xmax[c * kRows + r0] = m[0];
-        sm.xmax[c * kRows + r0 + 8] = m[1];
+        for (int kk = 0; kk < 4; ++kk)
+          wg::mma_64x64x16_bf16_ss(acc, wg::desc_add(qb, kk * 32), wg::desc_add(kb, kk * 32));
       }
     };
-    // The page of consumer `owner` (0: A, 1: B): the owner turns it into P at m = max(running
-    // max, the page's max) and hands P and m over (named barrier 1 + 2 owner, then 2 + 2 owner
-    // for its own warps: all of P is written); the other consumer takes m.
-    auto hand_off = [&](int owner, float (&m)[2]) {
-      if (c == owner) {
-#pragma unroll
-        for (int ri = 0; ri < 2; ++ri) m[ri] = fmaxf(st.m[ri], mx[ri]);
-        write_p(m);
-        ptx::named_barrier_arrive(1 + 2 * owner, 256);
-        ptx::named_barrier(2 + 2 * owner, 128);
-      } else {
-        ptx::named_barrier(1 + 2 * owner, 256);
-#pragma unroll
-        for (int ri = 0; ri < 2; ++ri) m[ri] = sm.xmax[owner * kRows + r0 + 8 * ri];
+    // `real`: the product is used. A discarded one (see below) waits for nothing: it may read a
+    // stage while a copy lands, and waiting could deadlock (the stage may be the other
+    // consumer's, whose next load waits for this consumer's release).
+    auto qk_first = [&](int j, bool real) {
+      if (real) {
+        wg::mbar_wait(sm.full_of(j, 0), phase(j));
+        wg::mbar_wait(sm.full_of(j, 1 + c), phase(j));
       }
+      wg::fence_operands(acc);
+      wg::fence();
+      const uint64_t kr = wg::desc_sw128(sm.box(j, kRopeBox));
+      wg::mma_64x64x16_bf16_rs_zero(acc, qa[0], kr);
+#pragma unroll
+      for (int ks = 1; ks < 4; ++ks) wg::mma_64x64x16_bf16_rs(acc, qa[ks], wg::desc_add(kr, ks * 32));
+      qk_half(j, c);
+      wg::commit();
     };
-    hand_off(0, m_a);
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) f[ri] = pair_alpha(st, ri, m_a[ri], c == 0 ? sum[ri] : 0.f);
-    scale_rows(o, f);
-    if (partial_last && 2 * k + 2 >= nblk) wg::mbar_wait(sm.tail, 0);
-    pv_page(o, sm.box(ja, kRopeBox), sm, ja, c);
-    // Page B under page A's PV (st.m is m_a now, so m_b = max(m_a, max S_B)).
-    hand_off(1, m_b);
-    wg::wait<0>();
-    wg::fence_operands(o);
-    if (lane == 0) {  // page A: this half and this consumer's share of the rope box are read
-      wg::mbar_arrive(sm.empty_of(ja, 1 + c));
-      wg::mbar_arrive(sm.empty_of(ja, 0));
+    auto qk_second = [&](int j, bool real) {
+      if (real) wg::mbar_wait(sm.full_of(j, 2 - c), phase(j));
+      wg::fence();
+      qk_half(j, 1 - c);
+      wg::commit();
+    };
+    // Every pair issues the same wgmmas in every consumer, with no wgmma under a condition that
+    // ptxas cannot see is warpgroup-uniform (it would serialize them all): a consumer without a
+    // page in the pair (odd page count) computes a discarded product and adds the last page with
+    // P = 0, and after the last pair the QK is a discarded repeat of the last page.
+    if (nblk > 0) {
+      qk_first(min(c, nblk - 1), c < nblk);
+      qk_second(min(c, nblk - 1), c < nblk);
     }
+    const int band = band_start(p, w);  // tokens from here on are not seen by every query row
+    for (int k = 0; 2 * k < nblk; ++k) {
+      const int ja = 2 * k, jb = 2 * k + 1, j = ja + c;  // the pair's pages; this consumer's
+      const bool mine = j < nblk, has_b = jb < nblk;
+      const int blk = w.begin + j * kPageSize;
+      const bool full = __all_sync(0xffffffffu, blk + kPageSize <= min(vis[0], vis[1]));
+      const bool none = __all_sync(0xffffffffu, blk >= max(vis[0], vis[1]));
+      const bool live = mine && !none;
+      float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f}, unused[2], m_a[2], m_b[2], f[2];
+      wg::wait<0>();
+      wg::fence_operands(acc);
+      if (mine) {
+        if (full) page_scores<false, false, true>(acc, factor, vis, blk, nullptr, q, mx);
+        else if (!none) page_scores<true, false, true>(acc, factor, vis, blk, nullptr, q, mx);
+      }
+      // P of page j as bf16 into the rope box of its stage (the QK has read it), K-major: row r's
+      // tokens 8 n + 2 q, + 1 are one word; zeros without a page.
+      auto write_p = [&](const float (&m)[2]) {
+        if (live) {
+          if (full) page_probs<false, false>(acc, m, nullptr, q, sum, unused);
+          else page_probs<true, false>(acc, m, nullptr, q, sum, unused);
+        }
+        uint8_t* pt = sm.box(j, kRopeBox);
 #pragma unroll
-    for (int ri = 0; ri < 2; ++ri) f[ri] = pair_alpha(st, ri, m_b[ri], c == 1 ? sum[ri] : 0.f);
-    scale_rows(o, f);
-    pv_page(o, sm.box(jb, kRopeBox), sm, min(jb, nblk - 1), c);
-    // Release page B once this PV is done. Its reload is the critical path (each stage's cycle is
-    // load, QK, softmax, PVs), so consumer 0's next QK - its page is in page A's stage, loaded
-    // early - waits until both consumers released B: it would otherwise share the tensor cores
-    // with consumer 1's PV(B) (measured: 630 -> 570 us at h = 128, b = 128, 8K).
-    const int jn = min(j + 2, nblk - 1);
-    const bool real = j + 2 < nblk;
-    wg::wait<0>();
-    wg::fence_operands(o);
-    if (has_b && lane == 0) {
-      wg::mbar_arrive(sm.empty_of(jb, 1 + c));
-      wg::mbar_arrive(sm.empty_of(jb, 0));
+        for (int ri = 0; ri < 2; ++ri)
+#pragma unroll
+          for (int n = 0; n < 8; ++n)
+            ptx::sts32(pt + km_offset(r0 + 8 * ri, 16 * n + 4 * q, kPageSize * 2),
+                       live ? bf16x2_bits(acc[n][2 * ri], acc[n][2 * ri + 1]) : 0u);
+        // Tokens some query rows do not see (causal, s_q > 1): their non-finite V values set to 0
+        // now that this page's QK has read them (those rows' P is 0, and 0 x NaN is NaN in PV; the
+        // rows that see them already have a non-finite score).
+        const int from = max(band - blk, 0), to = min(kPageSize, w.end - blk);
+        if (mine && from < to) zero_nonfinite_tokens(sm, j, from, to, t);
+        wg::fence_proxy_async();  // P written with st.shared, read by wgmma
+        if (q == 0) {
+          sm.xmax[c * kRows + r0] = m[0];
+          sm.xmax[c * kRows + r0 + 8] = m[1];
+        }
+      };
+      // The page of consumer `owner` (0: A, 1: B): the owner turns it into P at m = max(running
+      // max, the page's max) and hands P and m over (named barrier 1 + 2 owner, then 2 + 2 owner
+      // for its own warps: all of P is written); the other consumer takes m.
+      auto hand_off = [&](int owner, float (&m)[2]) {
+        if (c == owner) {
+#pragma unroll
+          for (int ri = 0; ri < 2; ++ri) m[ri] = fmaxf(st.m[ri], mx[ri]);
+          write_p(m);
+          ptx::named_barrier_arrive(1 + 2 * owner, 256);
+          ptx::named_barrier(2 + 2 * owner, 128);
+        } else {
+          ptx::named_barrier(1 + 2 * owner, 256);
+#pragma unroll
+          for (int ri = 0; ri < 2; ++ri) m[ri] = sm.xmax[owner * kRows + r0 + 8 * ri];
+        }
+      };
+      hand_off(0, m_a);
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) f[ri] = pair_alpha(st, ri, m_a[ri], c == 0 ? sum[ri] : 0.f);
+      scale_rows(o, f);
+      if (partial_last && 2 * k + 2 >= nblk) wg::mbar_wait(sm.tail, 0);
+      pv_page(o, sm.box(ja, kRopeBox), sm, ja, c);
+      // Page B under page A's PV (st.m is m_a now, so m_b = max(m_a, max S_B)).
+      hand_off(1, m_b);
+      wg::wait<0>();
+      wg::fence_operands(o);
+      if (lane == 0) {  // page A: this half and this consumer's share of the rope box are read
+        wg::mbar_arrive(sm.empty_of(ja, 1 + c));
+        wg::mbar_arrive(sm.empty_of(ja, 0));
+      }
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) f[ri] = pair_alpha(st, ri, m_b[ri], c == 1 ? sum[ri] : 0.f);
+      scale_rows(o, f);
+      pv_page(o, sm.box(jb, kRopeBox), sm, min(jb, nblk - 1), c);
+      // Release page B once this PV is done. Its reload is the critical path (each stage's cycle is
+      // load, QK, softmax, PVs), so consumer 0's next QK - its page is in page A's stage, loaded
+      // early - waits until both consumers released B: it would otherwise share the tensor cores
+      // with consumer 1's PV(B) (measured: 630 -> 570 us at h = 128, b = 128, 8K).
+      const int jn = min(j + 2, nblk - 1);
+      const bool real = j + 2 < nblk;
+      wg::wait<0>();
+      wg::fence_operands(o);
+      if (has_b && lane == 0) {
+        wg::mbar_arrive(sm.empty_of(jb, 1 + c));
+        wg::mbar_arrive(sm.empty_of(jb, 0));
+      }
+      if (c == 0 && has_b) wg::mbar_wait(sm.empty_of(jb, 0), phase(jb));
+      qk_first(jn, real);
+      qk_second(jn, real);
     }
-    if (c == 0 && has_b) wg::mbar_wait(sm.empty_of(jb, 0), phase(jb));
-    qk_first(jn, real);
-    qk_second(jn, real);
+    wg::wait<0>();
+    wg::fence_operands(acc);
+    wg::fence_operands(o);
+    const bool fault = split_has_bad_page(p, w, nblk, lane) || w.bad_len;
+    // (In a separate area: the other consumer may still be reading this one's last max.)
+    add_other_sums(st, sm.xmax + 2 * kRows, c, r0, q);
+    // Past add_other_sums' barrier no wgmma is in flight: each warp stages its 8 KB of output in
+    // the Q tile.
+    if (w.single) write_rows_staged(p, w, st, o, sm.qn + (4 * c + warp) * 8192, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
+    else write_partials(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
   }
-  wg::wait<0>();
-  wg::fence_operands(acc);
-  wg::fence_operands(o);
-  const bool fault = split_has_bad_page(p, w, nblk, lane) || w.bad_len;
-  // (In a separate area: the other consumer may still be reading this one's last max.)
-  add_other_sums(st, sm.xmax + 2 * kRows, c, r0, q);
-  // Past add_other_sums' barrier no wgmma is in flight: each warp stages its 8 KB of output in
-  // the Q tile.
-  if (w.single) write_rows_staged(p, w, st, o, sm.qn + (4 * c + warp) * 8192, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
-  else write_partials(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
 }
 
 }  // namespace

@@ -192,133 +192,145 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     decode_fp8_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                       const __grid_constant__ CUtensorMap tm_rope, const __grid_constant__ CUtensorMap tm_q) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  const int item = grid_item(p);
-  if (!has_work(p, item)) return;
+  const SplitRange range = splits_of_worker(p, grid_worker(p));
+  if (range.first >= range.last) return;
   const Smem sm(smem_raw);
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   const int row0 = grid_row0(p);
+  // A stage is read by its page's owner (QK, scales) and the transposers; the Q tile comes with
+  // one arrival and its bytes. Again before each further split of the worker (split_boundary).
+  const auto init_barriers = [&] {
+    sm.ring.init(128 + Cfg::kTransposers, 1);
+    sm.init_vt();
+  };
   if (threadIdx.x == 0) {
     if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
     wg::prefetch_tensormap(&tm_latent);
     wg::prefetch_tensormap(&tm_rope);
     wg::prefetch_tensormap(&tm_q);
-    // A stage is read by its page's owner (QK, scales) and the transposers; the Q tile comes
-    // with one arrival and its bytes.
-    sm.ring.init(128 + Cfg::kTransposers, 1);
-    sm.init_vt();
+    init_barriers();
   }
   __syncthreads();
 
   // Each role looks its work up after its register reallocation (values live across setmaxnreg
-  // have to fit the producer's budget).
+  // have to fit the producer's budget), and runs the worker's splits in turn.
   if (wg == 0) {
     wg::setmaxnreg_dec<Cfg::kProducerRegs>();
-    const Work w = work_of(p, item);
-    const int nblk = w.pages();
     if (t >= Cfg::kLoaderThreads) {
       const int tw = (t - Cfg::kLoaderThreads) / 32;
-      const TransposeLanes tl(tw, t % 32);
-      const int band = band_start(p, w);
-      for (int i = 0; i < nblk; ++i) {
-        const int blk = w.begin + i * Cfg::kPageTokens;
-        transpose_page(sm, i, tw, tl, min(Cfg::kPageTokens, w.end - blk), band - blk);
+      const TransposeLanes tl(t % 32);
+      for (int item = range.first; item < range.last; ++item) {
+        if (item > range.first) split_boundary<Cfg::kThreads>(NoInit{});
+        const Work w = work_of(p, item);
+        const int band = band_start(p, w);
+        for (int i = 0, nblk = w.pages(); i < nblk; ++i) {
+          const int blk = w.begin + i * Cfg::kPageTokens;
+          transpose_page(sm, i, tw, tl, min(Cfg::kPageTokens, w.end - blk), band - blk);
+        }
       }
       return;
     }
-    // The Q latent tile first (one TMA request; it needs no page index), then the pages: both
-    // stand between the CTA's start and its first QK.
-    if (t == 0) {
-      load_q_tile<kLatentDim, 1>(&tm_q, sm.q_latent, int(int64_t(w.seq) * p.rows + row0), sm.ring.qbar);
-      sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, 0, nblk);
+    for (int item = range.first; item < range.last; ++item) {
+      if (item > range.first) split_boundary<Cfg::kThreads>(init_barriers);
+      const Work w = work_of(p, item);
+      if (t == 0) {
+        // The Q latent tile first (one TMA request; it needs no page index), then the pages:
+        // both stand between the split's start and its first QK.
+        load_q_tile<kLatentDim, 1>(&tm_q, sm.q_latent, int(int64_t(w.seq) * p.rows + row0), sm.ring.qbar);
+        sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, 0, w.pages());
+      }
     }
     return;
   }
 
   wg::setmaxnreg_inc<Cfg::kConsumerRegs>();
-  const Work w = work_of(p, item);
-  const int nblk = w.pages();
-  const int c = wg - 1;  // owns pages j = c (mod 2); output half c
-  const int warp = t / 32, lane = t % 32, g = lane / 4;
-  RowView rv;
-  rv.q = lane % 4;
-  rv.r0 = 16 * warp + g;  // the thread's first row in the tile (and r0 + 8)
-  int64_t row[2];
-  uint32_t qa[4][4];  // Q rope, the rope product's A operand
-  load_q_rows(p, w, row0, rv.r0, rv.q, p.q_rope, kRopeDim, row, rv.vis, qa);
-  rv.factor[0] = p.softmax_scale * p.q_scale[row[0]];
-  rv.factor[1] = p.softmax_scale * p.q_scale[row[1]];
-  SoftmaxState st;
-  float o[32][4];
+  for (int item = range.first; item < range.last; ++item) {
+    if (item > range.first) split_boundary<Cfg::kThreads>(NoInit{});
+    const Work w = work_of(p, item);
+    const int nblk = w.pages();
+    const int c = wg - 1;  // owns pages j = c (mod 2); output half c
+    const int warp = t / 32, lane = t % 32, g = lane / 4;
+    RowView rv;
+    rv.q = lane % 4;
+    rv.r0 = 16 * warp + g;  // the thread's first row in the tile (and r0 + 8)
+    int64_t row[2];
+    uint32_t qa[4][4];  // Q rope, the rope product's A operand
+    load_q_rows(p, w, row0, rv.r0, rv.q, p.q_rope, kRopeDim, row, rv.vis, qa);
+    rv.factor[0] = p.softmax_scale * p.q_scale[row[0]];
+    rv.factor[1] = p.softmax_scale * p.q_scale[row[1]];
+    SoftmaxState st;
+    float o[32][4];
 #pragma unroll
-  for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-  wg::mbar_wait(sm.ring.qbar, 0);
+    for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    wg::mbar_wait(sm.ring.qbar, 0);
 
-  float acc[8][4];  // S of this consumer's page, issued behind the previous iteration's PVs
-  const uint64_t qn = wg::desc_sw128(sm.q_latent);
-  // Iteration j: softmax_and_publish of page j (if j < nblk), then rescale_accumulate of pages
-  // j - 1 (the other consumer's) and j for this output half, then score of page j + 2. Every
-  // iteration issues exactly one QK and waits for it (past the last page it repeats the last one,
-  // whose stage still holds it); the PVs depend only on j and nblk, and every wait is on all
-  // paths (ptxas serializes every wgmma when it cannot see a group retired before its registers
-  // are used). Consumer c's last iteration is page nblk - 1 or nblk (the PV of the other's last
-  // page).
-  const int jlast = nblk > 0 ? nblk : -1;
-  if (nblk > 0) score(acc, sm, qa, qn, min(c, nblk - 1));
-  for (int j = c; j <= jlast; j += 2) {
-    const bool mine = j < nblk;
+    float acc[8][4];  // S of this consumer's page, issued behind the previous iteration's PVs
+    const uint64_t qn = wg::desc_sw128(sm.q_latent);
+    // Iteration j: softmax_and_publish of page j (if j < nblk), then rescale_accumulate of pages
+    // j - 1 (the other consumer's) and j for this output half, then score of page j + 2. Every
+    // iteration issues exactly one QK and waits for it (past the last page it repeats the last one,
+    // whose stage still holds it); the PVs depend only on j and nblk, and every wait is on all
+    // paths (ptxas serializes every wgmma when it cannot see a group retired before its registers
+    // are used). Consumer c's last iteration is page nblk - 1 or nblk (the PV of the other's last
+    // page).
+    const int jlast = nblk > 0 ? nblk : -1;
+    if (nblk > 0) score(acc, sm, qa, qn, min(c, nblk - 1));
+    for (int j = c; j <= jlast; j += 2) {
+      const bool mine = j < nblk;
+      wg::wait<0>();
+      wg::fence_operands(acc);
+      PageFactors f;
+      if (mine) f = softmax_and_publish(acc, sm, rv, w, j, c, nblk);
+      // PV of page j - 1 (the other's P', in place once its owner arrived), then of page j.
+      if (j > 0) {
+        const int jo = j - 1;
+        hand_sync<Fp8Barrier::kP>(1 - c);
+        float r[2];
+#pragma unroll
+        for (int ri = 0; ri < 2; ++ri) {
+          const float2 x = sm.factors_of(jo, rv.r0 + 8 * ri);
+          r[ri] = apply_page(st, ri, x.x, x.y, 0.f);
+        }
+        rescale_accumulate(o, r, sm, jo, c);
+        wg::wait<0>();
+        wg::fence_operands(o);
+        wg::mbar_arrive(&sm.vt_empty[jo % kVtStages]);
+        if (j + 1 < nblk) hand_arrive<Fp8Barrier::kFree>(1 - c);  // page j + 1's P' may go there
+      }
+      if (mine) {
+        float r[2];
+#pragma unroll
+        for (int ri = 0; ri < 2; ++ri) r[ri] = apply_page(st, ri, f.sig[ri], f.rho[ri], f.lsum[ri]);
+        // All of this page's P' is written: for j > 0 the P(j - 1) sync above ordered this
+        // consumer's warps; page 0 has none before it.
+        if (j == 0) ptx::bar_sync<int(Fp8Barrier::kOwnPage0), 128>();
+        rescale_accumulate(o, r, sm, j, c);
+      }
+      score(acc, sm, qa, qn, min(j + 2, nblk - 1));
+      wg::wait<1>();
+      wg::fence_operands(o);
+      if (mine) wg::mbar_arrive(&sm.vt_empty[j % kVtStages]);
+    }
     wg::wait<0>();
     wg::fence_operands(acc);
-    PageFactors f;
-    if (mine) f = softmax_and_publish(acc, sm, rv, w, j, c, nblk);
-    // PV of page j - 1 (the other's P', in place once its owner arrived), then of page j.
-    if (j > 0) {
-      const int jo = j - 1;
-      hand_sync<Fp8Barrier::kP>(1 - c);
-      float r[2];
+    add_other_sums(st, sm.xl, c, rv.r0, rv.q);
+    // Every page was acquired before add_other_sums' barrier; a bad length faults the whole sequence.
+    const bool fault = sm.ring.faulted() || w.bad_len;
+    // l was kept over sigma; the running max after the last page (lse) is in its xmax slot (the
+    // barrier in add_other_sums made it visible to every thread).
 #pragma unroll
-      for (int ri = 0; ri < 2; ++ri) {
-        const float2 x = sm.factors_of(jo, rv.r0 + 8 * ri);
-        r[ri] = apply_page(st, ri, x.x, x.y, 0.f);
-      }
-      rescale_accumulate(o, r, sm, jo, c);
-      wg::wait<0>();
-      wg::fence_operands(o);
-      wg::mbar_arrive(&sm.vt_empty[jo % kVtStages]);
-      if (j + 1 < nblk) hand_arrive<Fp8Barrier::kFree>(1 - c);  // page j + 1's P' may go there
+    for (int ri = 0; ri < 2; ++ri) {
+      st.l[ri] *= st.sigma[ri];
+      if (nblk > 0) st.m[ri] = sm.max_after(nblk - 1, rv.r0 + 8 * ri);
     }
-    if (mine) {
-      float r[2];
-#pragma unroll
-      for (int ri = 0; ri < 2; ++ri) r[ri] = apply_page(st, ri, f.sig[ri], f.rho[ri], f.lsum[ri]);
-      // All of this page's P' is written: for j > 0 the P(j - 1) sync above ordered this
-      // consumer's warps; page 0 has none before it.
-      if (j == 0) ptx::bar_sync<int(Fp8Barrier::kOwnPage0), 128>();
-      rescale_accumulate(o, r, sm, j, c);
-    }
-    score(acc, sm, qa, qn, min(j + 2, nblk - 1));
-    wg::wait<1>();
-    wg::fence_operands(o);
-    if (mine) wg::mbar_arrive(&sm.vt_empty[j % kVtStages]);
+    // Past add_other_sums' barrier no wgmma is in flight and every page was consumed: each warp
+    // stages its 8 KB of bf16 in the page stages.
+    if (w.single)
+      write_rows_staged(p, w, st, o, sm.stage + (4 * c + warp) * 8192, row0 + 16 * warp, Cfg::kOutHalf * c,
+                        lane, c == 0, fault);
+    else
+      write_partials(p, w, st, o, row0 + 16 * warp, Cfg::kOutHalf * c, lane, c == 0, fault);
   }
-  wg::wait<0>();
-  wg::fence_operands(acc);
-  add_other_sums(st, sm.xl, c, rv.r0, rv.q);
-  // Every page was acquired before add_other_sums' barrier; a bad length faults the whole sequence.
-  const bool fault = sm.ring.faulted() || w.bad_len;
-  // l was kept over sigma; the running max after the last page (lse) is in its xmax slot (the
-  // barrier in add_other_sums made it visible to every thread).
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    st.l[ri] *= st.sigma[ri];
-    if (nblk > 0) st.m[ri] = sm.max_after(nblk - 1, rv.r0 + 8 * ri);
-  }
-  // Past add_other_sums' barrier no wgmma is in flight and every page was consumed: each warp
-  // stages its 8 KB of bf16 in the page stages.
-  if (w.single)
-    write_rows_staged(p, w, st, o, sm.stage + (4 * c + warp) * 8192, row0 + 16 * warp, Cfg::kOutHalf * c,
-                      lane, c == 0, fault);
-  else
-    write_partials(p, w, st, o, row0 + 16 * warp, Cfg::kOutHalf * c, lane, c == 0, fault);
 }
 static_assert(8 * 8192 <= Cfg::kStages * int(sizeof(Fp8TileSmem::Stage)), "the staged output fits the page stages");
 

@@ -160,251 +160,262 @@ __global__ void __launch_bounds__(384, 1)
     decode_fp8_narrow_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                              const __grid_constant__ CUtensorMap tm_rope) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  const int item = grid_item(p);
-  if (!has_work(p, item)) return;
+  const SplitRange range = splits_of_worker(p, grid_worker(p));
+  if (range.first >= range.last) return;
   const Smem sm(smem_raw);
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  // A stage is read by the consumer that owns it; the Q tiles come with 128 cp.async arrivals.
+  // Again before each further split of the worker (split_boundary).
+  const auto init_barriers = [&] { sm.ring.init(128, 128); };
   if (threadIdx.x == 0) {
     if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
     wg::prefetch_tensormap(&tm_latent);
     wg::prefetch_tensormap(&tm_rope);
-    sm.ring.init(128, 128);  // a stage is read by the consumer that owns it
+    init_barriers();
   }
   __syncthreads();
 
   if (wg == 0) {
     // The launch gives every thread 168 registers: producer P and consumers C need P + 2 C <= 504.
-    wg::setmaxnreg_dec<40>();
-    const Work w = work_of(p, item);
-    const int nblk = w.pages();
-    // The first pages are requested before anything else, then the whole warpgroup loads the Q
-    // tiles: both stand between the CTA's start and its first QK.
-    const int first = min(kStages, nblk);
-    if (t == 0) sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, 0, first);
-    load_q_latent<kLatentDim, kN>(sm.qn, p.q_nope, kLatentDim, p, w, 0, t, 128);
-    load_q_latent<kRopeDim * 2, kN>(sm.qr, reinterpret_cast<const uint8_t*>(p.q_rope), kRopeDim * 2, p, w, 0, t,
-                                    128);
-    wg::cp_async_arrive(sm.ring.qbar);
-    if (t == 0) sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, first, nblk);
+    // 48 (not 40): the split loop holds its range and lookup across the Q loads without spilling;
+    // the consumers need no more than 224.
+    wg::setmaxnreg_dec<48>();
+    for (int item = range.first; item < range.last; ++item) {
+      if (item > range.first) split_boundary<384>(init_barriers);
+      const Work w = work_of(p, item);
+      const int nblk = w.pages();
+      // The first pages are requested before anything else, then the whole warpgroup loads the Q
+      // tiles: both stand between the CTA's start and its first QK.
+      const int first = min(kStages, nblk);
+      if (t == 0) sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, 0, first);
+      load_q_latent<kLatentDim, kN>(sm.qn, p.q_nope, kLatentDim, p, w, 0, t, 128);
+      load_q_latent<kRopeDim * 2, kN>(sm.qr, reinterpret_cast<const uint8_t*>(p.q_rope), kRopeDim * 2, p, w, 0, t,
+                                      128);
+      wg::cp_async_arrive(sm.ring.qbar);
+      if (t == 0) sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, first, nblk);
+    }
     return;
   }
 
-  wg::setmaxnreg_inc<232>();
-  const Work w = work_of(p, item);
-  const int nblk = w.pages();
-  const int c = wg - 1;
-  const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
-  const int tok0 = 16 * warp + g;  // the thread's tokens in S^T: tok0, tok0 + 8
-  int vis[kCols];
-  float factor[kCols], m[kCols], l[kCols], sigma[kCols];
-#pragma unroll
-  for (int i = 0; i < kCols; ++i) {
-    const int r = col_of(i, q);
-    const bool ok = r < p.rows;
-    vis[i] = ok ? visible_end(p, w, r) : 0;
-    factor[i] = p.softmax_scale * p.q_scale[int64_t(w.seq) * p.rows + (ok ? r : 0)];
-    m[i] = -INFINITY;
-    l[i] = 0.f;  // this thread's tokens' part of l / sigma (reduced at the end)
-    sigma[i] = 1.f;
-  }
-  float o[kMTiles][2][4];  // O^T / sigma: dims 64 mt + 16 warp + {2g, 2g + 1} x this thread's rows
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-    for (int n = 0; n < 2; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
-  wg::mbar_wait(sm.ring.qbar, 0);
-  const uint64_t qn = wg::desc(sm.qn, 128, 8 * kLatentDim), qr = wg::desc(sm.qr, 128, 8 * kRopeDim * 2);
-
-  const int band = band_start(p, w);  // tokens from here on are not seen by every query row
-  for (int k = 0, j = c; j < nblk; ++k, j += 2) {
-    const int s = j % kStages;
-    const int blk = w.begin + j * kPageSize;
-    const int ntok = min(kPageSize, w.end - blk);
-    sm.ring.wait(j);
-    // S^T of page j: the bf16 rope product first (it starts the accumulator), then the FP8
-    // latent. Waited for together with the PV of this consumer's previous page.
-    float acc[2][4];
-    wg::fence();
-    {
-      const uint64_t kr = wg::desc_sw128(sm.kr(s)), kl = wg::desc_sw128(sm.kl(s));
-      wg::mma_64x16x16_bf16_ss_zero(acc, kr, qr);
-#pragma unroll
-      for (int ks = 1; ks < 4; ++ks) wg::mma_64x16x16_bf16_ss(acc, wg::desc_add(kr, ks * 32), wg::desc_add(qr, ks * 256));
-#pragma unroll
-      for (int kk = 0; kk < 16; ++kk)
-        wg::mma_64x16x32_e4m3_ss(acc, wg::desc_add(kl, (kk / 4) * (kPageSize * kTmaBoxBytes) + (kk % 4) * 32),
-                                 wg::desc_add(qn, kk * 256));
-    }
-    wg::commit();
-    wg::wait<0>();
-    wg::fence_operands(acc);
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) wg::fence_operands(o[mt]);
-
-    // Scores (the reference's rounding: (raw * (softmax_scale * s_q)) * s_t), masked to -inf past
-    // each row's visible end; the per-row max over the page.
-    const float ks[2] = {sm.scale(s)[tok0], sm.scale(s)[tok0 + 8]};
-    float mx[kCols];
-#pragma unroll
-    for (int i = 0; i < kCols; ++i) mx[i] = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 2 * n + e % 2, h = e / 2;
-        const float raw = __fmul_rn(acc[n][e], factor[i]);
-        float v = __fmul_rn(raw, ks[h]);
-        if (!(fabsf(v) < INFINITY)) v = INFINITY;  // a non-finite score poisons the row (softmax.cuh's kPoison)
-        const float sc = blk + tok0 + 8 * h < vis[i] ? v : -INFINITY;
-        acc[n][e] = sc;
-        mx[i] = fmaxf(mx[i], sc);
-      }
-    rows_max(mx, sm, c, 0, warp, lane);
-    // P = exp(s - m_new), P' = P * s_t, and the max of P' over the page.
-    float m_new[kCols], sum[kCols], pmax[kCols];
+  wg::setmaxnreg_inc<224>();
+  for (int item = range.first; item < range.last; ++item) {
+    if (item > range.first) split_boundary<384>(NoInit{});
+    const Work w = work_of(p, item);
+    const int nblk = w.pages();
+    const int c = wg - 1;
+    const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+    const int tok0 = 16 * warp + g;  // the thread's tokens in S^T: tok0, tok0 + 8
+    int vis[kCols];
+    float factor[kCols], m[kCols], l[kCols], sigma[kCols];
 #pragma unroll
     for (int i = 0; i < kCols; ++i) {
-      m_new[i] = fmaxf(m[i], mx[i]);
-      sum[i] = 0.f;
-      pmax[i] = 0.f;
+      const int r = col_of(i, q);
+      const bool ok = r < p.rows;
+      vis[i] = ok ? visible_end(p, w, r) : 0;
+      factor[i] = p.softmax_scale * p.q_scale[int64_t(w.seq) * p.rows + (ok ? r : 0)];
+      m[i] = -INFINITY;
+      l[i] = 0.f;  // this thread's tokens' part of l / sigma (reduced at the end)
+      sigma[i] = 1.f;
     }
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = 2 * n + e % 2, h = e / 2;
-        const bool seen = acc[n][e] != -INFINITY;  // masked tokens' scales may be anything
-        const float pe = seen ? ex2(fmaf(acc[n][e], kLog2e, -m_new[i] * kLog2e)) : 0.f;
-        sum[i] += pe;
-        const float pv = seen ? __fmul_rn(pe, ks[h]) : 0.f;
-        pmax[i] = fmaxf(pmax[i], pv);
-        acc[n][e] = pv;
-      }
-    rows_max(pmax, sm, c, 1, warp, lane);
-    // sigma_b = max(max P', 1e-10) / 448 and its inverse (MUFU.RCP and a multiply, as decode_fp8.cu;
-    // docs/reference.md), the output's factor alpha sigma / sigma_b, and l over sigma.
-    float inv[kCols], r[kCols];
-#pragma unroll
-    for (int i = 0; i < kCols; ++i) {
-      const bool seen = mx[i] != -INFINITY;
-      const float a = fmaxf(pmax[i], kMinAmax);
-      inv[i] = seen ? __fdividef(kE4m3Max, a) : 0.f;
-      const float rho = fast_exp(m[i] - m_new[i]) * inv[i];
-      r[i] = seen ? sigma[i] * rho : 1.f;
-      l[i] = l[i] * r[i] + sum[i] * inv[i];
-      sigma[i] = seen ? a * (1.f / kE4m3Max) : sigma[i];
-      m[i] = m_new[i];
-    }
-    // P' / sigma_b as e4m3 into this page's P' tile (row-major over tokens: the PV's B operand).
-    uint8_t* pt = sm.p_tile(c, k);
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint16_t b2 = e4m3x2(__fmul_rn(acc[n][2 * h], inv[2 * n]), __fmul_rn(acc[n][2 * h + 1], inv[2 * n + 1]));
-        const int tok = tok0 + 8 * h;
-        pt[km_offset(8 * n + 2 * q, tok, kPageSize)] = uint8_t(b2 & 0xFF);
-        pt[km_offset(8 * n + 2 * q + 1, tok, kPageSize)] = uint8_t(b2 >> 8);
-      }
+    float o[kMTiles][2][4];  // O^T / sigma: dims 64 mt + 16 warp + {2g, 2g + 1} x this thread's rows
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        o[mt][n][0] *= r[2 * n];
-        o[mt][n][1] *= r[2 * n + 1];
-        o[mt][n][2] *= r[2 * n];
-        o[mt][n][3] *= r[2 * n + 1];
-      }
-    uint32_t a[kMTiles][2][4];
-    load_v(a, sm.kl(s), warp, lane, ntok, band - blk);
-    sm.ring.release(j);  // the QK retired and V is in registers
-    wg::fence_proxy_async();  // P' written with st.shared, read by wgmma
-    ptx::named_barrier(1 + c, 128);
-    wg::fence();
-#pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
-#pragma unroll
-      for (int kk = 0; kk < 2; ++kk) wg::mma_64x16x32_e4m3_rs(o[mt], a[mt][kk], wg::desc(pt + 256 * kk, 128, 512));
-    wg::commit();
-  }
-  wg::wait<0>();
-#pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt) wg::fence_operands(o[mt]);
+      for (int n = 0; n < 2; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+    wg::mbar_wait(sm.ring.qbar, 0);
+    const uint64_t qn = wg::desc(sm.qn, 128, 8 * kLatentDim), qr = wg::desc(sm.qr, 128, 8 * kRopeDim * 2);
 
-  // l over the consumer's 64 tokens per page: the warp's g, then its four warps.
+    const int band = band_start(p, w);  // tokens from here on are not seen by every query row
+    for (int k = 0, j = c; j < nblk; ++k, j += 2) {
+      const int s = j % kStages;
+      const int blk = w.begin + j * kPageSize;
+      const int ntok = min(kPageSize, w.end - blk);
+      sm.ring.wait(j);
+      // S^T of page j: the bf16 rope product first (it starts the accumulator), then the FP8
+      // latent. Waited for together with the PV of this consumer's previous page.
+      float acc[2][4];
+      wg::fence();
+      {
+        const uint64_t kr = wg::desc_sw128(sm.kr(s)), kl = wg::desc_sw128(sm.kl(s));
+        wg::mma_64x16x16_bf16_ss_zero(acc, kr, qr);
 #pragma unroll
-  for (int i = 0; i < kCols; ++i)
+        for (int ks = 1; ks < 4; ++ks) wg::mma_64x16x16_bf16_ss(acc, wg::desc_add(kr, ks * 32), wg::desc_add(qr, ks * 256));
 #pragma unroll
-    for (int s = 4; s < 32; s <<= 1) l[i] += __shfl_xor_sync(0xffffffffu, l[i], s);
-  if (lane < 4)
-#pragma unroll
-    for (int i = 0; i < kCols; ++i) sm.red_at(c, 0, warp)[col_of(i, lane)] = l[i];
-  ptx::named_barrier(1 + c, 128);
-#pragma unroll
-  for (int i = 0; i < kCols; ++i) {
-    const int col = col_of(i, q);
-    l[i] = (sm.red_at(c, 0, 0)[col] + sm.red_at(c, 0, 1)[col]) + (sm.red_at(c, 0, 2)[col] + sm.red_at(c, 0, 3)[col]);
-  }
-  // Merge: consumer 1 hands its state and O^T over; consumer 0 writes the result.
-  if (c == 1) {
-    if (t < 4)
-#pragma unroll
-      for (int i = 0; i < kCols; ++i) {
-        const int col = col_of(i, q);
-        sm.stat[col] = m[i];
-        sm.stat[kN + col] = l[i];
-        sm.stat[2 * kN + col] = sigma[i];
+        for (int kk = 0; kk < 16; ++kk)
+          wg::mma_64x16x32_e4m3_ss(acc, wg::desc_add(kl, (kk / 4) * (kPageSize * kTmaBoxBytes) + (kk % 4) * 32),
+                                   wg::desc_add(qn, kk * 256));
       }
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_operands(acc);
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt)
+      for (int mt = 0; mt < kMTiles; ++mt) wg::fence_operands(o[mt]);
+
+      // Scores (the reference's rounding: (raw * (softmax_scale * s_q)) * s_t), masked to -inf past
+      // each row's visible end; the per-row max over the page.
+      const float ks[2] = {sm.scale(s)[tok0], sm.scale(s)[tok0 + 8]};
+      float mx[kCols];
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) mx[i] = -INFINITY;
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sm.xfer[((mt * 2 + n) * 4 + e) * 128 + t] = o[mt][n][e];
-    ptx::named_barrier(kBarMerge, 256);
-    return;
-  }
-  ptx::named_barrier(kBarMerge, 256);
-  // Every page was acquired before the merge barrier; a bad length faults the whole sequence.
-  const bool fault = sm.ring.faulted() || w.bad_len;
-  // Both parts in the domain of the larger max: weight_c = sigma_c exp(m_c - M) (l_c and O^T_c
-  // are kept over sigma_c), 0 for a part that saw nothing.
-  float w0[kCols], w1[kCols], scale[kCols];
+        for (int e = 0; e < 4; ++e) {
+          const int i = 2 * n + e % 2, h = e / 2;
+          const float raw = __fmul_rn(acc[n][e], factor[i]);
+          float v = __fmul_rn(raw, ks[h]);
+          if (!(fabsf(v) < INFINITY)) v = INFINITY;  // a non-finite score poisons the row (softmax.cuh's kPoison)
+          const float sc = blk + tok0 + 8 * h < vis[i] ? v : -INFINITY;
+          acc[n][e] = sc;
+          mx[i] = fmaxf(mx[i], sc);
+        }
+      rows_max(mx, sm, c, 0, warp, lane);
+      // P = exp(s - m_new), P' = P * s_t, and the max of P' over the page.
+      float m_new[kCols], sum[kCols], pmax[kCols];
 #pragma unroll
-  for (int i = 0; i < kCols; ++i) {
-    const int col = col_of(i, q);
-    const float m1 = sm.stat[col], l1 = sm.stat[kN + col], s1 = sm.stat[2 * kN + col];
-    const float mm = fmaxf(m[i], m1);
-    w0[i] = m[i] == -INFINITY ? 0.f : sigma[i] * fast_exp(m[i] - mm);
-    w1[i] = m1 == -INFINITY ? 0.f : s1 * fast_exp(m1 - mm);
-    const float lt = l[i] * w0[i] + l1 * w1[i];
-    const bool empty = lt == 0.f;
-    scale[i] = fault ? NAN : (empty ? 0.f : __fdiv_rn(1.f, lt));
-    if (warp == 0 && g == 0 && col < p.rows) store_lse(p, w, col, fault ? NAN : (empty ? -INFINITY : mm + logf(lt)));
-  }
-  const int d0 = 16 * warp + 2 * g;
-#pragma unroll
-  for (int n = 0; n < 2; ++n)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int i = 2 * n + e, col = col_of(i, q);
-      if (col >= p.rows) continue;
-      const int64_t row = int64_t(col) * kLatentDim + d0;
-      uint16_t* out = p.out + int64_t(w.seq) * p.rows * kLatentDim + row;
-      float* part = p.partial_out + int64_t(w.split) * p.rows * kLatentDim + row;
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        const float x1 = sm.xfer[((mt * 2 + n) * 4 + e) * 128 + t];
-        const float y1 = sm.xfer[((mt * 2 + n) * 4 + e + 2) * 128 + t];
-        // 0 * NaN cannot happen here: a fault sets the scale itself to NaN.
-        const float v0 = (o[mt][n][e] * w0[i] + x1 * w1[i]) * scale[i];
-        const float v1 = (o[mt][n][e + 2] * w0[i] + y1 * w1[i]) * scale[i];
-        if (w.single)
-          *reinterpret_cast<uint32_t*>(out + 64 * mt) = bf16x2_bits(v0, v1);
-        else
-          *reinterpret_cast<float2*>(part + 64 * mt) = make_float2(v0, v1);
+      for (int i = 0; i < kCols; ++i) {
+        m_new[i] = fmaxf(m[i], mx[i]);
+        sum[i] = 0.f;
+        pmax[i] = 0.f;
       }
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = 2 * n + e % 2, h = e / 2;
+          const bool seen = acc[n][e] != -INFINITY;  // masked tokens' scales may be anything
+          const float pe = seen ? ex2(fmaf(acc[n][e], kLog2e, -m_new[i] * kLog2e)) : 0.f;
+          sum[i] += pe;
+          const float pv = seen ? __fmul_rn(pe, ks[h]) : 0.f;
+          pmax[i] = fmaxf(pmax[i], pv);
+          acc[n][e] = pv;
+        }
+      rows_max(pmax, sm, c, 1, warp, lane);
+      // sigma_b = max(max P', 1e-10) / 448 and its inverse (MUFU.RCP and a multiply, as decode_fp8.cu;
+      // docs/reference.md), the output's factor alpha sigma / sigma_b, and l over sigma.
+      float inv[kCols], r[kCols];
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) {
+        const bool seen = mx[i] != -INFINITY;
+        const float a = fmaxf(pmax[i], kMinAmax);
+        inv[i] = seen ? __fdividef(kE4m3Max, a) : 0.f;
+        const float rho = fast_exp(m[i] - m_new[i]) * inv[i];
+        r[i] = seen ? sigma[i] * rho : 1.f;
+        l[i] = l[i] * r[i] + sum[i] * inv[i];
+        sigma[i] = seen ? a * (1.f / kE4m3Max) : sigma[i];
+        m[i] = m_new[i];
+      }
+      // P' / sigma_b as e4m3 into this page's P' tile (row-major over tokens: the PV's B operand).
+      uint8_t* pt = sm.p_tile(c, k);
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint16_t b2 = e4m3x2(__fmul_rn(acc[n][2 * h], inv[2 * n]), __fmul_rn(acc[n][2 * h + 1], inv[2 * n + 1]));
+          const int tok = tok0 + 8 * h;
+          pt[km_offset(8 * n + 2 * q, tok, kPageSize)] = uint8_t(b2 & 0xFF);
+          pt[km_offset(8 * n + 2 * q + 1, tok, kPageSize)] = uint8_t(b2 >> 8);
+        }
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+          o[mt][n][0] *= r[2 * n];
+          o[mt][n][1] *= r[2 * n + 1];
+          o[mt][n][2] *= r[2 * n];
+          o[mt][n][3] *= r[2 * n + 1];
+        }
+      uint32_t a[kMTiles][2][4];
+      load_v(a, sm.kl(s), warp, lane, ntok, band - blk);
+      sm.ring.release(j);  // the QK retired and V is in registers
+      wg::fence_proxy_async();  // P' written with st.shared, read by wgmma
+      ptx::named_barrier(1 + c, 128);
+      wg::fence();
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < 2; ++kk) wg::mma_64x16x32_e4m3_rs(o[mt], a[mt][kk], wg::desc(pt + 256 * kk, 128, 512));
+      wg::commit();
     }
+    wg::wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt) wg::fence_operands(o[mt]);
+
+    // l over the consumer's 64 tokens per page: the warp's g, then its four warps.
+#pragma unroll
+    for (int i = 0; i < kCols; ++i)
+#pragma unroll
+      for (int s = 4; s < 32; s <<= 1) l[i] += __shfl_xor_sync(0xffffffffu, l[i], s);
+    if (lane < 4)
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) sm.red_at(c, 0, warp)[col_of(i, lane)] = l[i];
+    ptx::named_barrier(1 + c, 128);
+#pragma unroll
+    for (int i = 0; i < kCols; ++i) {
+      const int col = col_of(i, q);
+      l[i] = (sm.red_at(c, 0, 0)[col] + sm.red_at(c, 0, 1)[col]) + (sm.red_at(c, 0, 2)[col] + sm.red_at(c, 0, 3)[col]);
+    }
+    // Merge: consumer 1 hands its state and O^T over; consumer 0 writes the result.
+    if (c == 1) {
+      if (t < 4)
+#pragma unroll
+        for (int i = 0; i < kCols; ++i) {
+          const int col = col_of(i, q);
+          sm.stat[col] = m[i];
+          sm.stat[kN + col] = l[i];
+          sm.stat[2 * kN + col] = sigma[i];
+        }
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sm.xfer[((mt * 2 + n) * 4 + e) * 128 + t] = o[mt][n][e];
+      ptx::named_barrier(kBarMerge, 256);
+      continue;  // consumer 0 writes the result
+    }
+    ptx::named_barrier(kBarMerge, 256);
+    // Every page was acquired before the merge barrier; a bad length faults the whole sequence.
+    const bool fault = sm.ring.faulted() || w.bad_len;
+    // Both parts in the domain of the larger max: weight_c = sigma_c exp(m_c - M) (l_c and O^T_c
+    // are kept over sigma_c), 0 for a part that saw nothing.
+    float w0[kCols], w1[kCols], scale[kCols];
+#pragma unroll
+    for (int i = 0; i < kCols; ++i) {
+      const int col = col_of(i, q);
+      const float m1 = sm.stat[col], l1 = sm.stat[kN + col], s1 = sm.stat[2 * kN + col];
+      const float mm = fmaxf(m[i], m1);
+      w0[i] = m[i] == -INFINITY ? 0.f : sigma[i] * fast_exp(m[i] - mm);
+      w1[i] = m1 == -INFINITY ? 0.f : s1 * fast_exp(m1 - mm);
+      const float lt = l[i] * w0[i] + l1 * w1[i];
+      const bool empty = lt == 0.f;
+      scale[i] = fault ? NAN : (empty ? 0.f : __fdiv_rn(1.f, lt));
+      if (warp == 0 && g == 0 && col < p.rows) store_lse(p, w, col, fault ? NAN : (empty ? -INFINITY : mm + logf(lt)));
+    }
+    const int d0 = 16 * warp + 2 * g;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i = 2 * n + e, col = col_of(i, q);
+        if (col >= p.rows) continue;
+        const int64_t row = int64_t(col) * kLatentDim + d0;
+        uint16_t* out = p.out + int64_t(w.seq) * p.rows * kLatentDim + row;
+        float* part = p.partial_out + int64_t(w.split) * p.rows * kLatentDim + row;
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          const float x1 = sm.xfer[((mt * 2 + n) * 4 + e) * 128 + t];
+          const float y1 = sm.xfer[((mt * 2 + n) * 4 + e + 2) * 128 + t];
+          // 0 * NaN cannot happen here: a fault sets the scale itself to NaN.
+          const float v0 = (o[mt][n][e] * w0[i] + x1 * w1[i]) * scale[i];
+          const float v1 = (o[mt][n][e + 2] * w0[i] + y1 * w1[i]) * scale[i];
+          if (w.single)
+            *reinterpret_cast<uint32_t*>(out + 64 * mt) = bf16x2_bits(v0, v1);
+          else
+            *reinterpret_cast<float2*>(part + 64 * mt) = make_float2(v0, v1);
+        }
+      }
+  }
 }
 
 }  // namespace

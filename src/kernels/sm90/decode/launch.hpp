@@ -34,17 +34,19 @@ inline DecodeParams make_params(int batch, int s_q, int h, const PageTable& page
   if (options.plan) {
     p.split_offsets = options.plan->split_offsets;
     p.split_begin = options.plan->split_begin;
-    p.split_order = options.plan->split_order;
+    p.worker_splits = options.plan->worker_splits;
+    p.num_workers = p.worker_splits != nullptr ? options.plan->capacity - batch : options.plan->capacity;
     p.partial_out = static_cast<float*>(options.workspace);
     p.partial_lse = p.partial_out + size_t(options.plan->capacity) * p.rows * kLatentDim;
   }
   return p;
 }
 
-// The decode grid: one CTA per (work item, 64-row tile), row tile fastest (grid_item /
-// grid_row0 on the device). Work items: the plan's capacity, or one per sequence.
+// The decode grid: one CTA per (worker, 64-row tile), row tile fastest (grid_worker /
+// grid_row0 on the device). Workers: the plan's (its worker ranges, or one per split of its
+// capacity), or one per sequence without a plan.
 inline dim3 decode_grid(const char* op, const DecodeParams& p, const DecodeOptions& options) {
-  const int64_t items = options.plan ? options.plan->capacity : p.batch;
+  const int64_t items = options.plan ? p.num_workers : p.batch;
   const int64_t ctas = items * ((p.rows + kTileRows - 1) / kTileRows);
   if (ctas > 0x7FFFFFFF)
     detail::fail(op, options.plan ? "options.plan.capacity" : "q.batch",

@@ -27,7 +27,10 @@ struct DecodeParams {
   // Split plan (null: one split per sequence) and the fp32 partials of split sequences.
   const int32_t* split_offsets = nullptr;
   const int32_t* split_begin = nullptr;
-  const int32_t* split_order = nullptr;  // grid item -> split (null: the item is the split)
+  // The plan's worker ranges (null: one worker per split): worker k runs splits
+  // worker_splits[k] .. worker_splits[k + 1] - 1 (scheduler.cuh).
+  const int32_t* worker_splits = nullptr;
+  int num_workers = 0;  // the grid's workers: the plan's capacity - batch, or its capacity without ranges
   float* partial_out = nullptr;  // [capacity, rows, 512]
   float* partial_lse = nullptr;  // [capacity, rows]
   // Outputs.

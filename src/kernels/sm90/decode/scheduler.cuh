@@ -1,8 +1,12 @@
-// Which (sequence, split, token range) a CTA works on. The grid is fixed by the plan's
-// capacity (or the batch), so it does not depend on cache_seqlens: a decode step can be
-// captured in a CUDA graph and replayed with new lengths. CTAs past the plan's last split exit.
+// Which splits a CTA works on, and each one's (sequence, token range). The grid is fixed by the
+// plan's workers (or the batch), so it does not depend on cache_seqlens: a decode step can be
+// captured in a CUDA graph and replayed with new lengths. A CTA is one worker's 64-row tile; it
+// runs the worker's splits one after another (a persistent CTA: the balanced plan gives every
+// worker the same work, across sequence boundaries), and exits when it has none.
 #pragma once
 
+#include "../../common/ptx.cuh"
+#include "../../common/wgmma.cuh"
 #include "params.hpp"
 #include "snapmla/types.hpp"
 
@@ -21,15 +25,59 @@ struct Work {
   __device__ int pages() const { return (end - begin + kPageSize - 1) / kPageSize; }
 };
 
-// The grid is 1-D, row tile fastest: the row tiles of one split are neighbours in launch order,
+// The grid is 1-D, row tile fastest: the row tiles of one worker are neighbours in launch order,
 // so they stream the same pages at about the same time and L2 serves the second read.
 __device__ __forceinline__ int row_tiles_of(const DecodeParams& p) { return (p.rows + kTileRows - 1) / kTileRows; }
-__device__ __forceinline__ int grid_item(const DecodeParams& p) { return int(blockIdx.x) / row_tiles_of(p); }
+__device__ __forceinline__ int grid_worker(const DecodeParams& p) { return int(blockIdx.x) / row_tiles_of(p); }
 __device__ __forceinline__ int grid_row0(const DecodeParams& p) { return int(blockIdx.x) % row_tiles_of(p) * kTileRows; }
 
-// Whether grid item `item` has work (CTAs past the plan's last split exit).
-__device__ __forceinline__ bool has_work(const DecodeParams& p, int item) {
-  return item < (p.split_offsets == nullptr ? p.batch : p.split_offsets[p.batch]);
+// The splits [first, last) of this CTA's worker: its range of the plan's worker_splits, clamped
+// to the plan's splits (a table not made by plan_splits can make it empty, never out of bounds),
+// or the one split (sequence, without a plan) of the worker's index. Empty: the CTA exits.
+struct SplitRange {
+  int first = 0, last = 0;
+};
+
+__device__ __forceinline__ SplitRange splits_of_worker(const DecodeParams& p, int worker) {
+  SplitRange r;
+  const int items = p.split_offsets == nullptr ? p.batch : p.split_offsets[p.batch];
+  if (p.worker_splits == nullptr) {
+    r.first = worker;
+    r.last = worker < items ? worker + 1 : worker;
+  } else {
+    r.first = min(max(p.worker_splits[worker], 0), items);
+    r.last = min(max(p.worker_splits[worker + 1], r.first), items);
+  }
+  return r;
+}
+
+// The named barrier between two splits of a CTA (above every kernel's own ids).
+inline constexpr int kSplitBoundaryBarrier = 15;
+
+struct NoInit {
+  __device__ void operator()() const {}
+};
+
+// Between two splits of a persistent CTA, by all its threads (each role at the top of its next
+// split): every thread is done with the last split - its mbarrier phases, its named-barrier
+// hand-offs (each kernel's are balanced within a split), its shared memory, its wgmmas - then
+// thread 0 re-initializes the mbarriers (`init`, as at the kernel's start) and all go on, so each
+// split starts from the state a fresh CTA has. The proxy fence orders this split's generic
+// accesses of the stages (the staged output, P) before the next split's TMA writes to them.
+// The cost is the pipeline's drain and refill, which the plan counts as a piece's fixed cost.
+// A role without thread 0 passes NoInit{}, so that it holds no barrier addresses across its
+// splits for a call it never makes.
+template <int kThreads, typename Init>
+__device__ __forceinline__ void split_boundary(const Init& init) {
+  wg::fence_proxy_async();
+  __syncwarp();
+  ptx::bar_sync<kSplitBoundaryBarrier, kThreads>();
+  if (threadIdx.x == 0) {
+    init();
+    wg::fence_proxy_async();  // the new barriers before the next split's TMA completes on them
+  }
+  __syncwarp();
+  ptx::bar_sync<kSplitBoundaryBarrier, kThreads>();
 }
 
 // The last sequence seq in [0, batch) with offsets[seq] <= item (offsets non-decreasing,
@@ -51,16 +99,13 @@ __device__ __forceinline__ int seq_of_split(const int32_t* offsets, int batch, i
   return lo;
 }
 
-// The work of a grid item for which has_work holds (returned by value, so that it stays in
-// registers), looked up by a whole warp (seq_of_split). With a launch order, grid item k runs
-// split split_order[k] (longest first); an entry out of range (a plan not made by plan_splits)
-// is clamped.
+// The work of split `item` (in the CTA's SplitRange; returned by value, so that it stays in
+// registers), looked up by a whole warp (seq_of_split).
 __device__ __forceinline__ Work work_of(const DecodeParams& p, int item) {
   Work w;
   if (p.split_offsets == nullptr) {
     w.seq = item;
   } else {
-    if (p.split_order != nullptr) item = min(max(p.split_order[item], 0), p.split_offsets[p.batch] - 1);
     w.seq = seq_of_split(p.split_offsets, p.batch, item);
   }
   // Lengths outside the block table are clamped, so that nothing outside it is read, and mark

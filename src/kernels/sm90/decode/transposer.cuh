@@ -28,31 +28,38 @@ static_assert(Fp8TileSmem::kVtHalfBytes == 256 * 64 && Fp8TileConfig::kPageToken
 constexpr int kTransposerWarps = Fp8TileConfig::kTransposerWarps;
 constexpr int kLatentBox = kTmaBoxBytes;  // TMA box: 64 tokens x 128 bytes of latent
 constexpr int kUnitsPerWarp = (16 + kTransposerWarps - 1) / kTransposerWarps;
+// A transposer lane's addressing. Only the lane's parts are held; a unit's parts (of the warp
+// index, warp-uniform) and the per-step chunks are derived where they are used: the table is
+// live across the producer's whole split loop in its 56 registers.
 struct TransposeLanes {
-  uint32_t src[kUnitsPerWarp];  // the lane's ldmatrix row in the latent tile, per unit
-  uint32_t dst[kUnitsPerWarp];  // the lane's stmatrix row in the page's V^T, per unit
-  uint32_t chunk[4];            // the lane's 16-byte chunk (swizzled) for each 32-dim step
-  int t0[kUnitsPerWarp];        // the first of the lane's four tokens, per unit
-  uint32_t sel_a, sel_b;        // byte permutes: the even matrix's dim first, then the odd one's
-  __device__ TransposeLanes(int tw, int lane) {
+  uint32_t src;     // the lane's ldmatrix row in the latent tile, less its unit's offset
+  uint32_t dst;     // the lane's stmatrix row in the page's V^T, less its unit's offset
+  uint32_t chunk0;  // the lane's 16-byte chunk (swizzled) of the first 32-dim step
+  int q2;           // 2 x (lane % 4): the lane's first token within its unit's 16
+  uint32_t sel_a;   // byte permute: the even matrix's dim first, then the odd one's (sel_b the reverse)
+  __device__ TransposeLanes(int lane) {
     const int m = lane / 8, c = lane / 4, q = lane % 4, r = lane % 8;
     // The dim (within 32) of matrix m's row r: 16 (m / 2) + 2 r, + 1 for the odd matrices,
     // swapped for rows 4-7.
     const int dk = 16 * (m / 2) + 2 * r + ((m % 2) ^ (r / 4));
-#pragma unroll
-    for (int k = 0; k < kUnitsPerWarp; ++k) {
-      const int u = tw + kTransposerWarps * k, gi = (u / 4) % 4, b = u % 4;
-      // The latent tile as TMA wrote it: box b = bytes [128 b, 128 b + 128) of each token's
-      // row, 128 bytes per token, 16-byte chunk x of row t at chunk x ^ (t % 8).
-      src[k] = b * (kPageSize * kLatentBox) + (16 * gi + (m % 2) * 8 + lane % 8) * kLatentBox;
-      dst[k] = (dk / 8) * 512 + (dk % 8) * 16 + gi * 128 + b * 4 * 2048;
-      t0[k] = 16 * gi + 2 * q;
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) chunk[i] = (((2 * i + m / 2) % 8) ^ (lane % 8)) * 16;
+    // The latent tile as TMA wrote it: box b = bytes [128 b, 128 b + 128) of each token's row,
+    // 128 bytes per token, 16-byte chunk x of row t at chunk x ^ (t % 8).
+    src = uint32_t(((m % 2) * 8 + lane % 8) * kLatentBox);
+    dst = uint32_t((dk / 8) * 512 + (dk % 8) * 16);
+    q2 = 2 * q;
+    chunk0 = uint32_t(((m / 2) ^ (lane % 8)) * 16);
     sel_a = c < 4 ? 0x6420u : 0x7531u;
-    sel_b = c < 4 ? 0x7531u : 0x6420u;
   }
+  // Unit u = tw + kTransposerWarps k of a page: token group gi = (u / 4) % 4 (16 tokens), box b = u % 4.
+  __device__ static int group_of(int u) { return (u / 4) % 4; }
+  __device__ uint32_t src_of(int u) const { return src + uint32_t(u % 4 * (kPageSize * kLatentBox) + 16 * group_of(u) * kLatentBox); }
+  __device__ uint32_t dst_of(int u) const { return dst + uint32_t(group_of(u) * 128 + u % 4 * 4 * 2048); }
+  // The first of the lane's four tokens in unit u.
+  __device__ int t0_of(int u) const { return 16 * group_of(u) + q2; }
+  // Step i's chunk is ((2 i + m / 2) ^ (lane % 8)) x 16; 2 i and m / 2 < 2 have no bit in common,
+  // so that is chunk0 ^ 32 i.
+  __device__ uint32_t chunk(int i) const { return chunk0 ^ uint32_t(32 * i); }
+  __device__ uint32_t sel_b() const { return sel_a ^ 0x1111u; }  // 0x6420 <-> 0x7531
 };
 
 // One unit; keep masks the bytes of tokens at or past the split end (P is 0 there, but V may
@@ -62,12 +69,12 @@ __device__ __forceinline__ void transpose_unit(const uint8_t* src, uint8_t* dst,
                                                uint32_t keep) {
   uint32_t r[4][4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) ptx::ldsm_x4_trans(src + tl.chunk[i], r[i]);
+  for (int i = 0; i < 4; ++i) ptx::ldsm_x4_trans(src + tl.chunk(i), r[i]);
 #pragma unroll
   for (int i = 0; i < 4; ++i)
     ptx::stsm_x4(dst + i * 2048, ptx::prmt(r[i][0], r[i][1], tl.sel_a) & keep,
-                 ptx::prmt(r[i][0], r[i][1], tl.sel_b) & keep, ptx::prmt(r[i][2], r[i][3], tl.sel_a) & keep,
-                 ptx::prmt(r[i][2], r[i][3], tl.sel_b) & keep);
+                 ptx::prmt(r[i][0], r[i][1], tl.sel_b()) & keep, ptx::prmt(r[i][2], r[i][3], tl.sel_a) & keep,
+                 ptx::prmt(r[i][2], r[i][3], tl.sel_b()) & keep);
 }
 
 // After a page's transposition (all transposer warps), V^T bytes of tokens [from, to) that are
@@ -105,14 +112,16 @@ __device__ __forceinline__ void transpose_page(const Fp8TileView& sm, int i, int
   if (ntok == C::kPageTokens && band >= C::kPageTokens) {  // a whole page seen by every row: no masks
 #pragma unroll
     for (int k = 0; k < kUnitsPerWarp; ++k)
-      if (tw + kTransposerWarps * k < 16) transpose_unit(kl + tl.src[k], vt + tl.dst[k], tl, 0xFFFFFFFFu);
+      if (tw + kTransposerWarps * k < 16)
+        transpose_unit(kl + tl.src_of(tw + kTransposerWarps * k), vt + tl.dst_of(tw + kTransposerWarps * k), tl,
+                       0xFFFFFFFFu);
   } else {
 #pragma unroll
     for (int k = 0; k < kUnitsPerWarp; ++k) {
-      const int t0 = tl.t0[k];
+      const int u = tw + kTransposerWarps * k, t0 = tl.t0_of(u);
       const uint32_t keep = (t0 < ntok ? 0xFFu : 0u) | (t0 + 1 < ntok ? 0xFF00u : 0u) |
                             (t0 + 8 < ntok ? 0xFF0000u : 0u) | (t0 + 9 < ntok ? 0xFF000000u : 0u);
-      if (tw + kTransposerWarps * k < 16) transpose_unit(kl + tl.src[k], vt + tl.dst[k], tl, keep);
+      if (u < 16) transpose_unit(kl + tl.src_of(u), vt + tl.dst_of(u), tl, keep);
     }
     if (band < ntok) zero_nan_tokens(vt, max(band, 0), ntok);
   }

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One call on the H200 (device tool) that checks a change end to end: the C++ GPU suite from
+# .devbin/ (built here with nvcc), memcheck and racecheck on the cases that run several splits
+# per CTA, `pip install .` (wheels in .whl/) and the whole pytest suite, then a same-run bench
+# (`python -m snapmla.bench --peers .peers`) on CASES (default: the batches the scheduler moves).
+#   lab/h200_check.sh [OUT_DIR]     (default $OUT or /tmp/h200); SKIP=tests,sanitize,py,bench skips parts
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-${OUT:-/tmp/h200}}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+skip=${SKIP:-}
+export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1 | tee "$out/gpu.txt"
+if [[ $skip != *tests* ]]; then
+  stamp "C++ GPU suite"
+  .devbin/snapmla_gpu_tests > "$out/gpu_tests.log" 2>&1
+  echo "gpu tests exit: $?"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|error:" "$out/gpu_tests.log" | head -40
+fi
+if [[ $skip != *sanitize* ]]; then
+  stamp "memcheck / racecheck"
+  compute-sanitizer --tool memcheck --error-exitcode 9 .devbin/snapmla_gpu_tests \
+    --gtest_filter='GpuPlan*:GpuErrors*:*_w1_*:*_w2_*:*_w3_*:*h16_sq1_w40*:GpuGraph*' > "$out/memcheck.log" 2>&1
+  echo "memcheck exit: $?"; tail -3 "$out/memcheck.log"
+  compute-sanitizer --tool racecheck --error-exitcode 9 .devbin/snapmla_gpu_tests \
+    --gtest_filter='*h128_sq1_w2_*:*h64_sq2_w1_*:*h16_sq1_w3_*:*h128_sq3_w4_*' > "$out/racecheck.log" 2>&1
+  echo "racecheck exit: $?"; tail -3 "$out/racecheck.log"
+  compute-sanitizer --tool synccheck --error-exitcode 9 .devbin/snapmla_gpu_tests \
+    --gtest_filter='*h128_sq1_w2_*:*h16_sq1_w3_*:*h8_sq4_w2_*' > "$out/synccheck.log" 2>&1
+  echo "synccheck exit: $?"; tail -3 "$out/synccheck.log"
+fi
+if [[ $skip != *py* || $skip != *bench* ]]; then
+  stamp "pip install ."
+  ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps .whl/*.whl
+  python3 -m pip install --no-build-isolation --no-index --no-deps . > "$out/pip_install.log" 2>&1 ||
+    { tail -40 "$out/pip_install.log"; exit 1; }
+fi
+repo=$PWD
+cd /tmp  # the installed package, not the source tree
+if [[ $skip != *py* ]]; then
+  stamp "pytest"
+  python3 -m pytest -q -rs -p no:cacheprovider "$repo/tests/python" > "$out/pytest.log" 2>&1
+  echo "pytest exit: $?"; tail -6 "$out/pytest.log"
+fi
+if [[ $skip != *bench* ]]; then
+  stamp "bench"
+  # shellcheck disable=SC2086
+  python3 -m snapmla.bench --peers "$repo/.peers" --cases ${CASES:-82,128,1,32768 46,128,1,32768 46,16,1,32768 1,128,1,8192 1,16,1,8192 8,128,1,8192 128,128,1,8192 20,128,1,8192 160,64,1,8192} \
+    > "$out/bench.log" 2>&1
+  echo "bench exit: $?"; grep -E "^b=" "$out/bench.log"
+fi
+stamp done
