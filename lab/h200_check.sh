@@ -3,7 +3,7 @@
 # .devbin/ (built here with nvcc), memcheck and racecheck on the cases that run several splits
 # per CTA, `pip install .` (wheels in .whl/) and the whole pytest suite, then a same-run bench
 # (`python -m snapmla.bench --peers .peers`) on CASES (default: the batches the scheduler moves).
-#   lab/h200_check.sh [OUT_DIR]     (default $OUT or /tmp/h200); SKIP=tests,sanitize,py,bench skips parts
+#   lab/h200_check.sh [OUT_DIR]     (default $OUT or /tmp/h200); SKIP=tests,sanitize,py,probe,bench skips parts
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/h200}}
@@ -25,12 +25,16 @@ if [[ $skip != *sanitize* ]]; then
   compute-sanitizer --tool memcheck --error-exitcode 9 .devbin/snapmla_gpu_tests \
     --gtest_filter='GpuPlan*:GpuErrors*:*_w1_*:*_w2_*:*_w3_*:*h16_sq1_w40*:GpuGraph*' > "$out/memcheck.log" 2>&1
   echo "memcheck exit: $?"; tail -3 "$out/memcheck.log"
-  compute-sanitizer --tool racecheck --error-exitcode 9 .devbin/snapmla_gpu_tests \
-    --gtest_filter='*h128_sq1_w2_*:*h64_sq2_w1_*:*h16_sq1_w3_*:*h128_sq3_w4_*' > "$out/racecheck.log" 2>&1
-  echo "racecheck exit: $?"; tail -3 "$out/racecheck.log"
-  compute-sanitizer --tool synccheck --error-exitcode 9 .devbin/snapmla_gpu_tests \
-    --gtest_filter='*h128_sq1_w2_*:*h16_sq1_w3_*:*h8_sq4_w2_*' > "$out/synccheck.log" 2>&1
-  echo "synccheck exit: $?"; tail -3 "$out/synccheck.log"
+  # racecheck / synccheck on workers with several splits (the split boundary), and on the same
+  # kernels with one split per CTA (what was there before the persistent loop).
+  for tool in racecheck synccheck; do
+    for set in "multi:*h128_sq1_w2_*:*h64_sq2_w1_*:*h16_sq1_w3_*:*h8_sq4_w2_*" "single:*h126_sq1_w0_*:*h8_sq2_w0_*:*h9_sq1_w32_*"; do
+      name=${set%%:*}
+      compute-sanitizer --tool $tool --print-limit 12 --error-exitcode 9 .devbin/snapmla_gpu_tests \
+        --gtest_filter="${set#*:}" > "$out/$tool.$name.log" 2>&1
+      echo "$tool $name exit: $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard" "$out/$tool.$name.log" | tail -2
+    done
+  done
 fi
 if [[ $skip != *py* || $skip != *bench* ]]; then
   stamp "pip install ."
@@ -42,8 +46,19 @@ repo=$PWD
 cd /tmp  # the installed package, not the source tree
 if [[ $skip != *py* ]]; then
   stamp "pytest"
-  python3 -m pytest -q -rs -p no:cacheprovider "$repo/tests/python" > "$out/pytest.log" 2>&1
-  echo "pytest exit: $?"; tail -6 "$out/pytest.log"
+  # One process per file, so that a crash names its file (faulthandler prints the stack).
+  for f in "$repo"/tests/python/test_*.py; do
+    n=$(basename "$f" .py)
+    python3 -X faulthandler -m pytest -q -rs -p no:cacheprovider "$f" > "$out/pytest.$n.log" 2>&1
+    rc=$?
+    echo "pytest $n exit: $rc $(tail -1 "$out/pytest.$n.log")"
+    [ $rc -ne 0 ] && grep -E "Fatal Python error|File \"|Error|assert" "$out/pytest.$n.log" | head -30
+  done
+fi
+if [[ $skip != *probe* ]]; then
+  stamp "plan probe"
+  python3 "$repo/lab/plan_probe.py" --peers "$repo/.peers" --out "$out" > "$out/plan_probe.log" 2>&1
+  echo "plan probe exit: $?"; cat "$out/plan_probe.log" | tail -14
 fi
 if [[ $skip != *bench* ]]; then
   stamp "bench"
