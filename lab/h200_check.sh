@@ -4,11 +4,17 @@
 # per CTA, `pip install .` (wheels in .whl/) and the whole pytest suite, then a same-run bench
 # (`python -m snapmla.bench --peers .peers`) on CASES (default: the batches the scheduler moves).
 #   lab/h200_check.sh [OUT_DIR]     (default $OUT or /tmp/h200); SKIP=tests,sanitize,py,probe,bench skips parts
+# PYTEST=files limits pytest to some files (e.g. "test_fastpath test_torch"); GDB_TEST=file runs that
+# file under gdb for a backtrace of a crash; SWEEP=1 runs the bench's --sweep into OUT_DIR/results.
+# The logs go to a work folder and come back as one archive, OUT_DIR/h200_logs.tgz (the device
+# tool returns a few files only).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-out=${1:-${OUT:-/tmp/h200}}
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
+dest=${1:-${OUT:-/tmp/h200}}
+mkdir -p "$dest"
+dest=$(cd "$dest" && pwd)
+out=$(mktemp -d /tmp/h200logs.XXXX)
+trap 'tar czf "$dest/h200_logs.tgz" -C "$out" . 2>/dev/null' EXIT
 skip=${SKIP:-}
 export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
 t0=$(date +%s)
@@ -49,11 +55,22 @@ if [[ $skip != *py* ]]; then
   # One process per file, so that a crash names its file (faulthandler prints the stack).
   for f in "$repo"/tests/python/test_*.py; do
     n=$(basename "$f" .py)
+    [ -n "${PYTEST:-}" ] && [[ " $PYTEST " != *" $n "* ]] && continue
     python3 -X faulthandler -m pytest -q -rs -p no:cacheprovider "$f" > "$out/pytest.$n.log" 2>&1
     rc=$?
     echo "pytest $n exit: $rc $(tail -1 "$out/pytest.$n.log")"
     [ $rc -ne 0 ] && grep -E "Fatal Python error|File \"|Error|assert" "$out/pytest.$n.log" | head -30
   done
+fi
+if [ -n "${GDB_TEST:-}" ]; then
+  stamp "gdb $GDB_TEST"
+  if command -v gdb >/dev/null; then
+    gdb -q -batch -ex run -ex bt -ex "info registers rip" --args python3 -m pytest -q -x -p no:cacheprovider \
+      "$repo/tests/python/$GDB_TEST.py" > "$out/gdb.log" 2>&1
+    grep -E "^#[0-9]|signal|SIG" "$out/gdb.log" | head -30
+  else
+    echo "no gdb here"; python3 -X faulthandler -m pytest -v -x -p no:cacheprovider "$repo/tests/python/$GDB_TEST.py" 2>&1 | tail -40
+  fi
 fi
 if [[ $skip != *probe* ]]; then
   stamp "plan probe"
@@ -66,5 +83,10 @@ if [[ $skip != *bench* ]]; then
   python3 -m snapmla.bench --peers "$repo/.peers" --cases ${CASES:-82,128,1,32768 46,128,1,32768 46,16,1,32768 1,128,1,8192 1,16,1,8192 8,128,1,8192 128,128,1,8192 20,128,1,8192 160,64,1,8192} \
     > "$out/bench.log" 2>&1
   echo "bench exit: $?"; grep -E "^b=" "$out/bench.log"
+fi
+if [ -n "${SWEEP:-}" ]; then
+  stamp "sweep"
+  python3 -m snapmla.bench --peers "$repo/.peers" --sweep --out "$dest/results" > "$out/sweep.log" 2>&1
+  echo "sweep exit: $?"; grep -vE "^b=" "$out/sweep.log" | tail -25
 fi
 stamp done

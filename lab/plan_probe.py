@@ -82,6 +82,18 @@ def balanced_plan(lens, workers, rows, fixed, snap):
     return np.array(offsets, np.int32), split_begin, worker_splits
 
 
+def whole_plan(lens, workers):
+    """Whole sequences, n = ceil(b / workers) per worker in order: no cuts, no combine."""
+    b = len(lens)
+    n = -(-b // workers)
+    cap = b + workers
+    ws = np.full(cap, -1, np.int32)
+    ws[:workers + 1] = np.minimum(np.arange(workers + 1) * n, b)
+    sb = np.full(cap, -1, np.int32)
+    sb[:b] = 0
+    return np.arange(b + 1, dtype=np.int32), sb, ws
+
+
 def run_case(spec, peers, calls, rounds):
     b, h, s_q, s_k = spec.split(",")
     b, h, s_q = int(b), int(h), int(s_q)
@@ -114,6 +126,19 @@ def run_case(spec, peers, calls, rounds):
         plans[name] = snapmla.SplitPlan(*(torch.from_numpy(a).to(dev) for a in (off, sb)), workers,
                                         torch.from_numpy(ws).to(dev))
         splits[name] = int(off[-1])
+    off, sb, ws = whole_plan(lens.tolist(), workers)
+    plans["whole"] = snapmla.SplitPlan(*(torch.from_numpy(a).to(dev) for a in (off, sb)), workers,
+                                       torch.from_numpy(ws).to(dev))
+    splits["whole"] = b
+    # The planner's plan against the same rule made here (F=4, snap=0), entry by entry, and a copy
+    # of it in new memory (is a difference in time the plan or where it lies?).
+    same = all(torch.equal(a.cpu(), b_) for a, b_ in zip(own[:2] + (own.worker_splits,),
+                                                          (plans["F=4 snap=0"].split_offsets.cpu(),
+                                                           plans["F=4 snap=0"].split_begin.cpu(),
+                                                           plans["F=4 snap=0"].worker_splits.cpu())))
+    plans["planner copy"] = snapmla.SplitPlan(own.split_offsets.clone(), own.split_begin.clone(), workers,
+                                              own.worker_splits.clone())
+    splits["planner copy"] = splits["planner"]
     calls_by = {name: (lambda pl: lambda t: snapmla.decode_fp8(qq, fp8, t, seqlens, softmax_scale=scale, plan=pl))(pl)
                 for name, pl in plans.items()}
     if peers is not None:
@@ -125,7 +150,7 @@ def run_case(spec, peers, calls, rounds):
     n = max(calls, sets)
     graphs = capture_graphs(torch, calls_by, tables, n)
     got = {k: round(statistics.median(v), 1) for k, v in time_interleaved(torch, graphs, n, rounds).items()}
-    return {"case": spec, "workers": workers, "splits": splits, "us": got}
+    return {"case": spec, "workers": workers, "splits": splits, "planner_equals_rule": same, "us": got}
 
 
 def main():
@@ -144,7 +169,7 @@ def main():
         ref = r["us"].get("flashmla_bf16")
         parts = [f"{k}[{r['splits'].get(k, '-')}] {v}" + (f" ({ref / v:.2f}x)" if ref and k in r["splits"] else "")
                  for k, v in r["us"].items()]
-        print(f"{spec} w={r['workers']}: " + " | ".join(parts), flush=True)
+        print(f"{spec} w={r['workers']} same={r['planner_equals_rule']}: " + " | ".join(parts), flush=True)
         torch.cuda.empty_cache()
     if a.out:
         os.makedirs(a.out, exist_ok=True)

@@ -293,6 +293,19 @@ int64_t expect_balanced_plan(const OwnedPlan& P, const std::vector<int32_t>& seq
   const int64_t used = std::clamp<int64_t>((total_blocks + chunk - 1) / chunk, 1, workers);
   const int64_t total = total_blocks + F * std::max(b - 1, 0);
   const int64_t share = std::max<int64_t>(1, (total + used - 1) / used);
+  // Whole sequences instead (n per worker, in order, no cuts) where even the longest make a
+  // worker's time no more than the share plus a cut's cost (16 blocks at a 64-row tile, less for
+  // fewer rows, at least 4).
+  int64_t longest = 0;
+  for (int32_t l : seqlens) longest = std::max<int64_t>(longest, (l + kPageSize - 1) / kPageSize);
+  const int64_t n = b > 0 ? (b + used - 1) / used : 0;
+  const int64_t cut_cost = std::max<int64_t>(4, 16 * std::min(query_rows, 64) / 64);
+  if (query_rows > 0 && b > 0 && n * longest + (n - 1) * F <= share + cut_cost) {
+    EXPECT_EQ(splits, b) << "whole sequences: one split each";
+    for (int w = 0; w <= slots; ++w)
+      EXPECT_EQ(P.worker_splits[size_t(w)], std::min<int64_t>(int64_t(w) * n, b)) << "worker " << w << ", " << n << " each";
+    return n * longest + (n - 1) * F;
+  }
   int64_t worst = 0, sum = 0;
   int working = 0;
   for (int w = 0; w < slots; ++w) {
@@ -399,9 +412,18 @@ TEST(SplitKv, QueryRowsKeepSmallTotalsFromShortSplits) {
   std::vector<int32_t> many(128, 8192), tab(128, 0);
   PageTable big{tab.data(), many.data(), 128, 128, Device::cpu()};
   OwnedPlan big_equal(big, 66), big_costed(big, 66, 128);
-  EXPECT_EQ(big_equal.offsets, big_costed.offsets) << "a large total keeps equal shares";
-  EXPECT_EQ(big_equal.begins, big_costed.begins);
-  EXPECT_EQ(big_equal.worker_splits, big_costed.worker_splits);
+  // 128 equal sequences on 66 workers: cut at every worker boundary without query_rows, two
+  // whole ones per worker (64 busy, no combine) with them.
+  EXPECT_GT(big_equal.offsets[128], 128);
+  EXPECT_EQ(big_costed.offsets[128], 128);
+  for (int w = 0; w <= 66; ++w) EXPECT_EQ(big_costed.worker_splits[size_t(w)], std::min(2 * w, 128)) << w;
+  // One sequence twice as long as the rest: whole ones would give a worker 1.5x the share, so
+  // the balanced division stays, and it is the one without query_rows (a large total).
+  many[5] = 16384;
+  OwnedPlan mixed_equal(big, 66), mixed_costed(big, 66, 128);
+  EXPECT_EQ(mixed_equal.offsets, mixed_costed.offsets) << "a large total keeps equal shares";
+  EXPECT_EQ(mixed_equal.begins, mixed_costed.begins);
+  EXPECT_EQ(mixed_equal.worker_splits, mixed_costed.worker_splits);
 
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
@@ -410,6 +432,8 @@ TEST(SplitKv, QueryRowsKeepSmallTotalsFromShortSplits) {
     const int b = batch(rng), w = workers(rng), r = rows(rng);
     std::vector<int32_t> seqlens(static_cast<size_t>(b)), table(static_cast<size_t>(b), 0);
     for (auto& l : seqlens) l = len(rng);
+    if (trial % 3 == 0)  // equal lengths, where whole sequences per worker can win
+      for (auto& l : seqlens) l = seqlens[0];
     int64_t total = 0;
     for (int32_t l : seqlens) total += (l + 63) / 64;
     const int64_t chunk = detail::split_chunk(total, w, r);

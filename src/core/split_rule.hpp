@@ -51,14 +51,32 @@ struct WorkerShares {
   int workers = 1;       // workers with work: the plan's first `workers` worker ranges
   int64_t share = 1;     // cost per worker, >= 1
   int64_t total = 0;     // the whole axis
+  int whole = 0;         // > 0: no cuts, `whole` whole sequences per worker (in order) instead
 };
+
+// The extra cost of cutting a sequence, in blocks of one worker's time, for the choice between
+// the balanced division and whole sequences: the cut's fp32 partials (rows x 2 KB per split,
+// written, then read by the combine) and the combine's share of the step. Measured on the H200
+// (h = 128, uniform 8K: b = 128 and 256 ran 3-6% faster with whole sequences, 2 and 4 per
+// worker, than with a cut per worker); the partials scale with the query rows up to a 64-row
+// tile, so fewer rows cost less.
+SNAPMLA_HOST_DEVICE inline int64_t cut_cost_blocks(int query_rows) {
+  constexpr int64_t kFullTile = 16;
+  const int64_t r = query_rows < 64 ? query_rows : 64;
+  const int64_t c = kFullTile * r / 64;
+  return c < 4 ? 4 : c;
+}
 
 SNAPMLA_HOST_DEVICE inline int64_t piece_fixed_cost(int seq) { return seq == 0 ? 0 : kPieceCostBlocks; }
 
 // How many of num_workers a total of `total_blocks` over `batch` sequences is worth (split_chunk:
-// all of them, or fewer for a small total given query_rows), and the share of each.
-SNAPMLA_HOST_DEVICE inline WorkerShares worker_shares(int64_t total_blocks, int batch, int num_workers,
-                                                      int query_rows) {
+// all of them, or fewer for a small total given query_rows), and the share of each. Given
+// query_rows, whole sequences (n = ceil(batch / workers) each) are chosen instead when even the
+// longest ones (`max_blocks`) make a worker's time no longer than the balanced share plus one
+// cut: on uniform lengths whose count fills the workers (b = 128 on 66 workers: two each), where
+// the balanced division would cut a sequence per worker for nothing.
+SNAPMLA_HOST_DEVICE inline WorkerShares worker_shares(int64_t total_blocks, int64_t max_blocks, int batch,
+                                                      int num_workers, int query_rows) {
   WorkerShares s;
   const int64_t chunk = split_chunk(total_blocks, num_workers, query_rows);
   int64_t used = (total_blocks + chunk - 1) / chunk;
@@ -68,10 +86,25 @@ SNAPMLA_HOST_DEVICE inline WorkerShares worker_shares(int64_t total_blocks, int 
   s.total = total_blocks + (batch > 1 ? int64_t(batch - 1) * kPieceCostBlocks : 0);
   s.share = (s.total + used - 1) / used;
   if (s.share < 1) s.share = 1;
+  if (query_rows > 0 && batch > 0) {
+    const int64_t n = (batch + used - 1) / used;
+    if (n * max_blocks + (n - 1) * kPieceCostBlocks <= s.share + cut_cost_blocks(query_rows)) {
+      s.whole = int(n);
+      s.workers = int((batch + n - 1) / n);
+    }
+  }
   return s;
 }
 
+// The workers that get splits: the first `workers`, less those past the axis's end.
+SNAPMLA_HOST_DEVICE inline int busy_workers(const WorkerShares& s) {
+  if (s.whole > 0) return s.workers;
+  const int64_t reach = (s.total + s.share - 1) / s.share;
+  return reach < s.workers ? int(reach) : s.workers;
+}
+
 // The worker boundaries k x share (1 <= k < workers) inside sequence `seq`'s cost interval
+// (whole sequences: the workers that start at sequence `seq`)
 // [c0, c0 + fixed + blocks): workers [lo, cut) start at the sequence's first split, workers
 // [cut, hi) each at a cut inside it, at block cut_block(...) (in 1 .. blocks - 1). The sequence
 // has 1 + (hi - cut) splits.
@@ -80,6 +113,13 @@ struct SequenceCuts {
 };
 
 SNAPMLA_HOST_DEVICE inline SequenceCuts sequence_cuts(int64_t c0, int64_t blocks, int seq, const WorkerShares& s) {
+  if (s.whole > 0) {  // worker k starts at sequence k x whole
+    int lo = (seq + s.whole - 1) / s.whole, hi = (seq + s.whole) / s.whole;
+    if (lo < 1) lo = 1;
+    if (hi > s.workers) hi = s.workers;
+    if (lo > hi) lo = hi;
+    return {lo, hi, hi};
+  }
   const int64_t fixed = piece_fixed_cost(seq), end = c0 + fixed + blocks;
   int64_t lo = (c0 + s.share - 1) / s.share, hi = (end + s.share - 1) / s.share;
   int64_t cut = (c0 + fixed) / s.share + 1;  // the first k with k x share > c0 + fixed

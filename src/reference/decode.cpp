@@ -192,19 +192,21 @@ void plan_splits(const char* op, const PageTable& pages, int num_workers, const 
   require_cpu(op, "pages", pages.device);
   require_cpu(op, "plan", plan.device);
   detail::check_plan_splits_args(op, pages, num_workers, query_rows, plan);
-  int64_t total_blocks = 0;
+  int64_t total_blocks = 0, max_blocks = 0;
   for (int i = 0; i < pages.batch; ++i) {
     const int len = pages.cache_seqlens[i];
     if (len < 0)
       detail::fail(op, "cache_seqlens", "cache_seqlens[" + std::to_string(i) + "] = " +
                                             std::to_string(len) + ", expected >= 0");
     total_blocks += (len + kPageSize - 1) / kPageSize;
+    max_blocks = std::max<int64_t>(max_blocks, (len + kPageSize - 1) / kPageSize);
   }
   // The balanced division (core/split_rule.hpp): the sequences' costs (blocks plus a fixed cost
   // each) end to end, worker k the part from k x share on; a worker boundary inside a sequence's
   // blocks starts a new split there. Each boundary adds at most one split, so there are at most
-  // batch + workers - 1 <= capacity.
-  const detail::WorkerShares shares = detail::worker_shares(total_blocks, pages.batch, num_workers, query_rows);
+  // batch + workers - 1 <= capacity. Or whole sequences per worker, where cutting gains nothing.
+  const detail::WorkerShares shares =
+      detail::worker_shares(total_blocks, max_blocks, pages.batch, num_workers, query_rows);
   const int slots = plan.capacity - pages.batch;  // the plan's workers (>= num_workers)
   int32_t k = 0;
   int64_t c0 = 0;
@@ -228,7 +230,7 @@ void plan_splits(const char* op, const PageTable& pages, int num_workers, const 
   if (plan.worker_splits == nullptr) return;
   // Workers past the axis's end (and past the workers the total is worth) have no splits; the
   // entries past the last worker's end are never read.
-  const int first_idle = static_cast<int>(std::min<int64_t>(shares.workers, (shares.total + shares.share - 1) / shares.share));
+  const int first_idle = detail::busy_workers(shares);
   const int last = std::min(slots, plan.capacity - 1);  // a batch of 0 has no room for the end entry
   for (int w = std::max(first_idle, 1); w <= last; ++w) plan.worker_splits[w] = k;
   std::fill(plan.worker_splits + last + 1, plan.worker_splits + plan.capacity, -1);

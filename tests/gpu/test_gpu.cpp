@@ -306,13 +306,18 @@ TEST(GpuPlan, SameSplitsAsTheReference) {
     // The last trials have more sequences than the GPU planner's block (1024 threads), so its
     // scans run over several tiles; one of them is b = 1024 x 4 with a 256K sequence among them.
     const bool many = trial >= 20;
-    const int b = many ? 1024 + int(rng() % 4000) : 1 + int(rng() % 1000);
-    const int workers = 1 + int(rng() % 400);
+    int b = many ? 1024 + int(rng() % 4000) : 1 + int(rng() % 1000);
+    int workers = 1 + int(rng() % 400);
+    if (trial == 2) b = 128, workers = 66;  // b = 128 x 8K at h = 128: two whole sequences per worker
     // A third of the trials give the decode's query rows (the split-length rule), short
-    // sequences there so that the rule changes the plan.
-    const int query_rows = trial % 3 == 1 ? 1 + int(rng() % 512) : 0;
+    // sequences there so that the rule changes the plan; another third equal lengths and the
+    // rows of h = 16 .. 256, where whole sequences per worker can be the plan.
+    const int kind = trial % 3;
+    int query_rows = kind == 1 ? 1 + int(rng() % 512) : (kind == 2 ? 16 << (rng() % 5) : 0);
+    if (trial == 2) query_rows = 128;
     std::vector<int32_t> lens(b), table(b, 0);
-    for (auto& l : lens) l = int32_t(rng() % (query_rows ? 3000 : 70000)) * int(rng() % 4 != 0);
+    for (auto& l : lens) l = int32_t(rng() % (kind == 1 ? 3000 : 70000)) * int(rng() % 4 != 0);
+    if (kind == 2) std::fill(lens.begin(), lens.end(), trial == 2 ? 8192 : int32_t(1 + rng() % 40000));
     if (trial == 23) lens[rng() % b] = 256 * 1024;
     PageTable hp{table.data(), lens.data(), b, 4096, Device::cpu()};
     const size_t cap = size_t(split_plan_capacity(b, workers));

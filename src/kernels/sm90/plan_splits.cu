@@ -1,6 +1,7 @@
-// plan_splits on the GPU: the reference's balanced division (core/split_rule.hpp) in one block,
-// reading cache_seqlens on the device and writing the fixed-size plan buffers. No host sync, so
-// it can be captured in a CUDA graph together with the decode it plans. A thread per sequence:
+// plan_splits on the GPU: the reference's balanced division (core/split_rule.hpp), or its deal
+// of whole sequences where that is cheaper, in one block, reading cache_seqlens on the device
+// and writing the fixed-size plan buffers. No host sync, so it can be captured in a CUDA graph
+// together with the decode it plans. A thread per sequence:
 // two block scans give each sequence's place on the cost axis and its first split; the worker
 // boundaries inside it are then its own to write, so every entry is written by one thread.
 #include <cuda_runtime.h>
@@ -21,6 +22,10 @@ __device__ __forceinline__ int64_t blocks_of(int32_t len) {
   return len > 0 ? (int64_t(len) + kPageSize - 1) / kPageSize : 0;
 }
 
+struct LongestOf {
+  __device__ long long operator()(long long a, long long b) const { return a > b ? a : b; }
+};
+
 __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __restrict__ seqlens,
                                                                int batch, int num_workers, int query_rows,
                                                                int capacity,
@@ -35,13 +40,22 @@ __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __
     typename Scan64::TempStorage scan64;
     typename Scan::TempStorage scan;
   } tmp;
-  __shared__ long long total_s;
-  long long local = 0;
-  for (int i = threadIdx.x; i < batch; i += kThreads) local += blocks_of(seqlens[i]);
+  __shared__ long long total_s, max_s;
+  long long local = 0, local_max = 0;
+  for (int i = threadIdx.x; i < batch; i += kThreads) {
+    const long long n = blocks_of(seqlens[i]);
+    local += n;
+    local_max = n > local_max ? n : local_max;
+  }
   const long long total = Reduce(tmp.reduce).Sum(local);
-  if (threadIdx.x == 0) total_s = total;
+  __syncthreads();  // tmp is reused
+  const long long longest = Reduce(tmp.reduce).Reduce(local_max, LongestOf{});
+  if (threadIdx.x == 0) {
+    total_s = total;
+    max_s = longest;
+  }
   __syncthreads();
-  const detail::WorkerShares shares = detail::worker_shares(total_s, batch, num_workers, query_rows);
+  const detail::WorkerShares shares = detail::worker_shares(total_s, max_s, batch, num_workers, query_rows);
   if (threadIdx.x == 0) {
     offsets[0] = 0;
     if (worker_splits != nullptr) worker_splits[0] = 0;
@@ -81,8 +95,7 @@ __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __
   if (worker_splits == nullptr) return;
   // Workers past the axis's end, and past the workers the total is worth: no splits (the
   // reference's rule); entries past the last worker's end: -1.
-  const long long idle = (shares.total + shares.share - 1) / shares.share;
-  const int first_idle = max(1, idle < shares.workers ? int(idle) : shares.workers);
+  const int first_idle = max(1, detail::busy_workers(shares));
   const int last = min(capacity - batch, capacity - 1);
   for (int w = first_idle + int(threadIdx.x); w < capacity; w += kThreads) worker_splits[w] = w <= last ? splits : -1;
 }
