@@ -2,8 +2,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
-#include <sstream>
 #include <vector>
 
 namespace snapmla {
@@ -23,10 +23,12 @@ void check_pointer(const char* op, const ArgName& arg, const T* p, bool needed, 
   if (!needed) return;
   if (p == nullptr) fail(op, arg.str(), "null pointer, expected memory");
   if (reinterpret_cast<uintptr_t>(p) % alignment != 0) {
-    std::ostringstream s;
-    s << "expected a " << alignment << "-byte aligned pointer, got "
-      << static_cast<const void*>(p) << " (the kernels read it with vector and bulk copies)";
-    fail(op, arg.str(), s.str());
+    // snprintf, not an ostringstream: with PyTorch loaded in the same process the stream's
+    // locale machinery crashed the H200 machine's Python (a segfault in this message).
+    char at[32];
+    std::snprintf(at, sizeof at, "%p", static_cast<const void*>(p));
+    fail(op, arg.str(), "expected a " + std::to_string(alignment) + "-byte aligned pointer, got " + at +
+                            " (the kernels read it with vector and bulk copies)");
   }
 }
 

@@ -61,4 +61,13 @@ __device__ __forceinline__ void bar_sync() {
   asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
 }
 
+// The same over threads that need not arrive converged within their warps (barrier.sync without
+// .aligned; bar.sync is barrier.sync.aligned, which requires every thread of a warp at the same
+// instruction): for the barrier between a persistent CTA's splits, where each role arrives from
+// its own loop and synccheck flagged the aligned form as divergent.
+template <int kId, int kThreads>
+__device__ __forceinline__ void barrier_sync_unaligned() {
+  asm volatile("barrier.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
+
 }  // namespace snapmla::cuda::ptx

@@ -70,14 +70,12 @@ struct NoInit {
 template <int kThreads, typename Init>
 __device__ __forceinline__ void split_boundary(const Init& init) {
   wg::fence_proxy_async();
-  __syncwarp();
-  ptx::bar_sync<kSplitBoundaryBarrier, kThreads>();
+  ptx::barrier_sync_unaligned<kSplitBoundaryBarrier, kThreads>();
   if (threadIdx.x == 0) {
     init();
     wg::fence_proxy_async();  // the new barriers before the next split's TMA completes on them
   }
-  __syncwarp();
-  ptx::bar_sync<kSplitBoundaryBarrier, kThreads>();
+  ptx::barrier_sync_unaligned<kSplitBoundaryBarrier, kThreads>();
 }
 
 // The last sequence seq in [0, batch) with offsets[seq] <= item (offsets non-decreasing,
