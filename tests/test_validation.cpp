@@ -116,6 +116,23 @@ TEST_F(Bad, NullAndMisalignedPointers) {
   EXPECT_ARG_ERROR(quantize_query(q16, B.qq()), "q.data");
 }
 
+// An empty batch has nothing to write: null outputs (what frameworks give for empty arrays) are
+// accepted there, and only there.
+TEST_F(Bad, EmptyBatchTakesNullOutputs) {
+  QuantizedQuery q = B.qq();
+  q.batch = 0;
+  QueryBf16 q16 = B.query();
+  q16.batch = 0;
+  PageTable p = B.pages();
+  p.batch = 0;
+  DecodeOptions opt;
+  opt.softmax_scale = 0.1f;
+  const DecodeOutput none{nullptr, nullptr, Device::cpu()};
+  EXPECT_NO_THROW(decode_fp8(q, B.fp8(), p, none, opt));
+  EXPECT_NO_THROW(decode_bf16(q16, B.bf16_cache(), p, none, opt));
+  EXPECT_ARG_ERROR(decode_fp8(B.qq(), B.fp8(), B.pages(), none, test::options(B)), "out.out");
+}
+
 TEST_F(Bad, ShapesThatDoNotAgree) {
   PageTable p = B.pages();
   p.batch = 1;

@@ -3,7 +3,8 @@
 Every function runs where its arrays live (CPU: the reference implementation; CUDA: the sm_90a
 kernels), on the caller's current CUDA stream unless `stream=` is given, without host
 synchronization. Results come back in the framework of the first array argument; pass `out=`
-arrays to reuse memory. Bad arguments raise SnapMLAError (a ValueError) naming the argument.
+arrays to reuse memory. Bad arguments raise SnapMLAError (a ValueError and a TypeError) naming
+the operation, the argument, what was expected and what was given.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import math
 from typing import Any, NamedTuple, Optional
 
 from . import _C, _fastpath
-from ._frameworks import (allocating_for, bits_view, current_stream, device_index, empty, is_cuda, raw,
-                          stream_getter)
+from ._frameworks import (allocating_for, bits_view, current_stream, device_index, empty, framework_of,
+                          is_cuda, raw, stream_getter)
 
 SnapMLAError = _C.SnapMLAError
 LATENT_DIM, ROPE_DIM, HEAD_DIM, PAGE_SIZE = _C.LATENT_DIM, _C.ROPE_DIM, _C.HEAD_DIM, _C.PAGE_SIZE
@@ -51,6 +52,57 @@ class SplitPlan(NamedTuple):
     split_begin: Any
     num_workers: int
     worker_splits: Any = None
+
+
+# --- argument checks at the Python level (the extension checks the arrays themselves) ----------
+
+def _given(x: Any) -> str:
+    """What an argument is, for an error message: an array's type, shape and dtype, else its type."""
+    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+    if shape is not None and dtype is not None:
+        return f"{type(x).__module__.split('.')[0]}.{type(x).__name__} {list(shape)} {dtype}"
+    return f"a {type(x).__name__}"
+
+
+def _fail(op: str, arg: str, expected: str, x: Any):
+    raise SnapMLAError(f"snapmla::{op}: argument '{arg}': expected {expected}, got {_given(x)}")
+
+
+def _array(op: str, arg: str, x: Any) -> Any:
+    if x is not None:
+        try:
+            framework_of(x)
+        except TypeError:
+            _fail(op, arg, "a PyTorch, NumPy or CuPy array (or any DLPack array)", x)
+    return x
+
+
+def _query(op: str, q: Any) -> QuantizedQuery:
+    """decode_fp8's query: a QuantizedQuery, or any (nope, rope, scale) triple of arrays."""
+    if type(q) is QuantizedQuery:
+        return q
+    if isinstance(q, (tuple, list)) and len(q) == 3 and not isinstance(q, (PagedFp8Cache, SplitPlan)):
+        return QuantizedQuery(*(_array(op, f"q.{f}", x) for f, x in zip(QuantizedQuery._fields, q)))
+    _fail(op, "q", "a QuantizedQuery (nope, rope, scale) from snapmla.quantize_query(q) "
+          "(a bf16 query [b, s_q, h, 576] goes to decode_bf16)", q)
+
+
+def _fp8_cache(op: str, cache: Any) -> PagedFp8Cache:
+    if type(cache) is PagedFp8Cache:
+        return cache
+    if isinstance(cache, (tuple, list)) and len(cache) == 3 and not isinstance(cache, (QuantizedQuery, SplitPlan)):
+        return PagedFp8Cache(*(_array(op, f"cache.{f}", x) for f, x in zip(PagedFp8Cache._fields, cache)))
+    _fail(op, "cache", "a PagedFp8Cache (latent, scale, rope) from snapmla.alloc_fp8_cache "
+          "(the BF16 cache [pages, 64, 576] goes to decode_bf16)", cache)
+
+
+def _count(op: str, arg: str, n: Any) -> int:
+    if isinstance(n, bool) or not hasattr(n, "__index__"):
+        _fail(op, arg, "an integer >= 0", n)
+    v = n.__index__()
+    if v < 0:
+        raise SnapMLAError(f"snapmla::{op}: argument '{arg}': expected an integer >= 0, got {v}")
+    return v
 
 
 def _numel(x: Any) -> int:
@@ -92,6 +144,8 @@ def recommended_num_workers(like: Any, seqlen_q: int, num_heads: int) -> int:
 def alloc_fp8_cache(num_pages: int, like: Any) -> PagedFp8Cache:
     """Zero-filled FP8 cache planes for `num_pages` pages, in the framework and on the device of
     `like` (any array)."""
+    num_pages = _count("alloc_fp8_cache", "num_pages", num_pages)
+    _array("alloc_fp8_cache", "like", like)
     cache = PagedFp8Cache(empty(like, (num_pages, PAGE_SIZE, LATENT_DIM), "e4m3"),
                           empty(like, (num_pages, PAGE_SIZE), "f32"),
                           empty(like, (num_pages, PAGE_SIZE, ROPE_DIM), "bf16"))
@@ -102,6 +156,8 @@ def alloc_fp8_cache(num_pages: int, like: Any) -> PagedFp8Cache:
 
 def alloc_bf16_cache(num_pages: int, like: Any):
     """A zero-filled BF16 cache [num_pages, 64, 576] like `like`."""
+    num_pages = _count("alloc_bf16_cache", "num_pages", num_pages)
+    _array("alloc_bf16_cache", "like", like)
     cache = empty(like, (num_pages, PAGE_SIZE, HEAD_DIM), "bf16")
     _zero(cache)
     return cache
@@ -120,6 +176,12 @@ def _zero(x: Any) -> None:
 def append(cache: Any, kv: Any, slots: Any, *, stream: Any = None) -> None:
     """Write kv rows [n, 576] (bf16) to `slots` ([n] int32, slot = page * 64 + offset, -1 =
     skip). A PagedFp8Cache quantizes on write; a plain array is the BF16 cache [P, 64, 576]."""
+    _array("append", "kv", kv)
+    _array("append", "slots", slots)
+    if isinstance(cache, (tuple, list)):
+        cache = _fp8_cache("append", cache)
+    else:
+        _array("append", "cache", cache)
     s = current_stream(kv, stream)
     if isinstance(cache, PagedFp8Cache):
         _C.append_fp8(raw(kv), raw(slots), raw(cache.latent), raw(cache.scale), raw(cache.rope), s)
@@ -130,6 +192,7 @@ def append(cache: Any, kv: Any, slots: Any, *, stream: Any = None) -> None:
 def quantize_query(q: Any, *, out: Optional[QuantizedQuery] = None,
                    stream: Any = None) -> QuantizedQuery:
     """Per-(token, head) quantization of q [b, s_q, h, 576] (bf16) for decode_fp8."""
+    _array("quantize_query", "q", q)
     if out is None:
         lead = tuple(q.shape[:-1])
         with allocating_for(q, stream):
@@ -142,6 +205,8 @@ def quantize_query(q: Any, *, out: Optional[QuantizedQuery] = None,
 def gather_dequant(cache: PagedFp8Cache, slots: Any, *, out: Any = None,
                    stream: Any = None):
     """Rows [n, 576] (bf16) = dequantized cache entries at `slots` (a slot of -1 gives zeros)."""
+    cache = _fp8_cache("gather_dequant", cache)
+    _array("gather_dequant", "slots", slots)
     if out is None:
         with allocating_for(slots, stream):
             out = empty(cache.scale, (_numel(slots), HEAD_DIM), "bf16")
@@ -156,6 +221,7 @@ def plan_splits(cache_seqlens: Any, num_workers: int, *, out: Optional[SplitPlan
     cache_seqlens lives (on the GPU without host synchronization: CUDA-graph safe). query_rows:
     the decode's seqlen_q * num_heads, which keeps splits of a small total from being shorter than
     they are worth (0: equal shares only)."""
+    _array("plan_splits", "cache_seqlens", cache_seqlens)
     b = _numel(cache_seqlens)
     if out is None:
         cap = split_plan_capacity(b, num_workers)
@@ -195,6 +261,10 @@ def _decode_outputs(q: Any, b: int, s_q: int, h: int, split_begin: Any, out: Any
 # first plane, whose rows give the page count); block_table is inputs[-5].
 _CACHE = {"decode_fp8": 3, "decode_bf16": 1}
 _CACHE_ROW = {"decode_fp8": LATENT_DIM, "decode_bf16": HEAD_DIM}
+_PLAN_NAMES = ("plan.split_offsets", "plan.split_begin", "plan.worker_splits")
+_INPUT_NAMES = {"decode_fp8": ("q.nope", "q.rope", "q.scale", "cache.latent", "cache.scale", "cache.rope",
+                               "block_table", "cache_seqlens") + _PLAN_NAMES,
+                "decode_bf16": ("q", "cache", "block_table", "cache_seqlens") + _PLAN_NAMES}
 
 
 def decode_arrays(op: str, inputs: tuple, out: Any, lse: Any, workspace: Any, softmax_scale: float,
@@ -205,6 +275,8 @@ def decode_arrays(op: str, inputs: tuple, out: Any, lse: Any, workspace: Any, so
     (A call that allocates its outputs on the current stream has tried
     _fastpath.decode_allocated, its pointer path, first: the callers do, one call less.)"""
     allocating = out is None and lse is None and workspace is None and stream is None
+    for name, x in zip(_INPUT_NAMES[op], inputs):
+        _array(op, name, x)
     q, split_offsets, split_begin = inputs[0], inputs[-3], inputs[-2]
     b, s_q, h = (int(d) for d in q.shape[:3])
     out, lse, workspace = _decode_outputs(q, b, s_q, h, split_begin, out, lse, workspace, stream)
@@ -236,6 +308,7 @@ def decode_arrays(op: str, inputs: tuple, out: Any, lse: Any, workspace: Any, so
 def fp8_inputs(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Any, cache_seqlens: Any,
                plan: Optional[SplitPlan]) -> tuple:
     """decode_fp8's input arrays in the order of decode_arrays (see _CACHE)."""
+    q, cache = _query("decode_fp8", q), _fp8_cache("decode_fp8", cache)
     if plan is None:
         return (q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table, cache_seqlens,
                 None, None, None)
@@ -245,6 +318,11 @@ def fp8_inputs(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Any, cache_
 
 def bf16_inputs(q: Any, cache: Any, block_table: Any, cache_seqlens: Any, plan: Optional[SplitPlan]) -> tuple:
     """decode_bf16's input arrays in the order of decode_arrays."""
+    if type(q) is QuantizedQuery:
+        _fail("decode_bf16", "q", "a bf16 query [b, s_q, h, 576] (a QuantizedQuery goes to decode_fp8)", q)
+    if isinstance(cache, tuple):
+        _fail("decode_bf16", "cache", "the BF16 cache, one array [pages, 64, 576] bf16 (a PagedFp8Cache goes to "
+              "decode_fp8)", cache)
     if plan is None:
         return (q, cache, block_table, cache_seqlens, None, None, None)
     return (q, cache, block_table, cache_seqlens, plan.split_offsets, plan.split_begin, plan.worker_splits)

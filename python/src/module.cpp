@@ -65,7 +65,12 @@ SlotMapping slot_mapping(const char* op, const Array& slots) {
 // Rows [n, 576] bf16 matching a slot mapping of n tokens (append's input, gather's output).
 KvRows kv_rows(const char* op, const char* name, const Array& a, const SlotMapping& slots) {
   const Arg k(op, name, a);
-  k.kind(Kind::kBf16).rows_of(slots.num_tokens, kHeadDim);
+  k.kind(Kind::kBf16);
+  // One slot per row: a mismatch names both arguments (the count comes from slots).
+  if (k.ndim() == 2 && k.dim(1) == kHeadDim && k.dim(0) != slots.num_tokens)
+    k.fail("expected one row per entry of slots (" + std::to_string(slots.num_tokens) + " slots), got " +
+           std::to_string(k.dim(0)) + " rows of 576");
+  k.rows_of(slots.num_tokens, kHeadDim);
   return {k.as<bf16>(), slots.num_tokens, k.device()};
 }
 
@@ -76,12 +81,24 @@ PageTable page_table(const char* op, const OptArray& block_table, const Array& s
   PageTable t{nullptr, s.as<int32_t>(), int(s.size()), 0, s.device()};
   if (block_table) {
     const Arg b(op, "block_table", *block_table);
-    b.kind(Kind::kI32).shape({t.batch, -1});
+    b.kind(Kind::kI32);
+    if (b.ndim() == 2 && b.dim(0) != t.batch)
+      b.fail("expected one row per sequence: [" + std::to_string(t.batch) + ", max_pages] (cache_seqlens has " +
+             std::to_string(t.batch) + " entries), got " + b.shape_string());
+    b.shape({t.batch, -1});
     same_device(op, {{"cache_seqlens", t.device}, {"block_table", b.device()}});
     t.block_table = b.as<int32_t>();
     t.max_pages = int(b.dim(1));
   }
   return t;
+}
+
+// The query's batch against the page table's (both the caller's arguments, named so).
+void same_batch(const char* op, const char* query, int b, const PageTable& pages) {
+  if (pages.batch != b)
+    throw Error(op, "cache_seqlens",
+                "expected one entry per sequence of " + std::string(query) + " (batch " + std::to_string(b) +
+                    "), got " + std::to_string(pages.batch));
 }
 
 // Decode's query shape: [b, s_q, h, width].
@@ -290,6 +307,7 @@ void bind_ops(nb::module_& m) {
         const QuantizedQuery q{qn.as<e4m3>(), qr.as<bf16>(), qs.as<float>(), b, s_q, h, d};
         const PagedFp8Cache cache = fp8_cache(op, latent, scale, rope);
         const PageTable pages = page_table(op, block_table, cache_seqlens);
+        same_batch(op, "q_nope", b, pages);
         const DecodeArgs a = decode_args(op, b, s_q, h, d, out, lse, softmax_scale, causal,
                                          split_offsets, split_begin, workspace, stream, worker_splits,
                                          empty_lse);
@@ -316,6 +334,7 @@ void bind_ops(nb::module_& m) {
         const QueryBf16 qv{qa.as<bf16>(), b, s_q, h, qa.device()};
         const PagedBf16Cache c = bf16_cache(op, cache);
         const PageTable pages = page_table(op, block_table, cache_seqlens);
+        same_batch(op, "q", b, pages);
         const DecodeArgs a = decode_args(op, b, s_q, h, qv.device, out, lse, softmax_scale,
                                          causal, split_offsets, split_begin, workspace, stream,
                                          worker_splits, empty_lse);
@@ -422,7 +441,9 @@ void bind_reference(nb::module_& m) {
 NB_MODULE(_C, m) {
   using namespace snapmla;
   m.doc() = "SnapMLA C++ library over DLPack arrays (use the `snapmla` package, not this module)";
-  nb::exception<Error>(m, "SnapMLAError", PyExc_ValueError);
+  // A ValueError and a TypeError: bad values and wrong kinds of argument are both reported as it.
+  nb::exception<Error>(m, "SnapMLAError",
+                       nb::make_tuple(nb::handle(PyExc_ValueError), nb::handle(PyExc_TypeError)));
 
   m.attr("LATENT_DIM") = kLatentDim;
   m.attr("ROPE_DIM") = kRopeDim;

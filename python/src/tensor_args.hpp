@@ -53,8 +53,9 @@ class Arg {
     return static_cast<T*>(a_.data());
   }
 
- private:
   std::string shape_string() const;
+
+ private:
   const char* op_;
   const char* name_;
   const Array& a_;

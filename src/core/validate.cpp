@@ -121,9 +121,9 @@ void validate(const char* op, const PageTable& p, const char* name) {
   check_pointer(op, {name, "block_table"}, p.block_table, p.batch > 0 && p.max_pages > 0, 4);
 }
 
-void validate(const char* op, const DecodeOutput& o, const char* name) {
-  check_pointer(op, {name, "out"}, o.out, true, 16);
-  check_pointer(op, {name, "lse"}, o.lse, true, 16);
+void validate(const char* op, const DecodeOutput& o, const char* name, bool needed) {
+  check_pointer(op, {name, "out"}, o.out, needed, 16);
+  check_pointer(op, {name, "lse"}, o.lse, needed, 16);
 }
 
 void validate(const char* op, const SplitPlan& p, const char* name) {
@@ -173,7 +173,7 @@ void check_decode_common(const char* op, int q_batch, Device q_dev, const PageTa
   check_devices_match(op, q_dev, "out", out.device);
   if (options.plan) check_devices_match(op, q_dev, "options.plan", options.plan->device);
   validate(op, pages);
-  validate(op, out);
+  validate(op, out, "out", q_batch > 0);
   validate(op, options, q_batch);
   if (pages.batch != q_batch)
     fail(op, "pages.batch",

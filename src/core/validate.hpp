@@ -23,7 +23,9 @@ void validate(const char* op, const SlotMapping& slots, const char* name = "slot
 void validate(const char* op, const QueryBf16& q, const char* name = "q");
 void validate(const char* op, const QuantizedQuery& q, const char* name);
 void validate(const char* op, const PageTable& pages, const char* name = "pages");
-void validate(const char* op, const DecodeOutput& out, const char* name = "out");
+// `needed`: whether there are rows to write (an empty batch may pass null pointers, as frameworks
+// give for empty arrays).
+void validate(const char* op, const DecodeOutput& out, const char* name = "out", bool needed = true);
 void validate(const char* op, const SplitPlan& plan, const char* name = "plan");
 void validate(const char* op, const DecodeOptions& options, int batch);
 // seqlen_q in 1..4 and num_heads in 1..128 (so seqlen_q * num_heads <= 512 query rows).

@@ -292,8 +292,8 @@ DecodeResultF32 bf16_f32(const char* op, const QueryBf16& q, const PagedBf16Cach
   return r;
 }
 
-void check_out(const char* op, const DecodeOutput& out) {
-  detail::validate(op, out);
+void check_out(const char* op, const DecodeOutput& out, int batch) {
+  detail::validate(op, out, "out", batch > 0);
   require_cpu(op, "out", out.device);
 }
 
@@ -303,13 +303,13 @@ namespace named {
 
 void decode_fp8(const char* op, const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
                 const DecodeOutput& out, const DecodeOptions& options) {
-  check_out(op, out);
+  check_out(op, out, q.batch);
   write_bf16(fp8_f32(op, q, cache, pages, options, TableFaults::kThrow), out);
 }
 
 void decode_bf16(const char* op, const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
                  const DecodeOutput& out, const DecodeOptions& options) {
-  check_out(op, out);
+  check_out(op, out, q.batch);
   write_bf16(bf16_f32(op, q, cache, pages, options, TableFaults::kThrow), out);
 }
 
@@ -331,13 +331,13 @@ DecodeResultF32 decode_bf16_f32(const QueryBf16& q, const PagedBf16Cache& cache,
 
 void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
                 const DecodeOutput& out, const DecodeOptions& options) {
-  check_out("ref::decode_fp8", out);
+  check_out("ref::decode_fp8", out, q.batch);
   write_bf16(decode_fp8_f32(q, cache, pages, options), out);
 }
 
 void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
                  const DecodeOutput& out, const DecodeOptions& options) {
-  check_out("ref::decode_bf16", out);
+  check_out("ref::decode_bf16", out, q.batch);
   write_bf16(decode_bf16_f32(q, cache, pages, options), out);
 }
 
