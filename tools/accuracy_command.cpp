@@ -5,12 +5,15 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "commands.hpp"
 #include "snapmla/reference.hpp"
@@ -64,6 +67,24 @@ std::vector<int> parse_ints(const std::string& arg, const std::string& s) {
   return v;
 }
 
+int parse_int(const std::string& arg, const std::string& s) {
+  const std::vector<int> v = parse_ints(arg, s);
+  if (v.size() != 1) throw std::invalid_argument(arg + ": expected one positive integer, got '" + s + "'");
+  return v[0];
+}
+
+// The folder a --json file goes to must exist and be writable before the study runs (minutes),
+// not only when its results are written.
+void check_writable(const std::string& arg, const std::string& path) {
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec))
+    throw std::invalid_argument(arg + ": cannot write '" + path + "': no folder '" + dir.string() + "'");
+  if (::access(dir.c_str(), W_OK) != 0)
+    throw std::invalid_argument(arg + ": cannot write '" + path + "': folder '" + dir.string() + "' is not writable");
+}
+
 Options parse(const std::vector<std::string>& args) {
   Options o;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -88,12 +109,13 @@ Options parse(const std::vector<std::string>& args) {
       for (int h : o.heads)
         if (h < 1 || h > 128) throw std::invalid_argument("--heads: expected head counts in 1..128");
     } else if (a == "--seeds") {
-      o.seeds = parse_ints(a, value()).at(0);
+      o.seeds = parse_int(a, value());
     } else if (a == "--s-q") {
-      o.seqlen_q = parse_ints(a, value()).at(0);
+      o.seqlen_q = parse_int(a, value());
       if (o.seqlen_q > 4) throw std::invalid_argument("--s-q: expected 1..4");
     } else if (a == "--json") {
       o.json = value();
+      check_writable(a, o.json);
     } else if (a == "--quiet") {
       o.quiet = true;
     } else if (a == "-h" || a == "--help") {

@@ -55,6 +55,20 @@ int main(int argc, char** argv) {
     std::printf("%s", snapmla::cli::bench_help());
     return 0;
   }
+  if (cmd == "info") {
+    if (help) {
+      std::printf(
+          "usage: snapmla info\n"
+          "  what this build and machine can run (CUDA kernels, an sm_90 GPU, the CPU\n"
+          "  reference's threads, the caches' bytes per token); no options\n");
+      return 0;
+    }
+    if (!args.empty()) {
+      std::fprintf(stderr, "snapmla info: error: unknown option '%s' (info takes none; see --help)\n",
+                   args[0].c_str());
+      return 2;
+    }
+  }
   try {
     if (cmd == "accuracy") return snapmla::cli::accuracy_command(args);
     if (cmd == "info") return info();
