@@ -18,6 +18,8 @@ qq = snapmla.quantize_query(q)
 block_table = torch.arange(pages, dtype=torch.int32, device=dev).view(1, pages)
 cache_seqlens = torch.tensor([length], dtype=torch.int32, device=dev)
 plan = snapmla.plan_splits(cache_seqlens, snapmla.recommended_num_workers(q, 1, heads))
+# The model's scale: 1 / sqrt(128 + 64), DeepSeek-V3's query-key head dim before the latent
+# absorption (not 576, which FlashMLA's drop-in takes as its default, q.shape[-1] ** -0.5).
 out, lse = snapmla.decode_fp8(qq, cache, block_table, cache_seqlens,
-                              softmax_scale=576 ** -0.5, plan=plan)
+                              softmax_scale=192 ** -0.5, plan=plan)
 print(f"on {dev}: out {tuple(out.shape)} {out.dtype}, lse {tuple(lse.shape)}, lse[0, 0] = {lse[0, 0, 0].item():.4f}")

@@ -18,6 +18,20 @@ def test_readme_python_block_is_the_numpy_quickstart():
         "README.md's NumPy ```python block differs from examples/quickstart_numpy.py: copy the file into it"
 
 
+def test_readme_torch_block_is_the_quickstart():
+    readme = (ROOT / "README.md").read_text()
+    torch_example = (ROOT / "examples" / "quickstart.py").read_text()
+    assert "```python\n" + torch_example + "```\n" in readme, \
+        "README.md's PyTorch ```python block differs from examples/quickstart.py: copy the file into it"
+
+
+def test_examples_use_the_models_softmax_scale():
+    """Both quickstarts decode with DeepSeek-V3's scale, 192 ** -0.5 (one value in the README)."""
+    for name in ("quickstart.py", "quickstart_numpy.py"):
+        text = (ROOT / "examples" / name).read_text()
+        assert "softmax_scale=192 ** -0.5" in text and "softmax_scale=576" not in text, name
+
+
 def test_quickstart_runs_without_torch():
     block_torch = "import sys; sys.modules['torch'] = None; "  # `import torch` raises ImportError
     code = block_torch + f"exec(compile(open({str(EXAMPLE)!r}).read(), 'quickstart_numpy.py', 'exec'))"
