@@ -274,3 +274,24 @@ def test_flashmla_bf16_kernel_needs_the_peers_and_a_gpu(capsys):
         with pytest.raises(SystemExit):
             parse_args(argv)
         assert expect in capsys.readouterr().err
+
+
+def test_a_model_larger_than_the_memory_stops_before_allocating():
+    """The full DeepSeek-V3 shapes on a machine without their ~25 GiB: a SystemExit up front that
+    says what fits, not an allocator error after a minute of allocating."""
+    pytest.importorskip("torch", reason="PyTorch not installed: e2e tests skipped")
+    import torch
+    from snapmla.e2e.bench import check_memory, parse_args
+    from snapmla.e2e.model import ModelConfig
+    args = parse_args(["--device", "cpu"])
+    cfg = ModelConfig()
+    with pytest.raises(SystemExit) as e:
+        check_memory(cfg, args, torch.device("cpu"), available=20 * 2 ** 30)
+    text = str(e.value)
+    assert "GiB needed on cpu" in text and "20.0 GiB available" in text and "--layers" in text
+    layers = int(text.split("--layers ")[1].split()[0])
+    assert 1 <= layers < cfg.layers
+    from dataclasses import replace
+    check_memory(replace(cfg, layers=layers), parse_args(["--device", "cpu", "--kv-gib", "0.5"]),
+                 torch.device("cpu"), available=20 * 2 ** 30)  # what it proposes fits
+    check_memory(cfg, args, torch.device("cpu"), available=64 * 2 ** 30)  # enough: no stop

@@ -215,6 +215,38 @@ def _quantile(xs: List[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
+def available_bytes(device: torch.device) -> int:
+    """Memory the run may take on `device`: the GPU's free memory, or the host's MemAvailable."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def check_memory(cfg: ModelConfig, args, device: torch.device, available: int) -> None:
+    """Stops before allocating when the weights (and a given --kv-gib) do not fit `available`,
+    saying what would: the full DeepSeek-V3 shapes take ~25 GiB of weights per rank."""
+    need = cfg.weight_bytes(args.tp) + (int(args.kv_gib * GIB) if args.kv_gib is not None else 0)
+    need += int((args.margin_gib if device.type == "cuda" else 1.0) * GIB)
+    if need <= available:
+        return
+    per_layer = max(1, (cfg.weight_bytes(args.tp) - replace(cfg, layers=0).weight_bytes(args.tp)) // max(cfg.layers, 1))
+    fixed = replace(cfg, layers=0).weight_bytes(args.tp)
+    budget = available - (GIB if device.type != "cuda" else int(args.margin_gib * GIB)) - GIB // 2
+    layers = int((budget - fixed) // per_layer) if budget > fixed else 0
+    hint = (f"pass --layers {min(layers, cfg.layers)} --kv-gib 0.5 (the same per-layer work with fewer layers)"
+            if layers >= 1 else "pass a smaller model, e.g. --layers 2 --vocab 32000 --kv-gib 0.5")
+    raise SystemExit(f"e2e: {need / GIB:.1f} GiB needed on {device} (weights {cfg.weight_bytes(args.tp) / GIB:.1f} "
+                     f"GiB per rank{', KV pool ' + format(args.kv_gib, 'g') + ' GiB' if args.kv_gib else ''}), "
+                     f"{available / GIB:.1f} GiB available: {hint}, or run on an sm_90 GPU")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     if args.replot:
@@ -250,6 +282,7 @@ def _run(args, tp: TensorParallel) -> int:
     if cfg.heads % args.tp:
         raise SystemExit(f"--heads {cfg.heads} / --tp {args.tp}: expected a head count that --tp divides")
     caches = ["fp8", "bf16"] if args.cache == "both" else [args.cache]
+    check_memory(cfg, args, device, available_bytes(device))
     progress(f"e2e: weights ({cfg.weight_bytes(args.tp) / GIB:.1f} GiB per rank) on {device}", force=True)
     t0 = time.perf_counter()
     flashmla = None
