@@ -70,9 +70,11 @@ const Arg& Arg::kind(Kind k) const {
     fail(std::string("expected dtype ") + kind_name(k) + ", got " + dtype_name(t));
   }
   // C-contiguous: strides (in elements) as a row-major array of this shape has them; extents
-  // of 1 may have any stride, as PyTorch gives them.
+  // of 1 may have any stride, as PyTorch gives them, and an empty array any strides at all
+  // (PyTorch's DLPack export of one has given zeros).
   int64_t expected = 1;
-  for (size_t i = a_.ndim(); i-- > 0;) {
+  const bool empty = size() == 0;
+  for (size_t i = a_.ndim(); !empty && i-- > 0;) {
     if (a_.shape(i) != 1 && a_.stride(i) != expected)
       fail("expected a C-contiguous array, got shape " + shape_string() + " with stride " +
            std::to_string(a_.stride(i)) + " in dimension " + std::to_string(i) + " (call .contiguous())");

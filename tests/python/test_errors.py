@@ -86,6 +86,10 @@ def test_an_empty_batch_gives_empty_results_in_every_framework(case):
     seqlens, q, table, cache8, cache16, qq = case
     out, lse = empty_batch(lambda x: x, q, table, seqlens, cache8)
     assert out.shape == (0, 1, 4, 512) and lse.shape == (0, 4, 1)
+    # An empty array with zero strides (what PyTorch's DLPack export of one has given) is still
+    # contiguous: there is nothing to lay out.
+    zero_strided = np.lib.stride_tricks.as_strided(q[:0], shape=(0, 1, 4, 576), strides=(0, 0, 0, 0))
+    assert snapmla.quantize_query(zero_strided).nope.shape == (0, 1, 4, 512)
     out16, lse16 = snapmla.decode_bf16(q[:0], cache16, table[:0], seqlens[:0], softmax_scale=0.1)
     assert out16.shape == (0, 1, 4, 512) and lse16.shape == (0, 4, 1)
     torch = pytest.importorskip("torch", reason="PyTorch not installed: the PyTorch half skipped")
