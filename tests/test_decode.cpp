@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <bit>
 #include <chrono>
@@ -226,6 +227,58 @@ TEST(SplitKv, SplitPlusCombineEqualsUnsplitWithinFloatRounding) {
   const auto split16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), options(B, &P.plan));
   std::vector<double> w16(whole16.out.begin(), whole16.out.end());
   EXPECT_LT(test::rel_l2(split16.out, w16), 2e-3);  // bf16(P) depends on the running max: 2^-8
+}
+
+// split_blocks: each sequence cut at multiples of L blocks whatever else is in the batch, so a
+// row decoded alone and in a batch gives the same bits; the default plan does not promise that
+// (checked too, so that the comparison can tell the two apart).
+TEST(SplitKv, FixedSplitLengthIsBatchInvariant) {
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  Batch B = make_batch(rng, {2000, 777, 0, 130, 64}, 1, 16);
+  const int L = 3, rows = B.s_q * B.h;
+  const OwnedPlan batch_plan(B.pages(), 24, 0, L, 200);
+  for (int i = 0; i < B.batch; ++i) {  // the fixed splits, and the worker ranges cover them
+    const int64_t blocks = (B.seqlens[i] + kPageSize - 1) / kPageSize;
+    const int n = batch_plan.offsets[i + 1] - batch_plan.offsets[i];
+    ASSERT_EQ(n, std::max<int64_t>(1, (blocks + L - 1) / L)) << "sequence " << i;
+    for (int j = 0; j < n; ++j) EXPECT_EQ(batch_plan.begins[size_t(batch_plan.offsets[i] + j)], j * L * kPageSize);
+  }
+  const int workers = 200 - B.batch;
+  EXPECT_EQ(batch_plan.worker_splits[0], 0);
+  EXPECT_EQ(batch_plan.worker_splits[size_t(workers)], batch_plan.offsets[B.batch]);
+  for (int w = 1; w <= workers; ++w) EXPECT_LE(batch_plan.worker_splits[size_t(w - 1)], batch_plan.worker_splits[size_t(w)]);
+
+  auto alone = [&](int i, const DecodeOptions& base, int workers_alone, int split_blocks) {
+    PageTable p{B.block_table.data() + size_t(i) * B.max_pages, B.seqlens.data() + i, 1, B.max_pages, Device::cpu()};
+    const QuantizedQuery q{B.q_nope.data() + size_t(i) * rows * kLatentDim, B.q_rope.data() + size_t(i) * rows * kRopeDim,
+                           B.q_scale.data() + size_t(i) * rows, 1, B.s_q, B.h, Device::cpu()};
+    const OwnedPlan plan(p, workers_alone, 0, split_blocks, 64);
+    DecodeOptions o = base;
+    o.plan = &plan.plan;
+    return ref::decode_fp8_f32(q, B.fp8(), p, o);
+  };
+  const auto in_batch = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B, &batch_plan.plan));
+  const OwnedPlan default_plan(B.pages(), 24);
+  const auto in_batch_default = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B, &default_plan.plan));
+  const size_t row_floats = size_t(rows) * kLatentDim;
+  const auto slice = [&](const std::vector<float>& v, int i) {
+    return std::vector<float>(v.begin() + i * row_floats, v.begin() + (i + 1) * row_floats);
+  };
+  for (int i : {0, 1, 3}) {
+    const auto a = alone(i, options(B), 5, L);
+    EXPECT_EQ(0, std::memcmp(a.out.data(), in_batch.out.data() + i * row_floats, row_floats * sizeof(float)))
+        << "sequence " << i << ": not the same bits alone and in the batch";
+    EXPECT_EQ(0, std::memcmp(a.lse.data(), in_batch.lse.data() + size_t(i) * rows, size_t(rows) * sizeof(float)));
+  }
+  const auto a0 = alone(0, options(B), 24, 0);
+  EXPECT_NE(slice(a0.out, 0), slice(in_batch_default.out, 0)) << "the default plan is batch-dependent here";
+  // Without room for the fixed splits, the default plan.
+  const OwnedPlan tight(B.pages(), 24, 0, 1, 0), balanced(B.pages(), 24);
+  EXPECT_EQ(tight.offsets, balanced.offsets);
+  EXPECT_EQ(tight.begins, balanced.begins);
+  EXPECT_EQ(tight.worker_splits, balanced.worker_splits);
+  EXPECT_ARG_ERROR(OwnedPlan(B.pages(), 24, 0, -1), "split_blocks");
 }
 
 TEST(SplitKv, CombineRowIsLogSumExpWeighting) {

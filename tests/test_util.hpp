@@ -169,12 +169,13 @@ inline DecodeOptions options(const Batch& B, const SplitPlan* plan = nullptr, bo
 struct OwnedPlan {
   std::vector<int32_t> offsets, begins, worker_splits;
   SplitPlan plan;
-  OwnedPlan(PageTable pages, int workers, int query_rows = 0)
+  // capacity 0: split_plan_capacity(batch, workers).
+  OwnedPlan(PageTable pages, int workers, int query_rows = 0, int split_blocks = 0, int capacity = 0)
       : offsets(pages.batch + 1),
-        begins(split_plan_capacity(pages.batch, workers), 0x5A5A5A5A),  // garbage the plan must not leave
+        begins(capacity > 0 ? capacity : split_plan_capacity(pages.batch, workers), 0x5A5A5A5A),  // garbage the plan must not leave
         worker_splits(begins.size(), 0x5A5A5A5A) {
     plan = {offsets.data(), begins.data(), int(begins.size()), pages.batch, Device::cpu(), worker_splits.data()};
-    plan_splits(pages, workers, plan, nullptr, query_rows);
+    plan_splits(pages, workers, plan, nullptr, query_rows, split_blocks);
   }
 };
 

@@ -17,7 +17,8 @@ void append(const PagedFp8Cache& cache, const KvRows& kv, const SlotMapping& slo
 void append(const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& slots);
 void quantize_query(const QueryBf16& q, const QuantizedQuery& out);
 void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const KvRows& out);
-void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, int query_rows = 0);
+void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, int query_rows = 0,
+                 int split_blocks = 0);
 void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
                 const DecodeOutput& out, const DecodeOptions& options);
 void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,

@@ -35,8 +35,13 @@ void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const 
 // for a small total (a batch of one 8K sequence at h = 128: 32 splits of 4 blocks rather than 64
 // of 2); 0 gives equal shares only. Reads only pages.cache_seqlens. On the GPU it runs as a
 // kernel, without host synchronization.
+// split_blocks > 0: a batch-invariant plan, for debugging numerics: every sequence is cut at
+// multiples of split_blocks 64-token blocks whatever else is in the batch, so a row's result is
+// the same bits in any batch (the workers still share the work). It needs room for
+// sum(max(1, ceil(blocks_i / split_blocks))) splits: size the plan with
+// split_plan_capacity(batch, num_workers) or more; a plan without that room gets the default plan.
 void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan,
-                 Stream stream = nullptr, int query_rows = 0);
+                 Stream stream = nullptr, int query_rows = 0, int split_blocks = 0);
 
 // SnapMLA decoding on the FP8 cache (docs/design.md, the method): FP8 QK with per-token and
 // per-(token, head) scales plus the pre-scaled bf16 rope product in one fp32 accumulator,

@@ -216,21 +216,28 @@ def gather_dequant(cache: PagedFp8Cache, slots: Any, *, out: Any = None,
 
 
 def plan_splits(cache_seqlens: Any, num_workers: int, *, out: Optional[SplitPlan] = None,
-                stream: Any = None, query_rows: int = 0) -> SplitPlan:
+                stream: Any = None, query_rows: int = 0, split_blocks: int = 0,
+                capacity: Optional[int] = None) -> SplitPlan:
     """Split-KV plan for `num_workers` workers from cache_seqlens ([b] int32), computed where
     cache_seqlens lives (on the GPU without host synchronization: CUDA-graph safe). query_rows:
     the decode's seqlen_q * num_heads, which keeps splits of a small total from being shorter than
-    they are worth (0: equal shares only)."""
+    they are worth (0: equal shares only). split_blocks > 0: a batch-invariant plan (each sequence
+    cut at multiples of split_blocks 64-token blocks, whatever else is in the batch: a row's
+    result is the same bits in any batch), given room for its splits: capacity (default
+    split_plan_capacity(b, num_workers)) at least sum(max(1, ceil(len_i / (64 split_blocks)))),
+    else the default plan."""
     _array("plan_splits", "cache_seqlens", cache_seqlens)
     b = _numel(cache_seqlens)
     if out is None:
-        cap = split_plan_capacity(b, num_workers)
+        cap = split_plan_capacity(b, num_workers) if capacity is None else \
+            max(_count("plan_splits", "capacity", capacity), split_plan_capacity(b, num_workers))
         with allocating_for(cache_seqlens, stream):
             out = SplitPlan(empty(cache_seqlens, (b + 1,), "i32"), empty(cache_seqlens, (cap,), "i32"),
                             num_workers, empty(cache_seqlens, (cap,), "i32"))
     _C.plan_splits(raw(cache_seqlens), int(num_workers), raw(out.split_offsets), raw(out.split_begin),
                    current_stream(cache_seqlens, stream),
-                   raw(out.worker_splits) if out.worker_splits is not None else None, int(query_rows))
+                   raw(out.worker_splits) if out.worker_splits is not None else None, int(query_rows),
+                   _count("plan_splits", "split_blocks", split_blocks))
     return SplitPlan(out.split_offsets, out.split_begin, int(num_workers), out.worker_splits)
 
 

@@ -8,7 +8,7 @@ allocator, graph-pool aware), launch on torch's current stream and never synchro
     torch.ops.snapmla.append_bf16(kv, slots, cache)                         (mutates the cache)
     torch.ops.snapmla.quantize_query(q) -> (nope, rope, scale)
     torch.ops.snapmla.gather_dequant(latent, scale, rope, slots) -> rows
-    torch.ops.snapmla.plan_splits(cache_seqlens, num_workers, query_rows=0)
+    torch.ops.snapmla.plan_splits(cache_seqlens, num_workers, query_rows=0, split_blocks=0)
         -> (split_offsets, split_begin, worker_splits)
     torch.ops.snapmla.decode_fp8(q_nope, q_rope, q_scale, latent, scale, rope, block_table,
                                  cache_seqlens, softmax_scale, causal, split_offsets,
@@ -135,7 +135,7 @@ _gather_dequant_op = _define("gather_dequant(Tensor latent, Tensor scale, Tensor
                              _gather_dequant, _gather_dequant_fake)
 
 
-def _plan_splits_fake(cache_seqlens, num_workers, query_rows=0):
+def _plan_splits_fake(cache_seqlens, num_workers, query_rows=0, split_blocks=0):
     b = cache_seqlens.shape[0]
     cap = split_plan_capacity(int(b), int(num_workers))
     return (cache_seqlens.new_empty((b + 1,), dtype=torch.int32),
@@ -143,16 +143,17 @@ def _plan_splits_fake(cache_seqlens, num_workers, query_rows=0):
             cache_seqlens.new_empty((cap,), dtype=torch.int32))
 
 
-def _plan_splits(cache_seqlens: Tensor, num_workers: int, query_rows: int = 0):
+def _plan_splits(cache_seqlens: Tensor, num_workers: int, query_rows: int = 0, split_blocks: int = 0):
     offsets, begin, order = _plan_splits_fake(cache_seqlens, num_workers)
     with _on(cache_seqlens):
         _C.plan_splits(_dl(cache_seqlens), num_workers, _dl(offsets), _dl(begin), _stream(cache_seqlens),
-                       _dl(order), query_rows)
+                       _dl(order), query_rows, split_blocks)
     return offsets, begin, order
 
 
 _plan_splits_op = _define(
-    "plan_splits(Tensor cache_seqlens, int num_workers, int query_rows=0) -> (Tensor, Tensor, Tensor)",
+    "plan_splits(Tensor cache_seqlens, int num_workers, int query_rows=0, int split_blocks=0) -> "
+    "(Tensor, Tensor, Tensor)",
     _plan_splits, _plan_splits_fake)
 
 
@@ -236,8 +237,8 @@ def gather_dequant(cache: PagedFp8Cache, slots: Tensor) -> Tensor:
     return _gather_dequant_op(cache.latent, cache.scale, cache.rope, slots)
 
 
-def plan_splits(cache_seqlens: Tensor, num_workers: int, query_rows: int = 0) -> SplitPlan:
-    offsets, begin, order = _plan_splits_op(cache_seqlens, int(num_workers), int(query_rows))
+def plan_splits(cache_seqlens: Tensor, num_workers: int, query_rows: int = 0, split_blocks: int = 0) -> SplitPlan:
+    offsets, begin, order = _plan_splits_op(cache_seqlens, int(num_workers), int(query_rows), int(split_blocks))
     return SplitPlan(offsets, begin, int(num_workers), order)
 
 

@@ -274,16 +274,17 @@ void bind_ops(nb::module_& m) {
   m.def(
       "plan_splits",
       [](const Array& cache_seqlens, int num_workers, const Array& split_offsets,
-         const Array& split_begin, uintptr_t stream, const OptArray& worker_splits, int query_rows) {
+         const Array& split_begin, uintptr_t stream, const OptArray& worker_splits, int query_rows,
+         int split_blocks) {
         constexpr const char* op = "plan_splits";
         const PageTable pages = page_table(op, std::nullopt, cache_seqlens);
         const SplitPlan plan = split_plan(op, pages.batch, "cache_seqlens", pages.device,
                                           split_offsets, split_begin, worker_splits);
         gil_scoped_release release;
-        plan_splits(pages, num_workers, plan, to_stream(stream), query_rows);
+        plan_splits(pages, num_workers, plan, to_stream(stream), query_rows, split_blocks);
       },
       "cache_seqlens"_a, "num_workers"_a, "split_offsets"_a, "split_begin"_a, "stream"_a = 0,
-      "worker_splits"_a = nb::none(), "query_rows"_a = 0,
+      "worker_splits"_a = nb::none(), "query_rows"_a = 0, "split_blocks"_a = 0,
       "Split-KV plan from cache_seqlens into split_offsets [b + 1], split_begin [capacity] and "
       "(optional) worker_splits [capacity], the worker ranges (worker k runs splits worker_splits[k] .. [k + 1] - 1).");
 

@@ -155,13 +155,14 @@ void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const 
 #endif
 }
 
-void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, Stream s, int query_rows) {
+void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, Stream s, int query_rows,
+                 int split_blocks) {
   if (!on_gpu("plan_splits", "pages", pages.device))
-    return ref::named::plan_splits("plan_splits", pages, num_workers, plan, query_rows);
+    return ref::named::plan_splits("plan_splits", pages, num_workers, plan, query_rows, split_blocks);
   detail::check_devices_match("plan_splits", pages.device, "plan", plan.device);
-  detail::check_plan_splits_args("plan_splits", pages, num_workers, query_rows, plan);
+  detail::check_plan_splits_args("plan_splits", pages, num_workers, query_rows, plan, split_blocks);
 #if SNAPMLA_HAVE_CUDA
-  cuda::plan_splits(pages, num_workers, plan, s, query_rows);
+  cuda::plan_splits(pages, num_workers, plan, s, query_rows, split_blocks);
 #else
   (void)s;
 #endif

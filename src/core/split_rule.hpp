@@ -131,6 +131,25 @@ SNAPMLA_HOST_DEVICE inline SequenceCuts sequence_cuts(int64_t c0, int64_t blocks
   return {int(lo), int(cut), int(hi)};
 }
 
+// Batch-invariant plans (plan_splits' split_blocks = L > 0): a sequence of B blocks has
+// max(1, ceil(B / L)) splits, cut at multiples of L, whatever else is in the batch, so each row's
+// result is the same bits in any batch. The workers still divide the cost axis evenly; a worker
+// starts at the first of those splits at or after its boundary (fixed_start_split).
+SNAPMLA_HOST_DEVICE inline int64_t fixed_splits(int64_t blocks, int split_blocks) {
+  const int64_t n = (blocks + split_blocks - 1) / split_blocks;
+  return n < 1 ? 1 : n;
+}
+
+// The split (0 .. fixed_splits) of sequence `seq` worker k (sequence_cuts' lo <= k < hi) starts at:
+// the first one beginning at or after its boundary; fixed_splits means the next sequence's first.
+SNAPMLA_HOST_DEVICE inline int64_t fixed_start_split(int64_t c0, int64_t blocks, int seq, int k, const WorkerShares& s,
+                                                     int split_blocks) {
+  int64_t into = int64_t(k) * s.share - c0 - piece_fixed_cost(seq);
+  if (into < 0) into = 0;
+  const int64_t j = (into + split_blocks - 1) / split_blocks, n = fixed_splits(blocks, split_blocks);
+  return j < n ? j : n;
+}
+
 // The first block of the cut of worker k (sequence_cuts' cut <= k < hi).
 SNAPMLA_HOST_DEVICE inline int64_t cut_block(int64_t c0, int seq, int k, const WorkerShares& s) {
   return int64_t(k) * s.share - c0 - piece_fixed_cost(seq);

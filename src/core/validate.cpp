@@ -194,7 +194,11 @@ void check_workspace(const char* op, const DecodeOptions& options, int seqlen_q,
 }
 
 void check_plan_splits_args(const char* op, const PageTable& pages, int num_workers, int query_rows,
-                            const SplitPlan& plan) {
+                            const SplitPlan& plan, int split_blocks) {
+  if (split_blocks < 0)
+    fail(op, "split_blocks",
+         "expected 0 (the balanced plan) or a split length in 64-token blocks (a batch-invariant plan), got " +
+             std::to_string(split_blocks));
   validate(op, pages);
   validate(op, plan);
   if (num_workers < 1) fail(op, "num_workers", "expected >= 1, got " + std::to_string(num_workers));

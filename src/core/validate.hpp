@@ -42,7 +42,7 @@ void check_decode_common(const char* op, int q_batch, Device q_dev, const PageTa
 void check_workspace(const char* op, const DecodeOptions& options, int seqlen_q, int num_heads);
 // plan_splits' arguments: the views, num_workers >= 1, and a plan sized for them.
 void check_plan_splits_args(const char* op, const PageTable& pages, int num_workers, int query_rows,
-                            const SplitPlan& plan);
+                            const SplitPlan& plan, int split_blocks = 0);
 
 // Content checks (host-resident tables only).
 void check_slots_in_range(const char* op, const SlotMapping& slots, int64_t num_pages);

@@ -11,7 +11,8 @@ void append(const char* op, const PagedFp8Cache& cache, const KvRows& kv, const 
 void append(const char* op, const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& slots);
 void quantize_query(const char* op, const QueryBf16& q, const QuantizedQuery& out);
 void gather_dequant(const char* op, const PagedFp8Cache& cache, const SlotMapping& slots, const KvRows& out);
-void plan_splits(const char* op, const PageTable& pages, int num_workers, const SplitPlan& plan, int query_rows);
+void plan_splits(const char* op, const PageTable& pages, int num_workers, const SplitPlan& plan, int query_rows,
+                 int split_blocks = 0);
 void decode_fp8(const char* op, const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
                 const DecodeOutput& out, const DecodeOptions& options);
 void decode_bf16(const char* op, const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,

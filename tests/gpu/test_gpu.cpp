@@ -334,6 +334,29 @@ TEST(GpuPlan, SameSplitsAsTheReference) {
     ASSERT_EQ(gbeg.download(), beg) << "b=" << b << " workers=" << workers;
     ASSERT_EQ(gws.download(), ws) << "b=" << b << " workers=" << workers;
   }
+  // Batch-invariant plans (split_blocks): with room for the fixed splits and without (then the
+  // default plan), on one and several tiles of sequences.
+  for (int trial = 0; trial < 12; ++trial) {
+    const int b = trial >= 9 ? 1100 + int(rng() % 900) : 1 + int(rng() % 300);
+    const int workers = 1 + int(rng() % 200), split_blocks = 1 + int(rng() % 16);
+    std::vector<int32_t> lens(b), table(b, 0);
+    for (auto& l : lens) l = int32_t(rng() % 20000) * int(rng() % 5 != 0);
+    int64_t need = 0;
+    for (int32_t l : lens) need += std::max<int64_t>(1, ((l + 63) / 64 + split_blocks - 1) / split_blocks);
+    const int cap = trial % 3 == 2 ? split_plan_capacity(b, workers) : int(std::max<int64_t>(need, b + workers));
+    PageTable hp{table.data(), lens.data(), b, 4096, Device::cpu()};
+    std::vector<int32_t> off(b + 1), beg(cap), ws(cap);
+    ref::plan_splits(hp, workers, {off.data(), beg.data(), cap, b, Device::cpu(), ws.data()}, 0, split_blocks);
+    DeviceBuffer<int32_t> glens(lens), gtable(table), goff(off.size()), gbeg{size_t(cap)}, gws{size_t(cap)};
+    goff.poison();
+    gbeg.poison();
+    gws.poison();
+    plan_splits({gtable.get(), glens.get(), b, 4096, kGpu}, workers, {goff.get(), gbeg.get(), cap, b, kGpu, gws.get()},
+                nullptr, 0, split_blocks);
+    ASSERT_EQ(goff.download(), off) << "fixed b=" << b << " L=" << split_blocks << " cap=" << cap;
+    ASSERT_EQ(gbeg.download(), beg) << "fixed b=" << b << " L=" << split_blocks << " cap=" << cap;
+    ASSERT_EQ(gws.download(), ws) << "fixed b=" << b << " L=" << split_blocks << " cap=" << cap;
+  }
 }
 
 struct Case {

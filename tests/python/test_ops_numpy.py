@@ -317,3 +317,26 @@ def test_host_arrays_allocate_as_usual_with_a_stream_argument(rng):
     a = snapmla.quantize_query(q)
     b = snapmla.quantize_query(q, stream=5)  # a stream handle: ignored for host arrays
     assert np.array_equal(a.nope, b.nope) and np.array_equal(a.scale, b.scale)
+
+
+def test_plan_splits_split_blocks_is_batch_invariant(rng):
+    """split_blocks: a row decoded alone and in a batch gives the same bits (its splits are cut at
+    multiples of split_blocks whatever else is in the batch); a plan without room for them is
+    the default plan; a negative value is an error naming it."""
+    seqlens = np.array([2000, 777, 130], np.int32)
+    q, table, _, cache8, _ = build_case(rng, seqlens, 1, 16)
+    qq = snapmla.quantize_query(q)
+    plan = snapmla.plan_splits(seqlens, 24, split_blocks=3, capacity=100)
+    off = plan.split_offsets
+    assert [int(off[i + 1] - off[i]) for i in range(3)] == [11, 5, 1]
+    out, lse = snapmla.decode_fp8(qq, cache8, table, seqlens, softmax_scale=0.1, plan=plan)
+    for i in range(3):
+        one = slice(i, i + 1)
+        qi = snapmla.QuantizedQuery(*(np.ascontiguousarray(x[one]) for x in qq))
+        p1 = snapmla.plan_splits(seqlens[one], 5, split_blocks=3, capacity=40)
+        o1, l1 = snapmla.decode_fp8(qi, cache8, np.ascontiguousarray(table[one]), seqlens[one], softmax_scale=0.1,
+                                    plan=p1)
+        assert np.array_equal(o1[0], out[i]) and np.array_equal(l1[0], lse[i]), i
+    tight, default = snapmla.plan_splits(seqlens, 4, split_blocks=1), snapmla.plan_splits(seqlens, 4)
+    assert all(np.array_equal(a, b) for a, b in zip(tight[:2], default[:2]))
+    assert "split_blocks" in error_of(lambda: snapmla.plan_splits(seqlens, 4, split_blocks=-1))

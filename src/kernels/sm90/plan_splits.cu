@@ -28,7 +28,7 @@ struct LongestOf {
 
 __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __restrict__ seqlens,
                                                                int batch, int num_workers, int query_rows,
-                                                               int capacity,
+                                                               int split_blocks, int capacity,
                                                                int32_t* __restrict__ offsets,
                                                                int32_t* __restrict__ begins,
                                                                int32_t* __restrict__ worker_splits) {
@@ -40,22 +40,29 @@ __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __
     typename Scan64::TempStorage scan64;
     typename Scan::TempStorage scan;
   } tmp;
-  __shared__ long long total_s, max_s;
-  long long local = 0, local_max = 0;
+  __shared__ long long total_s, max_s, fixed_s;
+  long long local = 0, local_max = 0, local_fixed = 0;
   for (int i = threadIdx.x; i < batch; i += kThreads) {
     const long long n = blocks_of(seqlens[i]);
     local += n;
     local_max = n > local_max ? n : local_max;
+    if (split_blocks > 0) local_fixed += detail::fixed_splits(n, split_blocks);
   }
   const long long total = Reduce(tmp.reduce).Sum(local);
   __syncthreads();  // tmp is reused
   const long long longest = Reduce(tmp.reduce).Reduce(local_max, LongestOf{});
+  __syncthreads();
+  const long long fixed_total = Reduce(tmp.reduce).Sum(local_fixed);
   if (threadIdx.x == 0) {
     total_s = total;
     max_s = longest;
+    fixed_s = fixed_total;
   }
   __syncthreads();
-  const detail::WorkerShares shares = detail::worker_shares(total_s, max_s, batch, num_workers, query_rows);
+  // Fixed split lengths where the capacity holds them, else the balanced plan (the reference's rule).
+  const int fixed = split_blocks > 0 && fixed_s <= capacity ? split_blocks : 0;
+  const detail::WorkerShares shares =
+      detail::worker_shares(total_s, max_s, batch, num_workers, fixed > 0 ? 0 : query_rows);
   if (threadIdx.x == 0) {
     offsets[0] = 0;
     if (worker_splits != nullptr) worker_splits[0] = 0;
@@ -71,11 +78,18 @@ __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __
     Scan64(tmp.scan64).ExclusiveSum(cost, c_excl, c_tile);
     const long long c0 = cost_base + c_excl;
     const detail::SequenceCuts cuts = detail::sequence_cuts(c0, blocks, i, shares);
-    const int n = i < batch ? 1 + (cuts.hi - cuts.cut) : 0;
+    const int n = i >= batch ? 0 : (fixed > 0 ? int(detail::fixed_splits(blocks, fixed)) : 1 + (cuts.hi - cuts.cut));
     int excl = 0, tile_total = 0;
     __syncthreads();
     Scan(tmp.scan).ExclusiveSum(n, excl, tile_total);
-    if (i < batch) {
+    if (i < batch && fixed > 0) {
+      const int first = split_base + excl;
+      for (int j = 0; j < n; ++j) begins[first + j] = int32_t(int64_t(j) * fixed * kPageSize);
+      offsets[i + 1] = first + n;
+      if (worker_splits != nullptr)
+        for (int w = cuts.lo; w < cuts.hi; ++w)
+          worker_splits[w] = first + int(detail::fixed_start_split(c0, blocks, i, w, shares, fixed));
+    } else if (i < batch) {
       const int first = split_base + excl;
       begins[first] = 0;
       for (int w = cuts.cut; w < cuts.hi; ++w)
@@ -102,9 +116,10 @@ __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __
 
 }  // namespace
 
-void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, Stream s, int query_rows) {
+void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, Stream s, int query_rows,
+                 int split_blocks) {
   plan_splits_kernel<<<1, kThreads, 0, as_stream(s)>>>(pages.cache_seqlens, pages.batch, num_workers, query_rows,
-                                                       plan.capacity, plan.split_offsets,
+                                                       split_blocks, plan.capacity, plan.split_offsets,
                                                        plan.split_begin, plan.worker_splits);
   check_launch("plan_splits_kernel");
 }
