@@ -77,23 +77,24 @@ def _array(op: str, arg: str, x: Any) -> Any:
     return x
 
 
+def _triple(op: str, arg: str, x: Any, kind: type, expected: str):
+    """An argument of three arrays: a `kind` (QuantizedQuery, PagedFp8Cache), or a plain tuple or
+    list of three arrays taken as one (its parts checked by name); anything else is an error."""
+    if type(x) is kind:
+        return x
+    if type(x) in (tuple, list) and len(x) == 3:
+        return kind(*(_array(op, f"{arg}.{f}", v) for f, v in zip(kind._fields, x)))
+    _fail(op, arg, expected, x)
+
+
 def _query(op: str, q: Any) -> QuantizedQuery:
-    """decode_fp8's query: a QuantizedQuery, or any (nope, rope, scale) triple of arrays."""
-    if type(q) is QuantizedQuery:
-        return q
-    if isinstance(q, (tuple, list)) and len(q) == 3 and not isinstance(q, (PagedFp8Cache, SplitPlan)):
-        return QuantizedQuery(*(_array(op, f"q.{f}", x) for f, x in zip(QuantizedQuery._fields, q)))
-    _fail(op, "q", "a QuantizedQuery (nope, rope, scale) from snapmla.quantize_query(q) "
-          "(a bf16 query [b, s_q, h, 576] goes to decode_bf16)", q)
+    return _triple(op, "q", q, QuantizedQuery, "a QuantizedQuery (nope, rope, scale) from "
+                   "snapmla.quantize_query(q) (a bf16 query [b, s_q, h, 576] goes to decode_bf16)")
 
 
 def _fp8_cache(op: str, cache: Any) -> PagedFp8Cache:
-    if type(cache) is PagedFp8Cache:
-        return cache
-    if isinstance(cache, (tuple, list)) and len(cache) == 3 and not isinstance(cache, (QuantizedQuery, SplitPlan)):
-        return PagedFp8Cache(*(_array(op, f"cache.{f}", x) for f, x in zip(PagedFp8Cache._fields, cache)))
-    _fail(op, "cache", "a PagedFp8Cache (latent, scale, rope) from snapmla.alloc_fp8_cache "
-          "(the BF16 cache [pages, 64, 576] goes to decode_bf16)", cache)
+    return _triple(op, "cache", cache, PagedFp8Cache, "a PagedFp8Cache (latent, scale, rope) from "
+                   "snapmla.alloc_fp8_cache (the BF16 cache [pages, 64, 576] goes to decode_bf16)")
 
 
 def _count(op: str, arg: str, n: Any) -> int:
