@@ -52,6 +52,15 @@ struct WorkerShares {
   int64_t share = 1;     // cost per worker, >= 1
   int64_t total = 0;     // the whole axis
   int whole = 0;         // > 0: no cuts, `whole` whole sequences per worker (in order) instead
+  int fixed = 0;         // > 0: batch-invariant, splits of `fixed` blocks (fixed_splits below)
+};
+
+// What the planner sums over the sequences before it divides the work (one pass; on the GPU one
+// block reduction of this struct).
+struct PlanTotals {
+  int64_t blocks = 0;        // all sequences' 64-token blocks
+  int64_t longest = 0;       // the longest sequence's
+  int64_t fixed_splits = 0;  // the splits of a batch-invariant plan (split_blocks > 0)
 };
 
 // The extra cost of cutting a sequence, in blocks of one worker's time, for the choice between
@@ -69,26 +78,52 @@ SNAPMLA_HOST_DEVICE inline int64_t cut_cost_blocks(int query_rows) {
 
 SNAPMLA_HOST_DEVICE inline int64_t piece_fixed_cost(int seq) { return seq == 0 ? 0 : kPieceCostBlocks; }
 
-// How many of num_workers a total of `total_blocks` over `batch` sequences is worth (split_chunk:
+// Batch-invariant plans (plan_splits' split_blocks = L > 0): a sequence of B blocks has
+// max(1, ceil(B / L)) splits, cut at multiples of L, whatever else is in the batch, so each row's
+// result is the same bits in any batch. The workers still divide the cost axis evenly; a worker
+// starts at the first of those splits at or after its boundary (SequenceSplits::worker_start).
+SNAPMLA_HOST_DEVICE inline int64_t fixed_splits(int64_t blocks, int split_blocks) {
+  const int64_t n = (blocks + split_blocks - 1) / split_blocks;
+  return n < 1 ? 1 : n;
+}
+
+SNAPMLA_HOST_DEVICE inline void add_sequence(PlanTotals& t, int64_t blocks, int split_blocks) {
+  t.blocks += blocks;
+  t.longest = blocks > t.longest ? blocks : t.longest;
+  if (split_blocks > 0) t.fixed_splits += fixed_splits(blocks, split_blocks);
+}
+
+SNAPMLA_HOST_DEVICE inline PlanTotals merge(const PlanTotals& a, const PlanTotals& b) {
+  return {a.blocks + b.blocks, a.longest > b.longest ? a.longest : b.longest, a.fixed_splits + b.fixed_splits};
+}
+
+// How many of num_workers a total of `t.blocks` over `batch` sequences is worth (split_chunk:
 // all of them, or fewer for a small total given query_rows), and the share of each. Given
 // query_rows, whole sequences (n = ceil(batch / workers) each) are chosen instead when even the
-// longest ones (`max_blocks`) make a worker's time no longer than the balanced share plus one
-// cut: on uniform lengths whose count fills the workers (b = 128 on 66 workers: two each), where
-// the balanced division would cut a sequence per worker for nothing.
-SNAPMLA_HOST_DEVICE inline WorkerShares worker_shares(int64_t total_blocks, int64_t max_blocks, int batch,
-                                                      int num_workers, int query_rows) {
+// longest ones make a worker's time no longer than the balanced share plus one cut: on uniform
+// lengths whose count fills the workers (b = 128 on 66 workers: two each), where the balanced
+// division would cut a sequence per worker for nothing. split_blocks > 0 asks for a
+// batch-invariant plan, made where the plan's capacity holds its splits (else the default plan:
+// the GPU planner cannot report the overflow, and both planners make the same plan); the
+// workers' shares are then the equal ones.
+SNAPMLA_HOST_DEVICE inline WorkerShares worker_shares(const PlanTotals& t, int batch, int num_workers, int query_rows,
+                                                      int split_blocks, int capacity) {
   WorkerShares s;
-  const int64_t chunk = split_chunk(total_blocks, num_workers, query_rows);
-  int64_t used = (total_blocks + chunk - 1) / chunk;
+  if (split_blocks > 0 && t.fixed_splits <= capacity) {
+    s.fixed = split_blocks;
+    query_rows = 0;
+  }
+  const int64_t chunk = split_chunk(t.blocks, num_workers, query_rows);
+  int64_t used = (t.blocks + chunk - 1) / chunk;
   if (used < 1) used = 1;
   if (used > num_workers) used = num_workers;
   s.workers = int(used);
-  s.total = total_blocks + (batch > 1 ? int64_t(batch - 1) * kPieceCostBlocks : 0);
+  s.total = t.blocks + (batch > 1 ? int64_t(batch - 1) * kPieceCostBlocks : 0);
   s.share = (s.total + used - 1) / used;
   if (s.share < 1) s.share = 1;
   if (query_rows > 0 && batch > 0) {
     const int64_t n = (batch + used - 1) / used;
-    if (n * max_blocks + (n - 1) * kPieceCostBlocks <= s.share + cut_cost_blocks(query_rows)) {
+    if (n * t.longest + (n - 1) * kPieceCostBlocks <= s.share + cut_cost_blocks(query_rows)) {
       s.whole = int(n);
       s.workers = int((batch + n - 1) / n);
     }
@@ -106,8 +141,8 @@ SNAPMLA_HOST_DEVICE inline int busy_workers(const WorkerShares& s) {
 // The worker boundaries k x share (1 <= k < workers) inside sequence `seq`'s cost interval
 // (whole sequences: the workers that start at sequence `seq`)
 // [c0, c0 + fixed + blocks): workers [lo, cut) start at the sequence's first split, workers
-// [cut, hi) each at a cut inside it, at block cut_block(...) (in 1 .. blocks - 1). The sequence
-// has 1 + (hi - cut) splits.
+// [cut, hi) each at a cut inside it, at their boundary's block (in 1 .. blocks - 1). The sequence
+// has 1 + (hi - cut) splits (SequenceSplits).
 struct SequenceCuts {
   int lo = 0, cut = 0, hi = 0;
 };
@@ -131,28 +166,36 @@ SNAPMLA_HOST_DEVICE inline SequenceCuts sequence_cuts(int64_t c0, int64_t blocks
   return {int(lo), int(cut), int(hi)};
 }
 
-// Batch-invariant plans (plan_splits' split_blocks = L > 0): a sequence of B blocks has
-// max(1, ceil(B / L)) splits, cut at multiples of L, whatever else is in the batch, so each row's
-// result is the same bits in any batch. The workers still divide the cost axis evenly; a worker
-// starts at the first of those splits at or after its boundary (fixed_start_split).
-SNAPMLA_HOST_DEVICE inline int64_t fixed_splits(int64_t blocks, int split_blocks) {
-  const int64_t n = (blocks + split_blocks - 1) / split_blocks;
-  return n < 1 ? 1 : n;
-}
+// Where the plan puts sequence `seq` (blocks over [c0, c0 + fixed + blocks) of the axis), for
+// both planners: how many splits it has, the first block of its split j, and the split (0 ..
+// count) that worker k of sequence_cuts' [lo, hi) starts at (count: the next sequence's first).
+// Balanced: split 0 and a cut per boundary in [cut, hi); whole sequences: split 0 only;
+// batch-invariant: cuts at multiples of s.fixed, each worker at the first at or after its boundary.
+struct SequenceSplits {
+  int64_t c0, blocks;
+  int seq;
+  SequenceCuts cuts;
+  const WorkerShares& s;
 
-// The split (0 .. fixed_splits) of sequence `seq` worker k (sequence_cuts' lo <= k < hi) starts at:
-// the first one beginning at or after its boundary; fixed_splits means the next sequence's first.
-SNAPMLA_HOST_DEVICE inline int64_t fixed_start_split(int64_t c0, int64_t blocks, int seq, int k, const WorkerShares& s,
-                                                     int split_blocks) {
-  int64_t into = int64_t(k) * s.share - c0 - piece_fixed_cost(seq);
-  if (into < 0) into = 0;
-  const int64_t j = (into + split_blocks - 1) / split_blocks, n = fixed_splits(blocks, split_blocks);
-  return j < n ? j : n;
-}
+  SNAPMLA_HOST_DEVICE int64_t count() const {
+    return s.fixed > 0 ? fixed_splits(blocks, s.fixed) : 1 + (cuts.hi - cuts.cut);
+  }
+  SNAPMLA_HOST_DEVICE int64_t begin_block(int64_t j) const {
+    if (s.fixed > 0) return j * s.fixed;
+    return j == 0 ? 0 : boundary_block(cuts.cut + int(j) - 1);
+  }
+  SNAPMLA_HOST_DEVICE int64_t worker_start(int k) const {
+    if (s.fixed == 0) return k < cuts.cut ? 0 : 1 + (k - cuts.cut);
+    const int64_t into = boundary_block(k), n = count();
+    const int64_t j = into > 0 ? (into + s.fixed - 1) / s.fixed : 0;
+    return j < n ? j : n;
+  }
+  // Worker k's boundary as a block of this sequence (negative: in its fixed cost or before).
+  SNAPMLA_HOST_DEVICE int64_t boundary_block(int k) const { return int64_t(k) * s.share - c0 - piece_fixed_cost(seq); }
+};
 
-// The first block of the cut of worker k (sequence_cuts' cut <= k < hi).
-SNAPMLA_HOST_DEVICE inline int64_t cut_block(int64_t c0, int seq, int k, const WorkerShares& s) {
-  return int64_t(k) * s.share - c0 - piece_fixed_cost(seq);
+SNAPMLA_HOST_DEVICE inline SequenceSplits sequence_splits(int64_t c0, int64_t blocks, int seq, const WorkerShares& s) {
+  return {c0, blocks, seq, sequence_cuts(c0, blocks, seq, s), s};
 }
 
 }  // namespace snapmla::detail

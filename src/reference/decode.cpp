@@ -193,25 +193,21 @@ void plan_splits(const char* op, const PageTable& pages, int num_workers, const 
   require_cpu(op, "pages", pages.device);
   require_cpu(op, "plan", plan.device);
   detail::check_plan_splits_args(op, pages, num_workers, query_rows, plan, split_blocks);
-  int64_t total_blocks = 0, max_blocks = 0, fixed_total = 0;
+  detail::PlanTotals totals;
   for (int i = 0; i < pages.batch; ++i) {
     const int len = pages.cache_seqlens[i];
     if (len < 0)
       detail::fail(op, "cache_seqlens", "cache_seqlens[" + std::to_string(i) + "] = " +
                                             std::to_string(len) + ", expected >= 0");
-    total_blocks += (len + kPageSize - 1) / kPageSize;
-    max_blocks = std::max<int64_t>(max_blocks, (len + kPageSize - 1) / kPageSize);
-    if (split_blocks > 0) fixed_total += detail::fixed_splits((len + kPageSize - 1) / kPageSize, split_blocks);
+    detail::add_sequence(totals, (len + kPageSize - 1) / kPageSize, split_blocks);
   }
-  // Fixed split lengths only where the capacity holds them (else the balanced plan: the GPU
-  // planner cannot report the overflow, and both planners make the same plan).
-  const int fixed = split_blocks > 0 && fixed_total <= plan.capacity ? split_blocks : 0;
-  // The balanced division (core/split_rule.hpp): the sequences' costs (blocks plus a fixed cost
-  // each) end to end, worker k the part from k x share on; a worker boundary inside a sequence's
-  // blocks starts a new split there. Each boundary adds at most one split, so there are at most
-  // batch + workers - 1 <= capacity. Or whole sequences per worker, where cutting gains nothing.
+  // The division of the work (core/split_rule.hpp): the sequences' costs (blocks plus a fixed
+  // cost each) end to end, worker k the part from k x share on; a worker boundary inside a
+  // sequence's blocks starts a new split there, so there are at most batch + workers - 1 <=
+  // capacity splits. Or whole sequences per worker, where cutting gains nothing; or the
+  // batch-invariant fixed splits.
   const detail::WorkerShares shares =
-      detail::worker_shares(total_blocks, max_blocks, pages.batch, num_workers, fixed > 0 ? 0 : query_rows);
+      detail::worker_shares(totals, pages.batch, num_workers, query_rows, split_blocks, plan.capacity);
   const int slots = plan.capacity - pages.batch;  // the plan's workers (>= num_workers)
   int32_t k = 0;
   int64_t c0 = 0;
@@ -219,25 +215,13 @@ void plan_splits(const char* op, const PageTable& pages, int num_workers, const 
   if (plan.worker_splits != nullptr) plan.worker_splits[0] = 0;
   for (int i = 0; i < pages.batch; ++i) {
     const int64_t blocks = (pages.cache_seqlens[i] + kPageSize - 1) / kPageSize;
-    const detail::SequenceCuts cuts = detail::sequence_cuts(c0, blocks, i, shares);
-    if (fixed > 0) {
-      const int32_t first = k;
-      for (int64_t j = 0, n = detail::fixed_splits(blocks, fixed); j < n; ++j)
-        plan.split_begin[k++] = static_cast<int32_t>(j * fixed * kPageSize);
-      if (plan.worker_splits != nullptr)
-        for (int w = cuts.lo; w < cuts.hi; ++w)
-          plan.worker_splits[w] = first + static_cast<int32_t>(detail::fixed_start_split(c0, blocks, i, w, shares, fixed));
-      plan.split_offsets[i + 1] = k;
-      c0 += blocks + detail::piece_fixed_cost(i);
-      continue;
-    }
+    const detail::SequenceSplits seq = detail::sequence_splits(c0, blocks, i, shares);
+    const int32_t first = k;
+    for (int64_t j = 0, n = seq.count(); j < n; ++j)
+      plan.split_begin[k++] = static_cast<int32_t>(seq.begin_block(j) * kPageSize);
     if (plan.worker_splits != nullptr)
-      for (int w = cuts.lo; w < cuts.cut; ++w) plan.worker_splits[w] = k;
-    plan.split_begin[k++] = 0;
-    for (int w = cuts.cut; w < cuts.hi; ++w) {
-      if (plan.worker_splits != nullptr) plan.worker_splits[w] = k;
-      plan.split_begin[k++] = static_cast<int32_t>(detail::cut_block(c0, i, w, shares) * kPageSize);
-    }
+      for (int w = seq.cuts.lo; w < seq.cuts.hi; ++w)
+        plan.worker_splits[w] = first + static_cast<int32_t>(seq.worker_start(w));
     plan.split_offsets[i + 1] = k;
     c0 += blocks + detail::piece_fixed_cost(i);
   }

@@ -1,9 +1,10 @@
 // plan_splits on the GPU: the reference's balanced division (core/split_rule.hpp), or its deal
 // of whole sequences where that is cheaper, in one block, reading cache_seqlens on the device
 // and writing the fixed-size plan buffers. No host sync, so it can be captured in a CUDA graph
-// together with the decode it plans. A thread per sequence:
-// two block scans give each sequence's place on the cost axis and its first split; the worker
-// boundaries inside it are then its own to write, so every entry is written by one thread.
+// together with the decode it plans. One block reduction gives the totals (PlanTotals); then a
+// thread per sequence: two block scans give each sequence's place on the cost axis and its first
+// split, and its splits and the worker boundaries inside it are its own to write, so every entry
+// is written by one thread.
 #include <cuda_runtime.h>
 
 #include <cub/block/block_reduce.cuh>
@@ -22,8 +23,10 @@ __device__ __forceinline__ int64_t blocks_of(int32_t len) {
   return len > 0 ? (int64_t(len) + kPageSize - 1) / kPageSize : 0;
 }
 
-struct LongestOf {
-  __device__ long long operator()(long long a, long long b) const { return a > b ? a : b; }
+struct MergeTotals {
+  __device__ detail::PlanTotals operator()(const detail::PlanTotals& a, const detail::PlanTotals& b) const {
+    return detail::merge(a, b);
+  }
 };
 
 __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __restrict__ seqlens,
@@ -32,7 +35,7 @@ __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __
                                                                int32_t* __restrict__ offsets,
                                                                int32_t* __restrict__ begins,
                                                                int32_t* __restrict__ worker_splits) {
-  using Reduce = cub::BlockReduce<long long, kThreads>;
+  using Reduce = cub::BlockReduce<detail::PlanTotals, kThreads>;
   using Scan64 = cub::BlockScan<long long, kThreads>;
   using Scan = cub::BlockScan<int, kThreads>;
   __shared__ union {
@@ -40,29 +43,14 @@ __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __
     typename Scan64::TempStorage scan64;
     typename Scan::TempStorage scan;
   } tmp;
-  __shared__ long long total_s, max_s, fixed_s;
-  long long local = 0, local_max = 0, local_fixed = 0;
-  for (int i = threadIdx.x; i < batch; i += kThreads) {
-    const long long n = blocks_of(seqlens[i]);
-    local += n;
-    local_max = n > local_max ? n : local_max;
-    if (split_blocks > 0) local_fixed += detail::fixed_splits(n, split_blocks);
-  }
-  const long long total = Reduce(tmp.reduce).Sum(local);
-  __syncthreads();  // tmp is reused
-  const long long longest = Reduce(tmp.reduce).Reduce(local_max, LongestOf{});
+  __shared__ detail::PlanTotals totals_s;
+  detail::PlanTotals local;
+  for (int i = threadIdx.x; i < batch; i += kThreads) detail::add_sequence(local, blocks_of(seqlens[i]), split_blocks);
+  const detail::PlanTotals totals = Reduce(tmp.reduce).Reduce(local, MergeTotals{});
+  if (threadIdx.x == 0) totals_s = totals;
   __syncthreads();
-  const long long fixed_total = Reduce(tmp.reduce).Sum(local_fixed);
-  if (threadIdx.x == 0) {
-    total_s = total;
-    max_s = longest;
-    fixed_s = fixed_total;
-  }
-  __syncthreads();
-  // Fixed split lengths where the capacity holds them, else the balanced plan (the reference's rule).
-  const int fixed = split_blocks > 0 && fixed_s <= capacity ? split_blocks : 0;
   const detail::WorkerShares shares =
-      detail::worker_shares(total_s, max_s, batch, num_workers, fixed > 0 ? 0 : query_rows);
+      detail::worker_shares(totals_s, batch, num_workers, query_rows, split_blocks, capacity);
   if (threadIdx.x == 0) {
     offsets[0] = 0;
     if (worker_splits != nullptr) worker_splits[0] = 0;
@@ -76,29 +64,17 @@ __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __
     long long c_excl = 0, c_tile = 0;
     __syncthreads();  // tmp is reused across scans and tiles
     Scan64(tmp.scan64).ExclusiveSum(cost, c_excl, c_tile);
-    const long long c0 = cost_base + c_excl;
-    const detail::SequenceCuts cuts = detail::sequence_cuts(c0, blocks, i, shares);
-    const int n = i >= batch ? 0 : (fixed > 0 ? int(detail::fixed_splits(blocks, fixed)) : 1 + (cuts.hi - cuts.cut));
+    const detail::SequenceSplits seq = detail::sequence_splits(cost_base + c_excl, blocks, i, shares);
+    const int n = i < batch ? int(seq.count()) : 0;
     int excl = 0, tile_total = 0;
     __syncthreads();
     Scan(tmp.scan).ExclusiveSum(n, excl, tile_total);
-    if (i < batch && fixed > 0) {
+    if (i < batch) {
       const int first = split_base + excl;
-      for (int j = 0; j < n; ++j) begins[first + j] = int32_t(int64_t(j) * fixed * kPageSize);
+      for (int j = 0; j < n; ++j) begins[first + j] = int32_t(seq.begin_block(j) * kPageSize);
       offsets[i + 1] = first + n;
       if (worker_splits != nullptr)
-        for (int w = cuts.lo; w < cuts.hi; ++w)
-          worker_splits[w] = first + int(detail::fixed_start_split(c0, blocks, i, w, shares, fixed));
-    } else if (i < batch) {
-      const int first = split_base + excl;
-      begins[first] = 0;
-      for (int w = cuts.cut; w < cuts.hi; ++w)
-        begins[first + 1 + (w - cuts.cut)] = int32_t(detail::cut_block(c0, i, w, shares) * kPageSize);
-      offsets[i + 1] = first + n;
-      if (worker_splits != nullptr) {
-        for (int w = cuts.lo; w < cuts.cut; ++w) worker_splits[w] = first;
-        for (int w = cuts.cut; w < cuts.hi; ++w) worker_splits[w] = first + 1 + (w - cuts.cut);
-      }
+        for (int w = seq.cuts.lo; w < seq.cuts.hi; ++w) worker_splits[w] = first + int(seq.worker_start(w));
     }
     cost_base += c_tile;
     split_base += tile_total;
