@@ -4,7 +4,8 @@ edges, beside the planner's own plan, the same plan without worker ranges (one C
 in waves), no plan (one CTA per sequence) and the peers, in one process (CUDA graphs,
 interleaved rounds, medians).
 
-    python lab/plan_probe.py --peers .peers [--out DIR] [--cases b,h,s_q,s_k ...]
+    python lab/plan_probe.py --peers .peers [--out DIR] [--cases b,h,s_q,s_k ...]   (s_k: a number or U,
+    the bench's U(1..32K) lengths; the inputs are the bench's, snapmla.bench.case_inputs)
 
 The hand-made plans follow the rule of src/core/split_rule.hpp with F and `snap` as parameters
 (snap s: a boundary within s blocks of a sequence's first or last block moves to that edge, so
@@ -13,7 +14,6 @@ that no split shorter than s blocks is cut off). Needs PyTorch, an sm_90 GPU and
 
 import argparse
 import json
-import math
 import os
 import statistics
 
@@ -21,10 +21,10 @@ import numpy as np
 import torch
 
 import snapmla
-from snapmla.bench import capture_graphs, load_peers, time_interleaved
+from snapmla.bench import capture_graphs, case_inputs, load_peers, parse_case, peer_kernels, time_interleaved
 
 CASES = ["128,128,1,8192", "82,128,1,32768", "46,128,1,32768", "256,128,1,8192", "20,128,1,8192",
-         "160,64,1,8192", "46,16,1,32768", "1,16,1,8192", "1,128,1,8192", "128,128,1,U32768"]
+         "160,64,1,8192", "46,16,1,32768", "1,16,1,8192", "1,128,1,8192", "128,128,1,U"]
 VARIANTS = [(0, 0), (4, 0), (8, 0), (16, 0), (4, 8), (4, 32), (8, 32)]
 
 
@@ -45,7 +45,6 @@ def balanced_plan(lens, workers, rows, fixed, snap):
     axis = total_blocks + fixed * max(0, b - 1)
     share = max(1, -(-axis // used))
     starts = []  # (seq, block) where each worker k >= 1 starts
-    c0, i = 0, 0
     fixed_of = [0] + [fixed] * (b - 1)
     cs = np.cumsum([0] + [fixed_of[j] + blocks[j] for j in range(b)])
     for k in range(1, used):
@@ -95,26 +94,11 @@ def whole_plan(lens, workers):
 
 
 def run_case(spec, peers, calls, rounds):
-    b, h, s_q, s_k = spec.split(",")
-    b, h, s_q = int(b), int(h), int(s_q)
-    uniform = s_k.startswith("U")
-    s_k = int(s_k.lstrip("U"))
-    dev = "cuda"
-    g = torch.Generator().manual_seed(7)
-    lens = (torch.randint(1, s_k + 1, (b,), generator=g) if uniform else torch.full((b,), s_k)).to(torch.int32)
-    pages_per_seq = (s_k + 63) // 64
-    sets = max(1, min(16, math.ceil(256e6 / (b * s_k * 1152))))
-    num_pages = b * pages_per_seq * sets
-    kv = (torch.randn(num_pages * 64, 576, device=dev) / 10).to(torch.bfloat16)
-    fp8 = snapmla.alloc_fp8_cache(num_pages, kv)
-    snapmla.append(fp8, kv, torch.arange(num_pages * 64, device=dev, dtype=torch.int32))
-    perm = torch.randperm(num_pages, device=dev, dtype=torch.int32)
-    tables = [perm[i * b * pages_per_seq:(i + 1) * b * pages_per_seq].view(b, -1).contiguous() for i in range(sets)]
-    seqlens = lens.to(dev)
-    q = (torch.randn(b, s_q, h, 576, device=dev) / 10).to(torch.bfloat16)
-    qq = snapmla.quantize_query(q)
-    scale = 192 ** -0.5
-    workers = snapmla.recommended_num_workers(q, s_q, h)
+    b, h, s_q, s_k = parse_case(spec)
+    x = case_inputs(torch, snapmla, (b, h, s_q, s_k), calls)  # the bench's inputs for the case
+    lens, seqlens, qq, fp8, scale = x.lens, x.seqlens, x.qq, x.fp8_cache, x.scale
+    dev = seqlens.device
+    workers = snapmla.recommended_num_workers(x.q, s_q, h)
     rows = s_q * h
     own = snapmla.plan_splits(seqlens, workers, query_rows=rows)
     plans = {"planner": own, "per-split CTAs": snapmla.SplitPlan(own.split_offsets, own.split_begin, workers, None),
@@ -142,14 +126,9 @@ def run_case(spec, peers, calls, rounds):
     calls_by = {name: (lambda pl: lambda t: snapmla.decode_fp8(qq, fp8, t, seqlens, softmax_scale=scale, plan=pl))(pl)
                 for name, pl in plans.items()}
     if peers is not None:
-        fm, f8 = peers.FlashMLA(seqlens, s_q, h), peers.PR54(seqlens, s_q, h)
-        cache4 = kv.view(num_pages, 64, 1, 576)
-        q8, cache8 = q.to(torch.float8_e4m3fn), cache4.to(torch.float8_e4m3fn)
-        calls_by["flashmla_bf16"] = lambda t: fm(q, cache4, t, seqlens, scale, True)
-        calls_by["pr54_fp8"] = lambda t: f8(q8, cache8, t, seqlens, scale, True)
-    n = max(calls, sets)
-    graphs = capture_graphs(torch, calls_by, tables, n)
-    got = {k: round(statistics.median(v), 1) for k, v in time_interleaved(torch, graphs, n, rounds).items()}
+        calls_by.update(peer_kernels(torch, peers, x, s_q, h))
+    graphs = capture_graphs(torch, calls_by, x.tables, x.calls)
+    got = {k: round(statistics.median(v), 1) for k, v in time_interleaved(torch, graphs, x.calls, rounds).items()}
     return {"case": spec, "workers": workers, "splits": splits, "planner_equals_rule": same, "us": got}
 
 

@@ -36,6 +36,7 @@ import math
 import os
 import statistics
 import subprocess
+import types
 import zlib
 
 # The cases of the results page: (batch, heads, s_q, s_k); s_k "U" = lengths uniform in 1..32768.
@@ -144,7 +145,11 @@ def time_interleaved(torch, graphs, calls, rounds, each=None):
     return times
 
 
-def run_case(case, args, peers, torch, snapmla, nvml, sms):
+def case_inputs(torch, snapmla, case, calls):
+    """The arrays a timed case decodes, on the GPU: lengths (uniform, or U(1..32K) seeded by the
+    case), one randn / 10 cache in both formats, enough permuted page tables that one graph's
+    calls read well past the L2 (256 MB of BF16 cache; at most 32, and the graph holds at least one
+    call per table), the query and its quantization."""
     b, h, s_q, s_k = case
     dev = torch.device("cuda")
     gen = torch.Generator(device="cpu").manual_seed(zlib.crc32(repr(case).encode()))
@@ -152,24 +157,36 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
         lens = torch.randint(1, UNIFORM_MAX + 1, (b,), generator=gen, dtype=torch.int32)
     else:
         lens = torch.full((b,), s_k, dtype=torch.int32)
-    max_len = int(lens.max())
-    pages_per_seq = (max_len + PAGE - 1) // PAGE
+    pages_per_seq = (int(lens.max()) + PAGE - 1) // PAGE
     pages = b * pages_per_seq
-    # Enough page sets that one graph's calls read well past the L2 (256 MB of BF16 cache), at most
-    # 32; a graph holds at least one call per set.
     sets = max(1, min(32, math.ceil(256e6 / max(1, int(lens.sum()) * 1152))))
-    calls = max(args.calls, sets)
     num_pages = pages * sets
-    scale = 1.0 / math.sqrt(192.0)
-    seqlens = lens.to(dev)
     kv = (torch.randn(num_pages * PAGE, 576, device=dev) / 10).to(torch.bfloat16)
-    bf_cache = kv.view(num_pages, PAGE, 576)
     fp8_cache = snapmla.alloc_fp8_cache(num_pages, kv)
     snapmla.append(fp8_cache, kv, torch.arange(num_pages * PAGE, device=dev, dtype=torch.int32))
     perm = torch.randperm(num_pages, generator=gen).to(dev, torch.int32)
-    tables = [perm[i * pages:(i + 1) * pages].view(b, pages_per_seq).contiguous() for i in range(sets)]
     q = (torch.randn(b, s_q, h, 576, device=dev) / 10).to(torch.bfloat16)
-    qq = snapmla.quantize_query(q)
+    return types.SimpleNamespace(
+        lens=lens, seqlens=lens.to(dev), num_pages=num_pages, bf_cache=kv.view(num_pages, PAGE, 576),
+        fp8_cache=fp8_cache, q=q, qq=snapmla.quantize_query(q), scale=1.0 / math.sqrt(192.0),
+        tables=[perm[i * pages:(i + 1) * pages].view(b, pages_per_seq).contiguous() for i in range(sets)],
+        calls=max(calls, sets))
+
+
+def peer_kernels(torch, peers, x, s_q, h):
+    """FlashMLA BF16 and PR#54 FP8 on the case's inputs `x` (case_inputs), as page-table -> call."""
+    fm, f8 = peers.FlashMLA(x.seqlens, s_q, h), peers.PR54(x.seqlens, s_q, h)
+    cache4 = x.bf_cache.view(x.num_pages, PAGE, 1, 576)
+    q8, cache8 = x.q.to(torch.float8_e4m3fn), cache4.to(torch.float8_e4m3fn)
+    return {"flashmla_bf16": lambda t: fm(x.q, cache4, t, x.seqlens, x.scale, True),
+            "pr54_fp8": lambda t: f8(q8, cache8, t, x.seqlens, x.scale, True)}
+
+
+def run_case(case, args, peers, torch, snapmla, nvml, sms):
+    b, h, s_q, s_k = case
+    x = case_inputs(torch, snapmla, case, args.calls)
+    lens, seqlens, tables, calls, scale = x.lens, x.seqlens, x.tables, x.calls, x.scale
+    q, qq, fp8_cache, bf_cache = x.q, x.qq, x.fp8_cache, x.bf_cache
     workers = snapmla.recommended_num_workers(q, s_q, h)
     plan = snapmla.plan_splits(seqlens, workers, query_rows=s_q * h)
 
@@ -178,12 +195,7 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
         "bf16": lambda t: snapmla.decode_bf16(q, bf_cache, t, seqlens, softmax_scale=scale, plan=plan),
     }
     if peers is not None:
-        fm = peers.FlashMLA(seqlens, s_q, h)
-        cache4 = bf_cache.view(num_pages, PAGE, 1, 576)
-        f8 = peers.PR54(seqlens, s_q, h)
-        q8, cache8 = q.to(torch.float8_e4m3fn), cache4.to(torch.float8_e4m3fn)
-        kernels["flashmla_bf16"] = lambda t: fm(q, cache4, t, seqlens, scale, True)
-        kernels["pr54_fp8"] = lambda t: f8(q8, cache8, t, seqlens, scale, True)
+        kernels.update(peer_kernels(torch, peers, x, s_q, h))
 
     graphs = capture_graphs(torch, kernels, tables, calls)
     clocks = []
