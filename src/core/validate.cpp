@@ -282,9 +282,8 @@ void check_plan_contents(const char* op, const SplitPlan& plan, const PageTable&
     const int workers = plan.capacity - plan.batch;
     for (int k = 0; k <= workers; ++k) {
       const int32_t v = plan.worker_splits[k];
-      const int32_t expect_lo = k == 0 ? 0 : plan.worker_splits[k - 1];
-      const bool ok = k == 0 ? v == 0 : (k == workers ? v == total : (v >= expect_lo && v <= total));
-      if (!ok || (k > 0 && v < expect_lo))
+      const int32_t lo = k == 0 ? 0 : plan.worker_splits[k - 1], hi = k == 0 ? 0 : total;
+      if (v < lo || v > hi || (k == workers && v != total))
         fail(op, "options.plan.worker_splits",
              "entry " + std::to_string(k) + " is " + std::to_string(v) +
                  ": expected 0 at entry 0, then non-decreasing up to the number of splits " + std::to_string(total) +
