@@ -275,6 +275,13 @@ _INPUT_NAMES = {"decode_fp8": ("q.nope", "q.rope", "q.scale", "cache.latent", "c
                 "decode_bf16": ("q", "cache", "block_table", "cache_seqlens") + _PLAN_NAMES}
 
 
+def _name_non_arrays(op: str, inputs: tuple) -> None:
+    """An error naming the first of a decode's inputs that is not an array (off the pointer path:
+    only a call that cannot take it pays for the check)."""
+    for name, x in zip(_INPUT_NAMES[op], inputs):
+        _array(op, name, x)
+
+
 def decode_arrays(op: str, inputs: tuple, out: Any, lse: Any, workspace: Any, softmax_scale: float,
                   causal: bool, empty_lse: float, stream: Any):
     """decode_fp8 / decode_bf16 (`op`) on `inputs` (see _CACHE): returns (out, lse), allocated
@@ -283,9 +290,9 @@ def decode_arrays(op: str, inputs: tuple, out: Any, lse: Any, workspace: Any, so
     (A call that allocates its outputs on the current stream has tried
     _fastpath.decode_allocated, its pointer path, first: the callers do, one call less.)"""
     allocating = out is None and lse is None and workspace is None and stream is None
-    for name, x in zip(_INPUT_NAMES[op], inputs):
-        _array(op, name, x)
     q, split_offsets, split_begin = inputs[0], inputs[-3], inputs[-2]
+    if not hasattr(q, "shape"):
+        _name_non_arrays(op, inputs)
     b, s_q, h = (int(d) for d in q.shape[:3])
     out, lse, workspace = _decode_outputs(q, b, s_q, h, split_begin, out, lse, workspace, stream)
     s = current_stream(q, stream)
@@ -296,6 +303,8 @@ def decode_arrays(op: str, inputs: tuple, out: Any, lse: Any, workspace: Any, so
         raw_fn = _C.decode_fp8_raw if op == "decode_fp8" else _C.decode_bf16_raw
         raw_fn(*ptrs, record.shape, float(softmax_scale), bool(causal), float(empty_lse), s)
         return out, lse
+    if sig is None:  # some argument has no pointer path: name it if it is not an array at all
+        _name_non_arrays(op, inputs)
     array_fn = _C.decode_fp8 if op == "decode_fp8" else _C.decode_bf16
     array_fn(*(raw(x) for x in inputs[:-3]), raw(out), raw(lse), float(softmax_scale), bool(causal),
              raw(split_offsets), raw(split_begin), raw(workspace), s, raw(inputs[-1]), float(empty_lse))
