@@ -136,7 +136,7 @@ __device__ __forceinline__ void zero_nonfinite_tokens(const Smem& sm, int j, int
     }
 }
 
-__global__ void __launch_bounds__(384, 1)
+__global__ void __launch_bounds__(kDecodeThreads, 1)
     decode_bf16_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_kv,
                        const __grid_constant__ CUtensorMap tm_q) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(384, 1)
   if (wg == 0) {
     wg::setmaxnreg_dec<40>();
     for (int item = range.first; item < range.last; ++item) {
-      if (item > range.first) split_boundary<384>(init_barriers);
+      if (item > range.first) split_boundary<kDecodeThreads>(init_barriers);
       const Work w = work_of(p, item);
       const int nblk = w.pages();
       if (t == 0) {
@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(384, 1)
 
   wg::setmaxnreg_inc<232>();
   for (int item = range.first; item < range.last; ++item) {
-    if (item > range.first) split_boundary<384>(NoInit{});
+    if (item > range.first) split_boundary<kDecodeThreads>(NoInit{});
     const Work w = work_of(p, item);
     const int nblk = w.pages();
     const bool partial_last = nblk > 0 && w.end - (w.begin + (nblk - 1) * kPageSize) < kPageSize;

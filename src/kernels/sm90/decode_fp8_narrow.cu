@@ -156,7 +156,7 @@ __device__ __forceinline__ void load_v(uint32_t (&a)[kMTiles][2][4], const uint8
   }
 }
 
-__global__ void __launch_bounds__(384, 1)
+__global__ void __launch_bounds__(kDecodeThreads, 1)
     decode_fp8_narrow_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                              const __grid_constant__ CUtensorMap tm_rope) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(384, 1)
     // the consumers need no more than 224.
     wg::setmaxnreg_dec<48>();
     for (int item = range.first; item < range.last; ++item) {
-      if (item > range.first) split_boundary<384>(init_barriers);
+      if (item > range.first) split_boundary<kDecodeThreads>(init_barriers);
       const Work w = work_of(p, item);
       const int nblk = w.pages();
       // The first pages are requested before anything else, then the whole warpgroup loads the Q
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(384, 1)
 
   wg::setmaxnreg_inc<224>();
   for (int item = range.first; item < range.last; ++item) {
-    if (item > range.first) split_boundary<384>(NoInit{});
+    if (item > range.first) split_boundary<kDecodeThreads>(NoInit{});
     const Work w = work_of(p, item);
     const int nblk = w.pages();
     const int c = wg - 1;

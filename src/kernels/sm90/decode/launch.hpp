@@ -87,7 +87,7 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
   const cudaStream_t stream = as_stream(options.stream);
   const dim3 grid = decode_grid(op, p, options);
   allow_dynamic_smem<Kernel>(smem);
-  Kernel<<<grid, 384, smem, stream>>>(p, extra...);
+  Kernel<<<grid, kDecodeThreads, smem, stream>>>(p, extra...);
   check_launch(op);
   if (options.plan) combine(combine_params(p), stream);
 }
