@@ -166,18 +166,25 @@ def test_decode_fp8_against_float64(rng, s_q, h, causal):
     out, lse = snapmla.decode_fp8(qq, cache8, table, seqlens, softmax_scale=scale, causal=causal)
     assert out.shape == (4, s_q, h, 512) and lse.shape == (4, h, s_q)
     # Ground truth on what the kernel is given (quantized query and cache): what is left is the
-    # P quantization (e4m3, relative half-ulp 2^-4 per weight, averaging out over tokens) and
-    # the bf16 output (2^-8). On this data that measures up to 0.5% rel-L2; bound 1.5%.
+    # P quantization and the bf16 output. Each weight p_t s_t / sigma is rounded to e4m3 (unit
+    # roundoff 2^-4 where normal, so the output within 2^-4 sum p|v|; a subnormal one, below
+    # 2^-6 of a block max 448, within 2^-10 absolute: 2^-10 / 448 < 2^-18 of the block's largest
+    # weight, per token), then the output to bf16 (2^-8 |o|); 10% slack for the fp32 sums. A bound
+    # per element, from the case itself: a rel-L2 bound would not hold for rows whose softmax is
+    # one or two tokens, where nothing averages out (h = 1 measured 2.2% rel-L2 there).
     qn, qs, qr = qq.nope.reshape(-1, 512), qq.scale.reshape(-1), qq.rope.reshape(-1, 64)
     qv = dequantize_rows(qn, qs, qr).reshape(q.shape)
     for i, n in enumerate(seqlens):
         kv = dequantize_rows(*quantize_rows(rows[i])) if n else np.zeros((0, 576))
-        ref_out, ref_lse = attention(qv[i], kv, scale, causal)
+        ref_out, ref_lse, ref_abs = attention(qv[i], kv, scale, causal, with_abs=True)
         got = bf16_value(out[i]).astype(np.float64)
         seen = np.isfinite(ref_lse.T)  # [s_q, h]
         assert np.all(got[~seen] == 0) and np.all(np.isneginf(lse[i].T[~seen]))
         if seen.any():
-            assert rel_l2(got[seen], ref_out[seen]) < 1.5e-2
+            v_max = np.max(np.abs(kv[:, :512])) if n else 0.0
+            bound = 1.1 * (2.0 ** -4 * ref_abs + 2.0 ** -8 * np.abs(ref_out)) + n * 2.0 ** -18 * v_max
+            assert np.all(np.abs(got - ref_out)[seen] <= bound[seen])
+            assert rel_l2(got[seen], ref_out[seen]) < 1.5e-2 or h * s_q <= 3  # the average case stays tight
             # lse comes from the unquantized fp32 scores: only fp32 rounding.
             assert np.max(np.abs(lse[i].T[seen] - ref_lse.T[seen])) < 1e-4 * (1 + np.max(np.abs(ref_lse[np.isfinite(ref_lse)])))
 
