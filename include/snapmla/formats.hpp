@@ -134,9 +134,11 @@ int split_plan_capacity(int batch, int num_workers);
 // Options common to decode_fp8 and decode_bf16.
 // Which tile decode_fp8's GPU path runs. kAuto: the 16-row narrow tile when num_heads * seqlen_q
 // <= 16 (memory-bound: the rows on the wgmma N dimension), else the 64-row tile. The others force
-// one, for benchmarks and tests (kNarrow16 with more than 16 rows is an error). Both compute the
-// reference's function up to fp32 rounding (docs/reference.md); the CPU path ignores it.
-enum class Fp8Tile { kAuto, kRows64, kNarrow16 };
+// one, for benchmarks and tests (kNarrow16 with more than 16 rows is an error). kRows64VRegs is a
+// second 64-row tile, not yet the default: V^T read into registers for a transposed PV instead of
+// transposed through shared memory. All compute the reference's function up to fp32 rounding
+// (docs/reference.md); the CPU path ignores it.
+enum class Fp8Tile { kAuto, kRows64, kNarrow16, kRows64VRegs };
 
 struct DecodeOptions {
   float softmax_scale = 0.0f;  // required, > 0 (DeepSeek-V3: 1/sqrt(192) times yarn mscale^2)

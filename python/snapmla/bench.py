@@ -182,6 +182,22 @@ def peer_kernels(torch, peers, x, s_q, h):
             "pr54_fp8": lambda t: f8(q8, cache8, t, x.seqlens, x.scale, True)}
 
 
+def with_tile(call, tile):
+    """`call` with SNAPMLA_FP8_TILE=tile around it (decode_fp8's 64-row tile under kAuto; read per
+    call, so a graph captured inside keeps that tile)."""
+    def run(t):
+        old = os.environ.get("SNAPMLA_FP8_TILE")
+        os.environ["SNAPMLA_FP8_TILE"] = tile
+        try:
+            return call(t)
+        finally:
+            if old is None:
+                del os.environ["SNAPMLA_FP8_TILE"]
+            else:
+                os.environ["SNAPMLA_FP8_TILE"] = old
+    return run
+
+
 def run_case(case, args, peers, torch, snapmla, nvml, sms):
     b, h, s_q, s_k = case
     x = case_inputs(torch, snapmla, case, args.calls)
@@ -194,6 +210,8 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
         "fp8": lambda t: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=plan),
         "bf16": lambda t: snapmla.decode_bf16(q, bf_cache, t, seqlens, softmax_scale=scale, plan=plan),
     }
+    if args.vregs:
+        kernels["fp8_vregs"] = with_tile(kernels["fp8"], "vregs")
     if peers is not None:
         kernels.update(peer_kernels(torch, peers, x, s_q, h))
 
@@ -216,12 +234,17 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
     tile_pages = tiles * int(((lens + PAGE - 1) // PAGE).sum())
     if row["sm_mhz"]:
         row["fp8_cycles_per_tile_page"] = round(row["fp8_us"] * row["sm_mhz"] * sms / tile_pages)
+        if args.vregs:
+            row["fp8_vregs_cycles_per_tile_page"] = round(row["fp8_vregs_us"] * row["sm_mhz"] * sms / tile_pages)
     row["floor_us"] = round(floor_us(b, h, s_q, int(lens.sum()), args), 1)
     row["fp8_over_floor"] = round(row["fp8_us"] / row["floor_us"], 3)
     if peers is not None:
         row["fp8_speedup_vs_flashmla_bf16"] = round(row["flashmla_bf16_us"] / row["fp8_us"], 3)
         row["fp8_speedup_vs_pr54_fp8"] = round(row["pr54_fp8_us"] / row["fp8_us"], 3)
         row["bf16_over_flashmla_bf16"] = round(row["bf16_us"] / row["flashmla_bf16_us"], 3)
+        if args.vregs:
+            row["fp8_vregs_speedup_vs_flashmla_bf16"] = round(row["flashmla_bf16_us"] / row["fp8_vregs_us"], 3)
+            row["fp8_vregs_speedup_vs_pr54_fp8"] = round(row["pr54_fp8_us"] / row["fp8_vregs_us"], 3)
     del graphs
     torch.cuda.empty_cache()
     return row
@@ -331,6 +354,8 @@ def main(argv=None):
                     help="'grid' (the results page), 'quick' (b=128, 8K, h=128/64/16) or b,h,s_q,s_k ...")
     ap.add_argument("--sweep", action="store_true",
                     help="the batch sweep (SWEEP) instead of --cases; writes h200_sweep.{json,md,png}")
+    ap.add_argument("--vregs", action="store_true",
+                    help="also time decode_fp8's V^T-register 64-row tile (fp8_vregs_us; not yet the default)")
     ap.add_argument("--calls", type=int, default=10, help="decode calls per CUDA graph (default 10)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case (default 5)")
     ap.add_argument("--out", metavar="DIR", help="write h200.json and h200.md (h200_sweep.*) there")
@@ -368,6 +393,9 @@ def main(argv=None):
         if peers is not None:
             msg += f", FlashMLA {row['flashmla_bf16_us']}, FP8 peer {row['pr54_fp8_us']} -> " \
                    f"{row['fp8_speedup_vs_flashmla_bf16']}x / {row['fp8_speedup_vs_pr54_fp8']}x"
+            if args.vregs:
+                msg += f"; vregs {row['fp8_vregs_us']} us -> {row['fp8_vregs_speedup_vs_flashmla_bf16']}x / " \
+                       f"{row['fp8_vregs_speedup_vs_pr54_fp8']}x"
         print(msg + f" (floor {row['floor_us']}, {row['sm_mhz']} MHz)", flush=True)
     md = markdown(meta, rows, peers is not None)
     name = "h200_sweep" if args.sweep else "h200"

@@ -401,20 +401,22 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   }
   const auto want = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), cpu_opt);
   const Fp8RowStats stats = fp8_row_stats(B);
-  // Rows that fit the narrow tile run it by default; the 64-row tile is checked on the same
-  // inputs too (DecodeOptions::fp8_tile). SNAPMLA_TEST_FP8_TILE=16 or 64 in the test's
-  // environment (e.g. to put one kernel under a sanitizer) tests that tile only.
+  // Rows that fit the narrow tile run it by default; both 64-row tiles (the transposing one and the
+  // V^T-register one) are checked on the same inputs too (DecodeOptions::fp8_tile).
+  // SNAPMLA_TEST_FP8_TILE=16, 64 or v in the test's environment (e.g. to put one kernel under a
+  // sanitizer) tests that tile only.
   const bool narrow = c.h * c.s_q <= 16;
-  std::vector<Fp8Tile> tiles = narrow ? std::vector<Fp8Tile>{Fp8Tile::kNarrow16, Fp8Tile::kRows64}
-                                      : std::vector<Fp8Tile>{Fp8Tile::kRows64};
+  std::vector<Fp8Tile> tiles = {Fp8Tile::kRows64, Fp8Tile::kRows64VRegs};
+  if (narrow) tiles.insert(tiles.begin(), Fp8Tile::kNarrow16);
   if (const char* only = std::getenv("SNAPMLA_TEST_FP8_TILE"); only != nullptr) {
     const std::string o = only;
     if (o == "64") tiles = {Fp8Tile::kRows64};
+    else if (o == "v") tiles = {Fp8Tile::kRows64VRegs};
     else if (o == "16" && narrow) tiles = {Fp8Tile::kNarrow16};
     else if (o == "16") tiles = {};
   }
   for (const Fp8Tile tile_kind : tiles) {
-    const char* tile = tile_kind == Fp8Tile::kNarrow16 ? "16" : "64";
+    const char* tile = tile_kind == Fp8Tile::kNarrow16 ? "16" : tile_kind == Fp8Tile::kRows64 ? "64" : "64v";
     gpu_opt.fp8_tile = tile_kind;
     G.out.poison();
     G.lse.poison();
@@ -720,6 +722,20 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
     DecodeOptions forced = test::options(B);
     forced.fp8_tile = static_cast<Fp8Tile>(7);  // not a tile
     EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), forced), "options.fp8_tile");
+  }
+  {
+    // The environment's choice of 64-row tile (kAuto), checked where it is read; the suite may
+    // itself run under SNAPMLA_FP8_TILE=vregs, which is put back.
+    const char* was = std::getenv("SNAPMLA_FP8_TILE");
+    const std::string saved = was ? was : "";
+    Batch B2 = make_batch(rng, {100}, 2, 16);
+    GpuBatch G2(B2);
+    setenv("SNAPMLA_FP8_TILE", "transposed", 1);
+    EXPECT_ARG_ERROR(decode_fp8(G2.qq(), G2.fp8(), G2.pages(), G2.output(), test::options(B2)), "SNAPMLA_FP8_TILE");
+    // A call of 16 rows or fewer runs the narrow tile whatever it says.
+    EXPECT_NO_THROW(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)));
+    if (was) setenv("SNAPMLA_FP8_TILE", saved.c_str(), 1);
+    else unsetenv("SNAPMLA_FP8_TILE");
   }
   // The debug checks read the device tables and name the bad entry.
   EXPECT_NO_THROW(check_page_table(G.pages(), B.num_pages));

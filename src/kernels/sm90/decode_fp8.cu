@@ -21,6 +21,8 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "../common/check.cuh"
@@ -29,6 +31,7 @@
 #include "../kernels.hpp"
 #include "decode/epilogue.cuh"
 #include "decode/fp8_tile.cuh"
+#include "decode/fp8_vregs_tile.cuh"
 #include "decode/launch.hpp"
 #include "decode/narrow.hpp"
 #include "decode/pipeline.cuh"
@@ -43,7 +46,6 @@ namespace {
 using Cfg = Fp8TileConfig;
 using Smem = Fp8TileView;
 constexpr int kRows = Cfg::kRows;
-constexpr int kStages = Cfg::kStages;
 constexpr int kVtStages = Cfg::kVtStages;
 constexpr int kConsumerThreads = 128 * Cfg::kConsumers;
 
@@ -62,9 +64,10 @@ __device__ __forceinline__ void hand_arrive(int which) {
 // TMA wrote them (128-byte swizzle, 128 bytes per token row): a K step moves 32 bytes along the
 // row, or to the next box. The bf16 rope product first (overwriting the accumulator), then the
 // FP8 latent product.
-__device__ __forceinline__ void score(float (&acc)[8][4], const Smem& sm, const uint32_t (&qa)[4][4],
+template <typename View>
+__device__ __forceinline__ void score(float (&acc)[8][4], const View& sm, const uint32_t (&qa)[4][4],
                                       uint64_t qn, int j) {
-  const int s = j % kStages;
+  const int s = j % View::kStages;
   sm.ring.wait(j);
   wg::fence_operands(acc);
   wg::fence();
@@ -107,14 +110,17 @@ struct RowView {
   float factor[2];
 };
 
-// softmax_and_publish: page j's scores (in acc) -> P' in the page's P buffer and (sigma, rho) per
-// row in its xsig slot, the running max after page j in its xmax slot; releases the page's stage
-// and signals the other consumer (Max after the running max, P after P').
-__device__ __forceinline__ PageFactors softmax_and_publish(float (&acc)[8][4], const Smem& sm,
+// softmax_page: page j's scores (in acc) -> P' in the page's P buffer (for the PV's async proxy)
+// and the page's factors (returned), the running max after page j in its xmax slot; releases the
+// page's stage where the view says the owner does, and signals the other consumer's next page
+// (Max, after the running max). The P hand-off is the caller's (softmax_and_publish below, or the
+// V^T-register tile's, which publishes other factors).
+template <typename View>
+__device__ __forceinline__ PageFactors softmax_page(float (&acc)[8][4], const View& sm,
                                                            const RowView& rv, const Work& w, int j, int c,
                                                            int nblk) {
   PageFactors f;
-  const int s = j % kStages;
+  const int s = j % View::kStages;
   const int blk = w.begin + j * Cfg::kPageTokens;
   const int r0 = rv.r0, q = rv.q;
   // The common case, every token of the page visible to every row of the warp, skips the masks;
@@ -145,7 +151,7 @@ __device__ __forceinline__ PageFactors softmax_and_publish(float (&acc)[8][4], c
   uint8_t* pt = sm.p_tile(j);
   auto p_word = [&](int ri, int hh) { return pt + km_offset(r0 + 8 * ri, 16 * hh + 4 * q, Cfg::kPageTokens); };
   if (none) {
-    sm.ring.release(j);
+    if constexpr (View::kOwnerReleasesStage) sm.ring.release(j);
     if (j >= 2) hand_sync<Fp8Barrier::kFree>(c);  // the other's PV of page j - 2 is done
 #pragma unroll
     for (int ri = 0; ri < 2; ++ri)
@@ -155,7 +161,8 @@ __device__ __forceinline__ PageFactors softmax_and_publish(float (&acc)[8][4], c
     float pmax[2] = {0.f, 0.f}, sum[2] = {0.f, 0.f};
     if (full) page_probs<false>(acc, m_cur, sm.scale(s), q, sum, pmax);
     else page_probs<true>(acc, m_cur, sm.scale(s), q, sum, pmax);
-    sm.ring.release(j);  // QK operands and scales are read: the loader may refill the stage
+    // QK operands and scales are read: the loader may refill the stage (unless V is still read there)
+    if constexpr (View::kOwnerReleasesStage) sm.ring.release(j);
     // sigma = max(max P', 1e-10) / 448 and its inverse without branches, the inverse as MUFU.RCP
     // and a multiply (2 ulp; the reference divides exactly - see docs/reference.md). Rows that
     // saw nothing in this page: P' = 0, sigma 0.
@@ -180,11 +187,19 @@ __device__ __forceinline__ PageFactors softmax_and_publish(float (&acc)[8][4], c
                                           __fmul_rn(acc[2 * hh + 1][2 * ri + 1], inv[ri])));
   }
   wg::fence_proxy_async();  // P written with st.shared, read by wgmma
-  if (q == 0) {
-    sm.factors_of(j, r0) = make_float2(f.sig[0], f.rho[0]);
-    sm.factors_of(j, r0 + 8) = make_float2(f.sig[1], f.rho[1]);
+  return f;
+}
+
+// softmax_and_publish: softmax_page, then (sigma, rho) per row into the page's xsig slot and the
+// P hand-off (the other consumer applies every page).
+__device__ __forceinline__ PageFactors softmax_and_publish(float (&acc)[8][4], const Smem& sm, const RowView& rv,
+                                                           const Work& w, int j, int c, int nblk) {
+  const PageFactors f = softmax_page(acc, sm, rv, w, j, c, nblk);
+  if (rv.q == 0) {
+    sm.factors_of(j, rv.r0) = make_float2(f.sig[0], f.rho[0]);
+    sm.factors_of(j, rv.r0 + 8) = make_float2(f.sig[1], f.rho[1]);
   }
-  hand_arrive<Fp8Barrier::kP>(c);  // the other applies every page
+  hand_arrive<Fp8Barrier::kP>(c);
   return f;
 }
 
@@ -334,21 +349,236 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 }
 static_assert(8 * 8192 <= Cfg::kStages * int(sizeof(Fp8TileSmem::Stage)), "the staged output fits the page stages");
 
+// The V^T-register tile (fp8_vregs_tile.cuh; Fp8Tile::kRows64VRegs): the consumers' softmax step
+// above, the Q rope from shared memory and the PV transposed.
+namespace vt {
+using VCfg = Fp8VRegsConfig;
+using VSmem = Fp8VRegsView;
+
+// score with the rope product's A operand in shared memory (q_rope, K-major without swizzle).
+__device__ __forceinline__ void score(float (&acc)[8][4], const VSmem& sm, uint64_t qr, uint64_t qn, int j) {
+  const int s = j % VCfg::kStages;
+  sm.ring.wait(j);
+  wg::fence_operands(acc);
+  wg::fence();
+  const uint64_t kr = wg::desc_sw128(sm.kr(s)), kl = wg::desc_sw128(sm.kl(s));
+  wg::mma_64x64x16_bf16_ss_zero(acc, qr, kr);
+#pragma unroll
+  for (int ks = 1; ks < 4; ++ks) wg::mma_64x64x16_bf16_ss(acc, wg::desc_add(qr, ks * 256), wg::desc_add(kr, ks * 32));
+#pragma unroll
+  for (int kk = 0; kk < 16; ++kk)
+    wg::mma_64x64x32_e4m3_ss(acc, wg::desc_add(qn, (kk / 4) * (kRows * kTmaBoxBytes) + (kk % 4) * 32),
+                             wg::desc_add(kl, (kk / 4) * (VCfg::kPageTokens * kTmaBoxBytes) + (kk % 4) * 32));
+  wg::commit();
+}
+
+// pv_accumulate: O^T <- O^T * r (per column) + V^T P'^T of page jj for consumer c's 256 dims
+// (8 QGMMA m64n64k32, V^T from registers; issued and committed, not waited for).
+__device__ __forceinline__ void pv_accumulate(float (&o)[4][8][4], const VSmem& sm, const Work& w, int band, int jj,
+                                              int c, int warp, int lane) {
+  {
+    float r[8][2];
+    column_factors(r, sm, jj, lane % 4);
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        o[mt][n][0] *= r[n][0];
+        o[mt][n][1] *= r[n][1];
+        o[mt][n][2] *= r[n][0];
+        o[mt][n][3] *= r[n][1];
+      }
+  }
+  const int blk = w.begin + jj * VCfg::kPageTokens;
+  sm.ring.wait(jj);  // complete for the owner already; the other consumer reads the stage too
+  uint32_t a[4][2][4];
+  load_vt(a, sm.kl(jj % VCfg::kStages), c, warp, lane, min(VCfg::kPageTokens, w.end - blk), band - blk);
+  const uint8_t* pt = sm.p_tile(jj);
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) wg::fence_operands(o[mt]);
+  wg::fence();
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) wg::mma_64x64x32_e4m3_rs(o[mt], a[mt][ks], wg::desc(pt + 256 * ks, 128, 512));
+  wg::commit();
+}
+
+__device__ __forceinline__ void fence_all(float (&o)[4][8][4]) {
+#pragma unroll
+  for (int mt = 0; mt < 4; ++mt) wg::fence_operands(o[mt]);
+}
+}  // namespace vt
+
+__global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
+    decode_fp8_vregs_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
+                            const __grid_constant__ CUtensorMap tm_rope, const __grid_constant__ CUtensorMap tm_q) {
+  using VCfg = Fp8VRegsConfig;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const SplitRange range = splits_of_worker(p, grid_worker(p));
+  if (range.first >= range.last) return;
+  const vt::VSmem sm(smem_raw);
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  const int row0 = grid_row0(p);
+  // Every consumer thread reads every stage (V^T); the Q tiles come with the TMA arrival and the
+  // producer warpgroup's 128 cp.async arrivals (the rope).
+  const auto init_barriers = [&] { sm.ring.init(VCfg::kStageReaders, 1 + 128); };
+  if (threadIdx.x == 0) {
+    if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
+    wg::prefetch_tensormap(&tm_latent);
+    wg::prefetch_tensormap(&tm_rope);
+    wg::prefetch_tensormap(&tm_q);
+    init_barriers();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    wg::setmaxnreg_dec<VCfg::kProducerRegs>();
+    for (int item = range.first; item < range.last; ++item) {
+      if (item > range.first) {
+        if (t == 0) split_boundary<VCfg::kThreads>(init_barriers);
+        else split_boundary<VCfg::kThreads>(NoInit{});
+      }
+      const Work w = work_of(p, item);
+      if (t == 0) {
+        load_q_tile<kLatentDim, 1>(&tm_q, sm.q_latent, int(int64_t(w.seq) * p.rows + row0), sm.ring.qbar);
+        sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, 0, min(VCfg::kStages, w.pages()));
+      }
+      load_q_latent<kRopeDim * 2>(sm.q_rope, reinterpret_cast<const uint8_t*>(p.q_rope), kRopeDim * 2, p, w, row0, t,
+                                  128);
+      wg::cp_async_arrive(sm.ring.qbar);
+      if (t == 0) sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, min(VCfg::kStages, w.pages()), w.pages());
+    }
+    return;
+  }
+
+  wg::setmaxnreg_inc<VCfg::kConsumerRegs>();
+  for (int item = range.first; item < range.last; ++item) {
+    if (item > range.first) split_boundary<VCfg::kThreads>(NoInit{});
+    const Work w = work_of(p, item);
+    const int nblk = w.pages();
+    const int c = wg - 1;
+    const int warp = t / 32, lane = t % 32, g = lane / 4;
+    const int band = band_start(p, w);
+    RowView rv;
+    rv.q = lane % 4;
+    rv.r0 = 16 * warp + g;
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const int r = row0 + rv.r0 + 8 * ri;
+      const bool ok = r < p.rows;
+      rv.vis[ri] = ok ? visible_end(p, w, r) : 0;
+      rv.factor[ri] = p.softmax_scale * p.q_scale[int64_t(w.seq) * p.rows + (ok ? r : 0)];
+    }
+    if (c == 0 && t == 0) *sm.split_flags = (w.single ? 1u : 0u) | (w.bad_len ? 2u : 0u);
+    SoftmaxState st;  // l and sigma of the thread's two S rows
+    float o[4][8][4];  // O^T / sigma: dims row_dim(c, mt, .) x query rows 8 n + 2 q + e
+#pragma unroll
+    for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+      for (int n = 0; n < 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
+    wg::mbar_wait(sm.ring.qbar, 0);
+
+    float acc[8][4];
+    const uint64_t qn = wg::desc_sw128(sm.q_latent), qr = wg::desc(sm.q_rope, 128, 8 * kRopeDim * 2);
+    // decode_fp8_kernel's iteration, with the factors published after the page before is applied:
+    // softmax_page of page j; the other's page j - 1 applied to l and sigma; page j's r and sigma
+    // published and handed off; the PVs of pages j - 1 and j; the QK of page j + 2. Each consumer
+    // thread releases a page's stage once its PV of the page has retired.
+    const int jlast = nblk > 0 ? nblk : -1;
+    if (nblk > 0) vt::score(acc, sm, qr, qn, min(c, nblk - 1));
+    for (int j = c; j <= jlast; j += 2) {
+      const bool mine = j < nblk;
+      wg::wait<0>();
+      wg::fence_operands(acc);
+      PageFactors f;
+      if (mine) f = softmax_page(acc, sm, rv, w, j, c, nblk);
+      if (j > 0) {
+        hand_sync<Fp8Barrier::kP>(1 - c);  // page j - 1's P' and (r, sigma)
+#pragma unroll
+        for (int ri = 0; ri < 2; ++ri) {
+          const float2 x = sm.factors_of(j - 1, rv.r0 + 8 * ri);
+          st.l[ri] *= x.x;
+          st.sigma[ri] = x.y;
+        }
+      }
+      if (mine) {
+#pragma unroll
+        for (int ri = 0; ri < 2; ++ri) {
+          const float r = apply_page(st, ri, f.sig[ri], f.rho[ri], f.lsum[ri]);
+          if (rv.q == 0) sm.factors_of(j, rv.r0 + 8 * ri) = make_float2(r, st.sigma[ri]);
+        }
+        hand_arrive<Fp8Barrier::kP>(c);
+        // This consumer's warps read each other's rows' factors (and, on page 0, P').
+        ptx::bar_sync<int(Fp8Barrier::kOwnPage0), 128>();
+      }
+      if (j > 0) {
+        const int jo = j - 1;
+        vt::pv_accumulate(o, sm, w, band, jo, c, warp, lane);
+        wg::wait<0>();
+        vt::fence_all(o);
+        sm.ring.release(jo);
+        if (j + 1 < nblk) hand_arrive<Fp8Barrier::kFree>(1 - c);
+      }
+      if (mine) vt::pv_accumulate(o, sm, w, band, j, c, warp, lane);
+      vt::score(acc, sm, qr, qn, min(j + 2, nblk - 1));
+      wg::wait<1>();
+      vt::fence_all(o);
+      if (mine) sm.ring.release(j);
+    }
+    wg::wait<0>();
+    wg::fence_operands(acc);
+    add_other_sums(st, sm.xl, c, rv.r0, rv.q);  // its barrier also publishes split_flags
+    const uint32_t flags = *static_cast<volatile uint32_t*>(sm.split_flags);
+    const bool fault = sm.ring.faulted() || (flags & 2u) != 0u;
+    Work wo = w;
+    wo.single = (flags & 1u) != 0u;
+    // Per row, from consumer 0's S rows: the output's scale for the accumulator columns and the lse.
+    if (c == 0 && rv.q == 0) {
+#pragma unroll
+      for (int ri = 0; ri < 2; ++ri) {
+        const int r = rv.r0 + 8 * ri;
+        const float l = st.l[ri] * st.sigma[ri];
+        sm.out_scale[r] = fault ? NAN : (l == 0.f ? 0.f : __fdiv_rn(st.sigma[ri], l));
+        if (row0 + r < p.rows) {
+          const float m = nblk > 0 ? sm.max_after(nblk - 1, r) : -INFINITY;
+          store_lse(p, wo, row0 + r, fault ? NAN : (l == 0.f ? -INFINITY : m + logf(l)));
+        }
+      }
+    }
+    ptx::named_barrier(int(Fp8Barrier::kRowTotals), 128 * VCfg::kConsumers);
+    // out_scale is rewritten only after the next split's boundary, which every thread passes first.
+    write_columns(p, w, wo.single, o, sm.out_scale, row0, c, warp, lane);
+  }
+}
+
 // The tile a call runs: the narrow one (decode_fp8_narrow.cu) when all of a sequence's query rows
-// fit it, else the 64-row one; DecodeOptions::fp8_tile forces one (benchmarks and tests compare
-// the two on the same inputs).
-bool use_narrow_tile(int rows, Fp8Tile tile) {
+// fit it, else a 64-row one (Fp8Tile::kRows64 unless the environment's SNAPMLA_FP8_TILE says
+// `vregs`: a switch for trying the V^T-register tile in an engine without changing its code, read
+// on every call); DecodeOptions::fp8_tile forces one (benchmarks and tests compare them on the same
+// inputs).
+Fp8Tile wide_tile_of_environment() {
+  const char* v = std::getenv("SNAPMLA_FP8_TILE");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0 || std::strcmp(v, "rows64") == 0)
+    return Fp8Tile::kRows64;
+  if (std::strcmp(v, "vregs") == 0) return Fp8Tile::kRows64VRegs;
+  detail::fail("decode_fp8", "SNAPMLA_FP8_TILE",
+               std::string("expected unset, 'auto', 'rows64' or 'vregs' in the environment, got '") + v + "'");
+}
+
+Fp8Tile tile_of_call(int rows, Fp8Tile tile) {
   switch (tile) {
-    case Fp8Tile::kAuto: return rows <= kNarrowTileRows;
-    case Fp8Tile::kRows64: return false;
+    case Fp8Tile::kAuto: return rows <= kNarrowTileRows ? Fp8Tile::kNarrow16 : wide_tile_of_environment();
+    case Fp8Tile::kRows64:
+    case Fp8Tile::kRows64VRegs: return tile;
     case Fp8Tile::kNarrow16:
       if (rows > kNarrowTileRows)
         detail::fail("decode_fp8", "options.fp8_tile",
-                     "expected kAuto or kRows64 for a call with more than 16 query rows (num_heads * seqlen_q), got "
-                     "kNarrow16 with " + std::to_string(rows) + " rows");
-      return true;
+                     "expected kAuto, kRows64 or kRows64VRegs for a call with more than 16 query rows (num_heads * "
+                     "seqlen_q), got kNarrow16 with " + std::to_string(rows) + " rows");
+      return tile;
   }
-  detail::fail("decode_fp8", "options.fp8_tile", "expected kAuto, kRows64 or kNarrow16");
+  detail::fail("decode_fp8", "options.fp8_tile", "expected kAuto, kRows64, kRows64VRegs or kNarrow16");
 }
 
 }  // namespace
@@ -356,7 +586,7 @@ bool use_narrow_tile(int rows, Fp8Tile tile) {
 void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
                 const DecodeOutput& out, const DecodeOptions& options) {
   DecodeParams p = make_params(q.batch, q.seqlen_q, q.num_heads, pages, out, options);
-  const bool narrow = use_narrow_tile(p.rows, options.fp8_tile);
+  const Fp8Tile tile = tile_of_call(p.rows, options.fp8_tile);
   if (q.batch == 0) return;
   p.q_nope = reinterpret_cast<const uint8_t*>(q.nope);
   p.q_rope = reinterpret_cast<const uint16_t*>(q.rope);
@@ -366,13 +596,17 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
   const int64_t rows = cache.num_pages * kPageSize;
   const CUtensorMap tm_latent = plane_map(cache.latent, rows, kLatentDim, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1);
   const CUtensorMap tm_rope = plane_map(cache.rope, rows, kRopeDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
-  if (narrow) {
+  if (tile == Fp8Tile::kNarrow16) {
     launch_decode_fp8_narrow(p, tm_latent, tm_rope, options);
     return;
   }
   // The query latent as one more plane: [batch * rows, 512] bytes, a tile's 64 rows per box row.
   const CUtensorMap tm_q = plane_map(q.nope, int64_t(q.batch) * p.rows, kLatentDim, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1);
-  launch_decode<decode_fp8_kernel>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent, tm_rope, tm_q);
+  if (tile == Fp8Tile::kRows64VRegs)
+    launch_decode<decode_fp8_vregs_kernel>("decode_fp8", int(sizeof(Fp8VRegsSmem)), p, options, tm_latent, tm_rope,
+                                           tm_q);
+  else
+    launch_decode<decode_fp8_kernel>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent, tm_rope, tm_q);
 }
 
 }  // namespace snapmla::cuda

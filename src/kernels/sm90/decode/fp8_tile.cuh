@@ -55,6 +55,7 @@ enum class Fp8Barrier : int {
   kFree = 6,     // 6, 7
   kOwnPage0 = 8, // consumer 0's warps among themselves after page 0's P' (no hand-off before it)
   kTransposers = 9,  // the transposer warps among themselves (a page's V^T fix-up)
+  kRowTotals = 10,   // (the V^T-register tile) the rows' totals l written for the accumulator columns
 };
 
 // The shared-memory plan (its layout: offsets and size come from this struct, not from hand-kept
@@ -95,6 +96,8 @@ static_assert(sizeof(Fp8TileSmem::Stage) % 1024 == 0, "stages keep the 1024-byte
 struct Fp8TileView {
   using C = Fp8TileConfig;
   using L = Fp8TileSmem;
+  static constexpr int kStages = C::kStages;
+  static constexpr bool kOwnerReleasesStage = true;  // the page's owner (QK, scales) and the transposers read it
   uint8_t* q_latent;
   uint8_t* stage;
   uint8_t* vt_base;
