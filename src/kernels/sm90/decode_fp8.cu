@@ -509,8 +509,9 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
           if (rv.q == 0) sm.factors_of(j, rv.r0 + 8 * ri) = make_float2(r, st.sigma[ri]);
         }
         hand_arrive<Fp8Barrier::kP>(c);
-        // This consumer's warps read each other's rows' factors (and, on page 0, P').
-        ptx::bar_sync<int(Fp8Barrier::kOwnPage0), 128>();
+        // This consumer's warps read each other's rows' factors (and, on page 0, P'): a barrier of
+        // its own per consumer.
+        ptx::named_barrier(int(Fp8Barrier::kOwnRows) + c, 128);
       }
       if (j > 0) {
         const int jo = j - 1;

@@ -55,7 +55,9 @@ enum class Fp8Barrier : int {
   kFree = 6,     // 6, 7
   kOwnPage0 = 8, // consumer 0's warps among themselves after page 0's P' (no hand-off before it)
   kTransposers = 9,  // the transposer warps among themselves (a page's V^T fix-up)
-  kRowTotals = 10,   // (the V^T-register tile) the rows' totals l written for the accumulator columns
+  // The V^T-register tile (fp8_vregs_tile.cuh) uses the ids above but kOwnPage0 and kTransposers, and:
+  kRowTotals = 10,   // the rows' output scales written for the accumulator columns (both consumers)
+  kOwnRows = 11,     // 11, 12: consumer c's warps among themselves after publishing its page's factors
 };
 
 // The shared-memory plan (its layout: offsets and size come from this struct, not from hand-kept
