@@ -31,7 +31,7 @@ if [[ $skip != *tests* ]]; then
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|error:" "$out/gpu_tests.log" | head -40
   if [ -n "${VREGS:-}" ]; then
     stamp "C++ GPU suite, default tile = vregs"
-    SNAPMLA_FP8_TILE=vregs timeout 200 .devbin/snapmla_gpu_tests --gtest_filter='-Shapes/*:GpuCacheOps*:GpuPlan*' \
+    SNAPMLA_FP8_TILE=vregs timeout ${VREGS_TIMEOUT:-200} .devbin/snapmla_gpu_tests --gtest_filter='-Shapes/*:GpuCacheOps*:GpuPlan*' \
       > "$out/gpu_tests_vregs.log" 2>&1
     echo "gpu tests (vregs) exit: $?"
     grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|error:" "$out/gpu_tests_vregs.log" | head -40

@@ -355,7 +355,7 @@ namespace vt {
 using VCfg = Fp8VRegsConfig;
 using VSmem = Fp8VRegsView;
 
-// score with the rope product's A operand in shared memory (q_rope, K-major without swizzle).
+// score with the rope product's A operand in shared memory (q_rope, as TMA wrote it).
 __device__ __forceinline__ void score(float (&acc)[8][4], const VSmem& sm, uint64_t qr, uint64_t qn, int j) {
   const int s = j % VCfg::kStages;
   sm.ring.wait(j);
@@ -364,7 +364,7 @@ __device__ __forceinline__ void score(float (&acc)[8][4], const VSmem& sm, uint6
   const uint64_t kr = wg::desc_sw128(sm.kr(s)), kl = wg::desc_sw128(sm.kl(s));
   wg::mma_64x64x16_bf16_ss_zero(acc, qr, kr);
 #pragma unroll
-  for (int ks = 1; ks < 4; ++ks) wg::mma_64x64x16_bf16_ss(acc, wg::desc_add(qr, ks * 256), wg::desc_add(kr, ks * 32));
+  for (int ks = 1; ks < 4; ++ks) wg::mma_64x64x16_bf16_ss(acc, wg::desc_add(qr, ks * 32), wg::desc_add(kr, ks * 32));
 #pragma unroll
   for (int kk = 0; kk < 16; ++kk)
     wg::mma_64x64x32_e4m3_ss(acc, wg::desc_add(qn, (kk / 4) * (kRows * kTmaBoxBytes) + (kk % 4) * 32),
@@ -412,7 +412,8 @@ __device__ __forceinline__ void fence_all(float (&o)[4][8][4]) {
 
 __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
     decode_fp8_vregs_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
-                            const __grid_constant__ CUtensorMap tm_rope, const __grid_constant__ CUtensorMap tm_q) {
+                            const __grid_constant__ CUtensorMap tm_rope, const __grid_constant__ CUtensorMap tm_q,
+                            const __grid_constant__ CUtensorMap tm_q_rope) {
   using VCfg = Fp8VRegsConfig;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const SplitRange range = splits_of_worker(p, grid_worker(p));
@@ -420,34 +421,33 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
   const vt::VSmem sm(smem_raw);
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
   const int row0 = grid_row0(p);
-  // Every consumer thread reads every stage (V^T); the Q tiles come with the TMA arrival and the
-  // producer warpgroup's 128 cp.async arrivals (the rope).
-  const auto init_barriers = [&] { sm.ring.init(VCfg::kStageReaders, 1 + 128); };
+  // Every consumer thread reads every stage (V^T); the Q tiles come with two TMA arrivals (latent,
+  // rope), each with its bytes.
+  const auto init_barriers = [&] { sm.ring.init(VCfg::kStageReaders, 2); };
   if (threadIdx.x == 0) {
     if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
     wg::prefetch_tensormap(&tm_latent);
     wg::prefetch_tensormap(&tm_rope);
     wg::prefetch_tensormap(&tm_q);
+    wg::prefetch_tensormap(&tm_q_rope);
     init_barriers();
   }
   __syncthreads();
 
   if (wg == 0) {
     wg::setmaxnreg_dec<VCfg::kProducerRegs>();
+    if (t != 0) {  // one loading thread; the others only keep the split boundaries' count
+      for (int item = range.first + 1; item < range.last; ++item) split_boundary<VCfg::kThreads>(NoInit{});
+      return;
+    }
     for (int item = range.first; item < range.last; ++item) {
-      if (item > range.first) {
-        if (t == 0) split_boundary<VCfg::kThreads>(init_barriers);
-        else split_boundary<VCfg::kThreads>(NoInit{});
-      }
+      if (item > range.first) split_boundary<VCfg::kThreads>(init_barriers);
       const Work w = work_of(p, item);
-      if (t == 0) {
-        load_q_tile<kLatentDim, 1>(&tm_q, sm.q_latent, int(int64_t(w.seq) * p.rows + row0), sm.ring.qbar);
-        sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, 0, min(VCfg::kStages, w.pages()));
-      }
-      load_q_latent<kRopeDim * 2>(sm.q_rope, reinterpret_cast<const uint8_t*>(p.q_rope), kRopeDim * 2, p, w, row0, t,
-                                  128);
-      wg::cp_async_arrive(sm.ring.qbar);
-      if (t == 0) sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, min(VCfg::kStages, w.pages()), w.pages());
+      const int row = int(int64_t(w.seq) * p.rows + row0);
+      load_q_tile<kLatentDim, 1>(&tm_q, sm.q_latent, row, sm.ring.qbar);
+      wg::mbar_arrive_expect_tx(sm.ring.qbar, VCfg::kRows * kRopeDim * 2);
+      wg::tma_load_2d(sm.q_rope, &tm_q_rope, 0, row, sm.ring.qbar);
+      sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, 0, w.pages());
     }
     return;
   }
@@ -480,7 +480,7 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
     wg::mbar_wait(sm.ring.qbar, 0);
 
     float acc[8][4];
-    const uint64_t qn = wg::desc_sw128(sm.q_latent), qr = wg::desc(sm.q_rope, 128, 8 * kRopeDim * 2);
+    const uint64_t qn = wg::desc_sw128(sm.q_latent), qr = wg::desc_sw128(sm.q_rope);
     // decode_fp8_kernel's iteration, with the factors published after the page before is applied:
     // softmax_page of page j; the other's page j - 1 applied to l and sigma; page j's r and sigma
     // published and handed off; the PVs of pages j - 1 and j; the QK of page j + 2. Each consumer
@@ -603,11 +603,14 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
   }
   // The query latent as one more plane: [batch * rows, 512] bytes, a tile's 64 rows per box row.
   const CUtensorMap tm_q = plane_map(q.nope, int64_t(q.batch) * p.rows, kLatentDim, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1);
-  if (tile == Fp8Tile::kRows64VRegs)
+  if (tile == Fp8Tile::kRows64VRegs) {
+    const CUtensorMap tm_q_rope =
+        plane_map(q.rope, int64_t(q.batch) * p.rows, kRopeDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
     launch_decode<decode_fp8_vregs_kernel>("decode_fp8", int(sizeof(Fp8VRegsSmem)), p, options, tm_latent, tm_rope,
-                                           tm_q);
-  else
+                                           tm_q, tm_q_rope);
+  } else {
     launch_decode<decode_fp8_kernel>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent, tm_rope, tm_q);
+  }
 }
 
 }  // namespace snapmla::cuda

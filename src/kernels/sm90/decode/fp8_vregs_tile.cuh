@@ -34,7 +34,7 @@ struct Fp8VRegsConfig {
   static constexpr int kStages = 4;           // a stage is freed after both consumers' PV of its page
   static constexpr int kConsumers = 2;
   static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kProducerRegs = 48;    // one loading thread
+  static constexpr int kProducerRegs = 40;    // one loading thread
   static constexpr int kConsumerRegs = 232;
   static constexpr int kOutHalf = kLatentDim / kConsumers;
   static constexpr int kMTiles = kOutHalf / 64;  // O^T's m64 tiles per consumer
@@ -43,7 +43,9 @@ struct Fp8VRegsConfig {
   static_assert(kRows == 64 && kPageTokens == 64, "m64n64 S and O^T fragments, two k32 PV steps per page");
   static_assert(kThreads == kDecodeThreads, "launch_decode launches kDecodeThreads per CTA");
   static_assert(kConsumers == 2 && kOutHalf == 256 && kMTiles == 4, "vregs_layout.hpp's row_dim");
-  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 65536 / 128, "register file per SM");
+  // setmaxnreg moves registers within the CTA's launch allocation (168 per thread at 384 threads),
+  // not the SM's: a larger sum leaves the consumers waiting in setmaxnreg.inc forever.
+  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 3 * 168, "the CTA's registers at launch");
   static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg takes multiples of 8");
   // The consumers issue page j + 2's QK while the other's PV of page j - 1 and their own of page
   // j may still read their stages: four stages keep one page in flight beyond those three.
@@ -58,7 +60,7 @@ struct Fp8VRegsSmem {
   using Ring = PageRing<C::kStages>;
   static constexpr int kPBytes = C::kRows * C::kPageTokens;
   alignas(1024) uint8_t q_latent[C::kRows * kLatentDim];
-  alignas(1024) uint8_t q_rope[C::kRows * kRopeDim * 2];  // K-major, no swizzle (cp.async): the rope product's A
+  alignas(1024) uint8_t q_rope[C::kRows * kRopeDim * 2];  // as a page's rope (TMA, swizzled): the rope product's A
   Stage stages[C::kStages];
   alignas(1024) uint8_t p[2][kPBytes];
   float scales[C::kStages][C::kPageTokens];
