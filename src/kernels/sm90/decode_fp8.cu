@@ -436,18 +436,23 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
 
   if (wg == 0) {
     wg::setmaxnreg_dec<VCfg::kProducerRegs>();
-    if (t != 0) {  // one loading thread; the others only keep the split boundaries' count
+    // Warp 0 looks each split up (work_of is a whole warp's lookup: thread 0 alone would wait in its
+    // ballot forever, as the third H200 run did with a plan) and its thread 0 loads; warps 1-3 only
+    // keep the split boundaries' count.
+    if (t >= 32) {
       for (int item = range.first + 1; item < range.last; ++item) split_boundary<VCfg::kThreads>(NoInit{});
       return;
     }
     for (int item = range.first; item < range.last; ++item) {
       if (item > range.first) split_boundary<VCfg::kThreads>(init_barriers);
       const Work w = work_of(p, item);
-      const int row = int(int64_t(w.seq) * p.rows + row0);
-      load_q_tile<kLatentDim, 1>(&tm_q, sm.q_latent, row, sm.ring.qbar);
-      wg::mbar_arrive_expect_tx(sm.ring.qbar, VCfg::kRows * kRopeDim * 2);
-      wg::tma_load_2d(sm.q_rope, &tm_q_rope, 0, row, sm.ring.qbar);
-      sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, 0, w.pages());
+      if (t == 0) {
+        const int row = int(int64_t(w.seq) * p.rows + row0);
+        load_q_tile<kLatentDim, 1>(&tm_q, sm.q_latent, row, sm.ring.qbar);
+        wg::mbar_arrive_expect_tx(sm.ring.qbar, VCfg::kRows * kRopeDim * 2);
+        wg::tma_load_2d(sm.q_rope, &tm_q_rope, 0, row, sm.ring.qbar);
+        sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, 0, w.pages());
+      }
     }
     return;
   }
