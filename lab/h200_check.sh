@@ -21,6 +21,7 @@ trap 'tar czf "$dest/h200_logs.tgz" -C "$out" . 2>/dev/null' EXIT
 skip=${SKIP:-}
 export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
 t0=$(date +%s)
+[ -n "${VREGS:-}" ] && export SNAPMLA_TEST_VREGS=1
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv 2>&1 | tee "$out/gpu.txt"
 if [[ $skip != *tests* ]]; then
