@@ -60,25 +60,29 @@ __device__ __forceinline__ void hand_arrive(int which) {
   ptx::named_barrier_arrive(int(kBase) + which, kConsumerThreads);
 }
 
-// score: S of page j into acc (issued and committed, waited for by the caller). The K tiles as
-// TMA wrote them (128-byte swizzle, 128 bytes per token row): a K step moves 32 bytes along the
-// row, or to the next box. The bf16 rope product first (overwriting the accumulator), then the
-// FP8 latent product.
-template <typename View>
-__device__ __forceinline__ void score(float (&acc)[8][4], const View& sm, const uint32_t (&qa)[4][4],
-                                      uint64_t qn, int j) {
-  const int s = j % View::kStages;
-  sm.ring.wait(j);
-  wg::fence_operands(acc);
-  wg::fence();
-  const uint64_t kr = wg::desc_sw128(sm.kr(s)), kl = wg::desc_sw128(sm.kl(s));
-  wg::mma_64x64x16_bf16_rs_zero(acc, qa[0], kr);
-#pragma unroll
-  for (int ks = 1; ks < 4; ++ks) wg::mma_64x64x16_bf16_rs(acc, qa[ks], wg::desc_add(kr, ks * 32));
+// The FP8 latent product of a page's scores, acc += Q K^T over the 512 dims: Q and the page's K
+// as TMA wrote them (128-byte swizzle, 128 bytes per row): a K step moves 32 bytes along the row,
+// or to the next box. Both 64-row tiles' score.
+__device__ __forceinline__ void latent_product(float (&acc)[8][4], uint64_t qn, uint64_t kl) {
 #pragma unroll
   for (int kk = 0; kk < 16; ++kk)
     wg::mma_64x64x32_e4m3_ss(acc, wg::desc_add(qn, (kk / 4) * (kRows * kTmaBoxBytes) + (kk % 4) * 32),
                              wg::desc_add(kl, (kk / 4) * (Cfg::kPageTokens * kTmaBoxBytes) + (kk % 4) * 32));
+}
+
+// score: S of page j into acc (issued and committed, waited for by the caller). The bf16 rope
+// product first (overwriting the accumulator; Q's rope from registers), then the FP8 latent one.
+__device__ __forceinline__ void score(float (&acc)[8][4], const Smem& sm, const uint32_t (&qa)[4][4],
+                                      uint64_t qn, int j) {
+  const int s = j % Cfg::kStages;
+  sm.ring.wait(j);
+  wg::fence_operands(acc);
+  wg::fence();
+  const uint64_t kr = wg::desc_sw128(sm.kr(s));
+  wg::mma_64x64x16_bf16_rs_zero(acc, qa[0], kr);
+#pragma unroll
+  for (int ks = 1; ks < 4; ++ks) wg::mma_64x64x16_bf16_rs(acc, qa[ks], wg::desc_add(kr, ks * 32));
+  latent_product(acc, qn, wg::desc_sw128(sm.kl(s)));
   wg::commit();
 }
 
@@ -355,21 +359,24 @@ namespace vt {
 using VCfg = Fp8VRegsConfig;
 using VSmem = Fp8VRegsView;
 
-// score with the rope product's A operand in shared memory (q_rope, as TMA wrote it).
+// score with Q's rope from shared memory (q_rope, as TMA wrote it: the rope product's A operand).
 __device__ __forceinline__ void score(float (&acc)[8][4], const VSmem& sm, uint64_t qr, uint64_t qn, int j) {
   const int s = j % VCfg::kStages;
   sm.ring.wait(j);
   wg::fence_operands(acc);
   wg::fence();
-  const uint64_t kr = wg::desc_sw128(sm.kr(s)), kl = wg::desc_sw128(sm.kl(s));
+  const uint64_t kr = wg::desc_sw128(sm.kr(s));
   wg::mma_64x64x16_bf16_ss_zero(acc, qr, kr);
 #pragma unroll
   for (int ks = 1; ks < 4; ++ks) wg::mma_64x64x16_bf16_ss(acc, wg::desc_add(qr, ks * 32), wg::desc_add(kr, ks * 32));
-#pragma unroll
-  for (int kk = 0; kk < 16; ++kk)
-    wg::mma_64x64x32_e4m3_ss(acc, wg::desc_add(qn, (kk / 4) * (kRows * kTmaBoxBytes) + (kk % 4) * 32),
-                             wg::desc_add(kl, (kk / 4) * (VCfg::kPageTokens * kTmaBoxBytes) + (kk % 4) * 32));
+  latent_product(acc, qn, wg::desc_sw128(sm.kl(s)));
   wg::commit();
+}
+
+// The accumulator pinned around wgmma issue and wait (wg::fence_operands, per M tile).
+__device__ __forceinline__ void fence_all(float (&o)[4][8][4]) {
+#pragma unroll
+  for (int mt = 0; mt < VCfg::kMTiles; ++mt) wg::fence_operands(o[mt]);
 }
 
 // pv_accumulate: O^T <- O^T * r (per column) + V^T P'^T of page jj for consumer c's 256 dims
@@ -380,7 +387,7 @@ __device__ __forceinline__ void pv_accumulate(float (&o)[4][8][4], const VSmem& 
     float r[8][2];
     column_factors(r, sm, jj, lane % 4);
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
+    for (int mt = 0; mt < VCfg::kMTiles; ++mt)
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
         o[mt][n][0] *= r[n][0];
@@ -394,20 +401,15 @@ __device__ __forceinline__ void pv_accumulate(float (&o)[4][8][4], const VSmem& 
   uint32_t a[4][2][4];
   load_vt(a, sm.kl(jj % VCfg::kStages), c, warp, lane, min(VCfg::kPageTokens, w.end - blk), band - blk);
   const uint8_t* pt = sm.p_tile(jj);
-#pragma unroll
-  for (int mt = 0; mt < 4; ++mt) wg::fence_operands(o[mt]);
+  fence_all(o);
   wg::fence();
 #pragma unroll
-  for (int mt = 0; mt < 4; ++mt)
+  for (int mt = 0; mt < VCfg::kMTiles; ++mt)
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) wg::mma_64x64x32_e4m3_rs(o[mt], a[mt][ks], wg::desc(pt + 256 * ks, 128, 512));
   wg::commit();
 }
 
-__device__ __forceinline__ void fence_all(float (&o)[4][8][4]) {
-#pragma unroll
-  for (int mt = 0; mt < 4; ++mt) wg::fence_operands(o[mt]);
-}
 }  // namespace vt
 
 __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
@@ -479,7 +481,7 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
     SoftmaxState st;  // l and sigma of the thread's two S rows
     float o[4][8][4];  // O^T / sigma: dims row_dim(c, mt, .) x query rows 8 n + 2 q + e
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt)
+    for (int mt = 0; mt < VCfg::kMTiles; ++mt)
 #pragma unroll
       for (int n = 0; n < 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
     wg::mbar_wait(sm.ring.qbar, 0);
@@ -554,7 +556,7 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
     }
     ptx::named_barrier(int(Fp8Barrier::kRowTotals), 128 * VCfg::kConsumers);
     // out_scale is rewritten only after the next split's boundary, which every thread passes first.
-    write_columns(p, w, wo.single, o, sm.out_scale, row0, c, warp, lane);
+    write_columns(p, wo, o, sm.out_scale, row0, c, warp, lane);
   }
 }
 

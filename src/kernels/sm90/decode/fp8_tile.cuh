@@ -91,51 +91,63 @@ struct Fp8TileSmem {
 static_assert(sizeof(Fp8TileSmem) <= 227 * 1024, "shared memory per block on sm_90");
 static_assert(sizeof(Fp8TileSmem::Stage) % 1024 == 0, "stages keep the 1024-byte alignment of the swizzle");
 
-// The kernel's view of the plan: one pointer per region, derived from the struct's offsets, and the
-// addressing of pages and slots. Pointers rather than a reference to Fp8TileSmem: addressing the
-// struct's members directly gave ptxas 8 bytes of spills in this kernel; this form compiles to the
-// same SASS as the hand-kept offsets it replaced.
-struct Fp8TileView {
-  using C = Fp8TileConfig;
-  using L = Fp8TileSmem;
-  static constexpr int kStages = C::kStages;
-  static constexpr bool kOwnerReleasesStage = true;  // the page's owner (QK, scales) and the transposers read it
+// A 64-row tile's view of its shared-memory plan L: one pointer per region, derived from the struct's
+// offsets, and the addressing of pages and slots that the QK and softmax steps share (both 64-row
+// tiles' plans have these regions). Pointers rather than a reference to the plan: addressing the
+// struct's members directly gave ptxas 8 bytes of spills in the transposing tile; this form
+// compiles to the same SASS as the hand-kept offsets it replaced.
+template <typename L, int kStageCount>
+struct PageTileView {
+  static constexpr int kStages = kStageCount;
+  static constexpr int kRows = kTileRows;
   uint8_t* q_latent;
   uint8_t* stage;
-  uint8_t* vt_base;
   uint8_t* pbuf;
   float* scales;
-  L::Ring ring;
-  uint64_t* vt_full;   // [kVtStages]
-  uint64_t* vt_empty;  // [kVtStages]
-  float* xmax;         // [2][kRows]
-  float2* xsig;        // [2][kRows]
-  float* xl;           // [kConsumers][kRows]
+  typename L::Ring ring;
+  float* xmax;   // [2][kRows]
+  float2* xsig;  // [2][kRows]
+  float* xl;     // [consumers][kRows]
 
-  __device__ explicit Fp8TileView(uint8_t* base)
+  __device__ explicit PageTileView(uint8_t* base)
       : q_latent(base + offsetof(L, q_latent)),
         stage(base + offsetof(L, stages)),
-        vt_base(base + offsetof(L, vt)),
         pbuf(base + offsetof(L, p)),
         scales(reinterpret_cast<float*>(base + offsetof(L, scales))),
         ring(base + offsetof(L, ring)),
-        vt_full(reinterpret_cast<uint64_t*>(base + offsetof(L, vt_full))),
-        vt_empty(reinterpret_cast<uint64_t*>(base + offsetof(L, vt_empty))),
         xmax(reinterpret_cast<float*>(base + offsetof(L, xmax))),
         xsig(reinterpret_cast<float2*>(base + offsetof(L, xsig))),
         xl(reinterpret_cast<float*>(base + offsetof(L, xl))) {}
-  __device__ uint8_t* kl(int s) const { return stage + s * int(sizeof(L::Stage)); }
-  __device__ uint8_t* kr(int s) const { return stage + s * int(sizeof(L::Stage)) + offsetof(L::Stage, rope); }
-  __device__ float* scale(int s) const { return scales + s * C::kPageTokens; }
-  // P' of page j as e4m3 [64 rows x 64 slots] (K-major, in V^T's slot order).
+  __device__ uint8_t* kl(int s) const { return stage + s * int(sizeof(typename L::Stage)); }
+  __device__ uint8_t* kr(int s) const {
+    return stage + s * int(sizeof(typename L::Stage)) + offsetof(typename L::Stage, rope);
+  }
+  __device__ float* scale(int s) const { return scales + s * kPageSize; }
+  // P' of page j as e4m3 [64 rows x 64 slots] (K-major, in the S fragment's slot order).
   __device__ uint8_t* p_tile(int j) const { return pbuf + (j % 2) * L::kPBytes; }
+  // The running max after page j, the page's factors per row: slot j % 2.
+  __device__ float& max_after(int j, int r) const { return xmax[(j % 2) * kRows + r]; }
+  __device__ float2& factors_of(int j, int r) const { return xsig[(j % 2) * kRows + r]; }
+};
+
+// The transposing tile's view: the shared regions, and the V^T slots with their barriers.
+struct Fp8TileView : PageTileView<Fp8TileSmem, Fp8TileConfig::kStages> {
+  using C = Fp8TileConfig;
+  using L = Fp8TileSmem;
+  static constexpr bool kOwnerReleasesStage = true;  // the page's owner (QK, scales) and the transposers read it
+  uint8_t* vt_base;
+  uint64_t* vt_full;   // [kVtStages]
+  uint64_t* vt_empty;  // [kVtStages]
+
+  __device__ explicit Fp8TileView(uint8_t* base)
+      : PageTileView(base),
+        vt_base(base + offsetof(L, vt)),
+        vt_full(reinterpret_cast<uint64_t*>(base + offsetof(L, vt_full))),
+        vt_empty(reinterpret_cast<uint64_t*>(base + offsetof(L, vt_empty))) {}
   // V^T of page j, output half c (the halves are contiguous).
   __device__ uint8_t* vt_half(int j, int c) const {
     return vt_base + ((j % C::kVtStages) * C::kConsumers + c) * L::kVtHalfBytes;
   }
-  // The running max after page j, (sigma, rho) of page j: slot j % 2.
-  __device__ float& max_after(int j, int r) const { return xmax[(j % 2) * C::kRows + r]; }
-  __device__ float2& factors_of(int j, int r) const { return xsig[(j % 2) * C::kRows + r]; }
   // One thread, before a __syncthreads.
   __device__ void init_vt() const {
     for (int v = 0; v < C::kVtStages; ++v) {

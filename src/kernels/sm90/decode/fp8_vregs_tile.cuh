@@ -78,42 +78,19 @@ struct Fp8VRegsSmem {
 };
 static_assert(sizeof(Fp8VRegsSmem) <= 227 * 1024, "shared memory per block on sm_90");
 
-// The kernel's view: the accessors the shared QK and softmax steps use (as Fp8TileView's).
-struct Fp8VRegsView {
-  using C = Fp8VRegsConfig;
+// The kernel's view: the shared regions (PageTileView) and the output's per-row scales.
+struct Fp8VRegsView : PageTileView<Fp8VRegsSmem, Fp8VRegsConfig::kStages> {
   using L = Fp8VRegsSmem;
-  static constexpr int kStages = C::kStages;
   static constexpr bool kOwnerReleasesStage = false;  // both consumers release after their PV
-  uint8_t* q_latent;
   uint8_t* q_rope;
-  uint8_t* stage;
-  uint8_t* pbuf;
-  float* scales;
-  L::Ring ring;
-  float* xmax;
-  float2* xsig;
-  float* xl;
   float* out_scale;
   uint32_t* split_flags;
 
   __device__ explicit Fp8VRegsView(uint8_t* base)
-      : q_latent(base + offsetof(L, q_latent)),
+      : PageTileView(base),
         q_rope(base + offsetof(L, q_rope)),
-        stage(base + offsetof(L, stages)),
-        pbuf(base + offsetof(L, p)),
-        scales(reinterpret_cast<float*>(base + offsetof(L, scales))),
-        ring(base + offsetof(L, ring)),
-        xmax(reinterpret_cast<float*>(base + offsetof(L, xmax))),
-        xsig(reinterpret_cast<float2*>(base + offsetof(L, xsig))),
-        xl(reinterpret_cast<float*>(base + offsetof(L, xl))),
         out_scale(reinterpret_cast<float*>(base + offsetof(L, out_scale))),
         split_flags(reinterpret_cast<uint32_t*>(base + offsetof(L, split_flags))) {}
-  __device__ uint8_t* kl(int s) const { return stage + s * int(sizeof(L::Stage)); }
-  __device__ uint8_t* kr(int s) const { return stage + s * int(sizeof(L::Stage)) + offsetof(L::Stage, rope); }
-  __device__ float* scale(int s) const { return scales + s * C::kPageTokens; }
-  __device__ uint8_t* p_tile(int j) const { return pbuf + (j % 2) * L::kPBytes; }
-  __device__ float& max_after(int j, int r) const { return xmax[(j % 2) * C::kRows + r]; }
-  __device__ float2& factors_of(int j, int r) const { return xsig[(j % 2) * C::kRows + r]; }
 };
 
 // Page jj's output factors r (xsig's first component) for the thread's 16 accumulator columns,
@@ -138,7 +115,7 @@ __device__ __forceinline__ void load_vt(uint32_t (&a)[4][2][4], const uint8_t* k
   for (int ks = 0; ks < 2; ++ks) {
     const int t = vregs::lane_token(ks, lane);
 #pragma unroll
-    for (int mt = 0; mt < 4; ++mt) {
+    for (int mt = 0; mt < Fp8VRegsConfig::kMTiles; ++mt) {
       uint32_t v[4];
       ptx::ldsm_x4_trans(kl + vregs::vt_box(c, mt) * (kPageSize * kTmaBoxBytes) + t * kTmaBoxBytes +
                              vregs::vt_chunk(mt, w, t) * 16,
@@ -163,7 +140,7 @@ __device__ __forceinline__ void load_vt(uint32_t (&a)[4][2][4], const uint8_t* k
           sanitize |= tok >= band ? 0xFFu << (8 * i) : 0u;
         }
 #pragma unroll
-        for (int mt = 0; mt < 4; ++mt) {
+        for (int mt = 0; mt < Fp8VRegsConfig::kMTiles; ++mt) {
           a[mt][ks][2 * h] = zero_e4m3_nan(a[mt][ks][2 * h] & keep, sanitize);
           a[mt][ks][2 * h + 1] = zero_e4m3_nan(a[mt][ks][2 * h + 1] & keep, sanitize);
         }
@@ -189,19 +166,18 @@ __device__ __forceinline__ void store_columns(T* base, const float (&o)[4][8][4]
       const bool empty = scale == 0.f;
       if (col >= rows) continue;
 #pragma unroll
-      for (int mt = 0; mt < 4; ++mt)
+      for (int mt = 0; mt < Fp8VRegsConfig::kMTiles; ++mt)
         pack(base + col * kLatentDim + vregs::row_dim(0, mt, 0), empty ? 0.f : o[mt][n][e] * scale,
              empty ? 0.f : o[mt][n][e + 2] * scale);
     }
 }
 
-__device__ __forceinline__ void write_columns(const DecodeParams& p, const Work& w, bool single,
-                                              const float (&o)[4][8][4], const float* out_scale, int row0, int c,
-                                              int warp, int lane) {
+__device__ __forceinline__ void write_columns(const DecodeParams& p, const Work& w, const float (&o)[4][8][4],
+                                              const float* out_scale, int row0, int c, int warp, int lane) {
   // One base per thread (its first row and dim pair); rows and M tiles are offsets from it.
-  const int64_t at = ((single ? int64_t(w.seq) : int64_t(w.split)) * p.rows + row0) * kLatentDim +
+  const int64_t at = ((w.single ? int64_t(w.seq) : int64_t(w.split)) * p.rows + row0) * kLatentDim +
                      vregs::row_dim(c, 0, 16 * warp + lane / 4);
-  if (single)
+  if (w.single)
     store_columns(p.out + at, o, out_scale, p.rows - row0, lane % 4, [](uint16_t* d, float a, float b) {
       *reinterpret_cast<uint32_t*>(d) = bf16x2_bits(a, b);
     });
