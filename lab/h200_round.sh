@@ -36,15 +36,17 @@ case "$mode" in
     done
     ;;
   ncu)
-    # One decode_fp8 launch at b=128, h=64, s_k=8192: the full section set with source-level
-    # warp-stall sampling, as a details page and a per-SASS-instruction CSV (docs/archive/kernel_history.md
-    # sums the CSV's samples by code region).
-    ncu --set full --import-source yes -o "$out/decode_fp8_$commit" --kernel-name regex:decode_fp8_kernel \
-      --launch-skip 5 --launch-count 1 "$bin/snapmla" bench --reps 3 --case 128,64,1,8192 > "$out/ncu_run.txt" 2>&1
-    ncu -i "$out/decode_fp8_$commit.ncu-rep" --page details > "$out/ncu_decode_fp8_$commit.txt" 2>&1
-    ncu -i "$out/decode_fp8_$commit.ncu-rep" --page source --csv --print-source sass > "$out/ncu_source_$commit.csv" 2>&1
-    rm -f "$out/decode_fp8_$commit.ncu-rep"
-    grep -E "Duration|Executed Ipc Active|DRAM Throughput" "$out/ncu_decode_fp8_$commit.txt"
+    # One decode_fp8 launch (NCU_CASE, default b=128, h=64, s_k=8192; the 64-row tile that
+    # SNAPMLA_FP8_TILE picks): the full section set with source-level warp-stall sampling, as a
+    # details page and a per-SASS-instruction CSV (lab/ncu_regions.py sums the CSV's samples by
+    # code region).
+    tag=${commit}_${SNAPMLA_FP8_TILE:-default}
+    ncu --set full --import-source yes -o "$out/decode_fp8_$tag" --kernel-name regex:'decode_fp8.*kernel' \
+      --launch-skip 5 --launch-count 1 "$bin/snapmla" bench --reps 3 --case "${NCU_CASE:-128,64,1,8192}" > "$out/ncu_run_$tag.txt" 2>&1
+    ncu -i "$out/decode_fp8_$tag.ncu-rep" --page details > "$out/ncu_decode_fp8_$tag.txt" 2>&1
+    ncu -i "$out/decode_fp8_$tag.ncu-rep" --page source --csv --print-source sass > "$out/ncu_source_$tag.csv" 2>&1
+    rm -f "$out/decode_fp8_$tag.ncu-rep"
+    grep -E "Duration|Executed Ipc Active|DRAM Throughput" "$out/ncu_decode_fp8_$tag.txt"
     ;;
   compare)
     for r in $(seq "${ROUNDS:-2}"); do

@@ -198,6 +198,15 @@ def with_tile(call, tile):
     return run
 
 
+def fixed_split_plan(snapmla, lens, seqlens, workers, query_rows, split_blocks):
+    """The batch-invariant plan (plan_splits' split_blocks) for lengths `lens` (host) with room for
+    its splits: every sequence cut at multiples of split_blocks blocks."""
+    blocks = (lens + PAGE - 1) // PAGE
+    need = int(((blocks + split_blocks - 1) // split_blocks).clamp(min=1).sum())
+    return snapmla.plan_splits(seqlens, workers, query_rows=query_rows, split_blocks=split_blocks,
+                               capacity=need + workers)
+
+
 def run_case(case, args, peers, torch, snapmla, nvml, sms):
     b, h, s_q, s_k = case
     x = case_inputs(torch, snapmla, case, args.calls)
@@ -212,6 +221,9 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
     }
     if args.vregs:
         kernels["fp8_vregs"] = with_tile(kernels["fp8"], "vregs")
+    if args.split_blocks:
+        fixed = fixed_split_plan(snapmla, lens, seqlens, workers, s_q * h, args.split_blocks)
+        kernels["fp8_fixed"] = lambda t: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=fixed)
     if peers is not None:
         kernels.update(peer_kernels(torch, peers, x, s_q, h))
 
@@ -236,6 +248,9 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
         row["fp8_cycles_per_tile_page"] = round(row["fp8_us"] * row["sm_mhz"] * sms / tile_pages)
         if args.vregs:
             row["fp8_vregs_cycles_per_tile_page"] = round(row["fp8_vregs_us"] * row["sm_mhz"] * sms / tile_pages)
+    if args.split_blocks:
+        row["split_blocks"] = args.split_blocks
+        row["fp8_fixed_over_default"] = round(row["fp8_fixed_us"] / row["fp8_us"], 3)
     row["floor_us"] = round(floor_us(b, h, s_q, int(lens.sum()), args), 1)
     row["fp8_over_floor"] = round(row["fp8_us"] / row["floor_us"], 3)
     if peers is not None:
@@ -356,6 +371,9 @@ def main(argv=None):
                     help="the batch sweep (SWEEP) instead of --cases; writes h200_sweep.{json,md,png}")
     ap.add_argument("--vregs", action="store_true",
                     help="also time decode_fp8's V^T-register 64-row tile (fp8_vregs_us; not yet the default)")
+    ap.add_argument("--split-blocks", type=int, default=0, metavar="L",
+                    help="also time decode_fp8 on the batch-invariant plan of L-block splits (fp8_fixed_us, "
+                         "fp8_fixed_over_default: the option's cost)")
     ap.add_argument("--calls", type=int, default=10, help="decode calls per CUDA graph (default 10)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case (default 5)")
     ap.add_argument("--out", metavar="DIR", help="write h200.json and h200.md (h200_sweep.*) there")
@@ -396,6 +414,9 @@ def main(argv=None):
             if args.vregs:
                 msg += f"; vregs {row['fp8_vregs_us']} us -> {row['fp8_vregs_speedup_vs_flashmla_bf16']}x / " \
                        f"{row['fp8_vregs_speedup_vs_pr54_fp8']}x"
+        if args.split_blocks:
+            msg += f"; batch-invariant (L={args.split_blocks}) {row['fp8_fixed_us']} us, " \
+                   f"{row['fp8_fixed_over_default']}x the default plan's time"
         print(msg + f" (floor {row['floor_us']}, {row['sm_mhz']} MHz)", flush=True)
     md = markdown(meta, rows, peers is not None)
     name = "h200_sweep" if args.sweep else "h200"

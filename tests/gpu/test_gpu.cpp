@@ -648,6 +648,101 @@ TEST(GpuDecode, LongSequenceAgainstFloat64Truth) {
   EXPECT_GT(rel, 0.005);
 }
 
+// plan_splits(split_blocks = L) on the GPU: a row gives the same bits decoded alone, in a batch,
+// and in the batch with another row's length gone bad (which changes the default plan: the
+// bad row has no splits), for both decodes and the narrow and 64-row tiles. The default plan
+// is checked to differ between alone and in the batch here, so the comparison can tell them
+// apart.
+TEST(GpuDecode, BatchInvariantPlanGivesARowTheSameBitsInAnyBatch) {
+  REQUIRE_GPU();
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  struct FixedPlan {  // a GPU plan with room for the fixed splits (or the default where L = 0)
+    DeviceBuffer<int32_t> offsets, begins, worker_splits;
+    DeviceBuffer<uint8_t> workspace;
+    SplitPlan plan;
+    FixedPlan(PageTable pages, int workers, int s_q, int h, int split_blocks, int capacity)
+        : offsets(pages.batch + 1), begins(size_t(capacity)), worker_splits(size_t(capacity)),
+          workspace(decode_workspace_bytes(capacity, s_q, h)) {
+      plan = {offsets.get(), begins.get(), capacity, pages.batch, kGpu, worker_splits.get()};
+      plan_splits(pages, workers, plan, nullptr, s_q * h, split_blocks);
+    }
+    DecodeOptions options(float scale) {
+      DecodeOptions o;
+      o.softmax_scale = scale;
+      o.plan = &plan;
+      o.workspace = workspace.get();
+      o.workspace_bytes = workspace.size();
+      return o;
+    }
+  };
+  const std::vector<int32_t> lens = {2000, 777, 0, 130, 64, 5000};
+  const int L = 3, capacity = 200;
+  for (const int h : {16, 128})
+    for (const int s_q : {1, 2}) {
+      SCOPED_TRACE("h=" + std::to_string(h) + " s_q=" + std::to_string(s_q));
+      Batch B = make_batch(rng, lens, s_q, h);
+      GpuBatch G(B);
+      const int rows = s_q * h;
+      const size_t per_seq = size_t(rows) * kLatentDim;
+      for (bool fp8 : {true, false}) {
+        const std::string kernel = fp8 ? "decode_fp8" : "decode_bf16";
+        // Sequences [first, first + n) of the batch (their table rows and queries), decoded on a plan
+        // of `workers` workers; returns out and lse.
+        auto run = [&](int first, int n, int workers, int split_blocks) {
+          PageTable pages{G.table.get() + size_t(first) * B.max_pages, G.seqlens.get() + first, n, B.max_pages, kGpu};
+          FixedPlan plan(pages, workers, s_q, h, split_blocks, capacity);
+          DeviceBuffer<bf16> out(size_t(n) * per_seq);
+          DeviceBuffer<float> lse(size_t(n) * rows);
+          out.poison();
+          lse.poison();
+          const DecodeOutput o{out.get(), lse.get(), kGpu};
+          if (fp8) {
+            const QuantizedQuery q{G.q_nope.get() + size_t(first) * rows * kLatentDim,
+                                   G.q_rope.get() + size_t(first) * rows * kRopeDim,
+                                   G.q_scale.get() + size_t(first) * rows, n, s_q, h, kGpu};
+            decode_fp8(q, G.fp8(), pages, o, plan.options(B.softmax_scale));
+          } else {
+            const QueryBf16 q{G.q.get() + size_t(first) * rows * (kLatentDim + kRopeDim), n, s_q, h, kGpu};
+            decode_bf16(q, G.bf16c(), pages, o, plan.options(B.softmax_scale));
+          }
+          device_memory::cuda_ok(cudaDeviceSynchronize(), kernel.c_str());
+          return std::make_pair(out.download(), lse.download());
+        };
+        auto same_row = [&](const std::pair<std::vector<bf16>, std::vector<float>>& a, int ia,
+                            const std::pair<std::vector<bf16>, std::vector<float>>& b, int ib) {
+          return std::memcmp(a.first.data() + ia * per_seq, b.first.data() + ib * per_seq, per_seq * 2) == 0 &&
+                 std::memcmp(a.second.data() + ia * rows, b.second.data() + ib * rows, size_t(rows) * 4) == 0;
+        };
+        G.seqlens.upload(lens);
+        const auto in_batch = run(0, B.batch, 24, L);
+        std::vector<int32_t> bad = lens;
+        bad[3] = B.max_pages * kPageSize + 1;  // past its table row: that row NaN, no splits
+        G.seqlens.upload(bad);
+        const auto with_bad = run(0, B.batch, 24, L);
+        G.seqlens.upload(lens);
+        for (int i = 0; i < B.batch; ++i) {
+          const auto alone = run(i, 1, 7, L);
+          EXPECT_TRUE(same_row(alone, 0, in_batch, i)) << kernel << " sequence " << i << ": alone != in the batch";
+          if (i != 3) {
+            EXPECT_TRUE(same_row(with_bad, i, in_batch, i)) << kernel << " sequence " << i << ": another row's bad length changed it";
+          }
+        }
+        for (size_t k = 0; k < per_seq; ++k) ASSERT_TRUE(std::isnan(to_float(with_bad.first[3 * per_seq + k])));
+        // The default plan: sequence 5 (79 blocks) alone on 132 workers is cut differently than among
+        // the others on 24.
+        const auto alone_default = run(5, 1, 132, 0), batch_default = run(0, B.batch, 24, 0);
+        EXPECT_FALSE(same_row(alone_default, 0, batch_default, 5)) << kernel << ": the default plan gave the same bits";
+        // And the fixed plan's result is right, not only repeatable.
+        if (fp8) {
+          test::OwnedPlan hp(B.pages(), 24, rows, L, capacity);
+          const auto want = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), test::options(B, &hp.plan));
+          expect_fp8_rows(B, fp8_row_stats(B), as_float(in_batch.first), bf16_rounded(want.out));
+        }
+      }
+    }
+}
+
 TEST(GpuGraph, CapturedDecodeStepReplaysWithNewSeqlens) {
   REQUIRE_GPU();
   auto rng = make_rng();

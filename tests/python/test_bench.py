@@ -40,3 +40,16 @@ def test_with_tile_restores_the_environment_when_the_call_raises():
 def test_parse_case_reads_uniform_lengths():
     assert bench.parse_case("128,128,1,U") == (128, 128, 1, "U")
     assert bench.parse_case("32,128,2,65536") == (32, 128, 2, 65536)
+
+
+def test_fixed_split_plan_cuts_every_sequence_at_multiples_of_split_blocks():
+    torch = __import__("pytest").importorskip("torch")
+    import snapmla
+    lens = torch.tensor([2000, 0, 130, 64, 5000], dtype=torch.int32)
+    plan = bench.fixed_split_plan(snapmla, lens, lens.clone(), 24, 128, 3)
+    offsets = plan.split_offsets.tolist()
+    blocks = [(int(n) + 63) // 64 for n in lens]
+    assert [offsets[i + 1] - offsets[i] for i in range(len(blocks))] == [max(1, (n + 2) // 3) for n in blocks]
+    begins = plan.split_begin.tolist()
+    for i, n in enumerate(blocks):
+        assert begins[offsets[i]:offsets[i + 1]] == [64 * 3 * j for j in range(max(1, (n + 2) // 3))]

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The whole test suite on the H200 in one device call, one process per framework, as
+# scripts/test.sh runs it on a machine with an sm_90 GPU, but offline (the H200 machine has no
+# network): the C++ CPU and GPU suites from binaries built here with nvcc (.devbin/: build/tests/
+# snapmla_tests and snapmla_gpu_tests, build/snapmla), unfiltered; `pip install .` from the wheels
+# in .whl/; then the whole pytest suite in one interpreter (the PyTorch GPU tests run there).
+#   lab/h200_suite.sh [OUT_DIR]     (default $OUT or /tmp/h200); its logs come back as OUT_DIR/h200_suite.tgz
+# Exit status: the number of parts that failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+dest=${1:-${OUT:-/tmp/h200}}
+mkdir -p "$dest"
+dest=$(cd "$dest" && pwd)
+out=$(mktemp -d /tmp/h200suite.XXXX)
+trap 'tar czf "$dest/h200_suite.tgz" -C "$out" . 2>/dev/null' EXIT
+export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+failed=0
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tee "$out/gpu.txt"
+for suite in snapmla_tests snapmla_gpu_tests; do
+  stamp "$suite (whole)"
+  timeout ${TEST_TIMEOUT:-300} ".devbin/$suite" > "$out/$suite.log" 2>&1
+  rc=$?
+  echo "$suite exit: $rc"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\] [0-9]+ tests" "$out/$suite.log" | tail -6
+  grep -E "^\[  FAILED  \]" "$out/$suite.log" | head -20
+  [ $rc -eq 0 ] || failed=$((failed + 1))
+done
+stamp "pip install ."
+ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps .whl/*.whl
+if python3 -m pip install --no-build-isolation --no-index --no-deps . > "$out/pip_install.log" 2>&1; then
+  repo=$PWD
+  cd /tmp  # the installed package, not the source tree
+  python3 -c "import snapmla; print(snapmla.info())" | tee "$out/info.txt"
+  stamp "pytest (whole suite, one process)"
+  timeout ${PYTEST_TIMEOUT:-400} python3 -X faulthandler -m pytest -q -rs -p no:cacheprovider "$repo/tests/python" \
+    > "$out/pytest.log" 2>&1
+  rc=$?
+  echo "pytest exit: $rc"
+  tail -1 "$out/pytest.log"
+  grep -E "^(FAILED|ERROR) |Fatal Python error" "$out/pytest.log" | head -20
+  # A skip on this machine is a GPU test that did not run: list them.
+  grep -E "^SKIPPED" "$out/pytest.log" | head -10
+  [ $rc -eq 0 ] || failed=$((failed + 1))
+else
+  tail -30 "$out/pip_install.log"
+  failed=$((failed + 1))
+fi
+stamp "done: $failed part(s) failed"
+exit $failed
