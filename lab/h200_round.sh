@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One round on the H200 (device tool): binaries built here are carried in .devbin/.
 #   lab/h200_round.sh tests|sanitize|bench|quick|ncu|compare|stamps [commit]
-# compare: .devbin/snapmla and every .devbin/snapmla_<name> build (e.g. main and a branch) timed on b=128, 8K,
-# h=128/64/16, interleaved over $ROUNDS rounds (default 2) in this one run. stamps: every
+# compare: .devbin/snapmla and every .devbin/snapmla_<name> build (e.g. main and a lab build) timed on
+# COMPARE_CASES (default b=128, 8K, h=128/64/16/8), interleaved over $ROUNDS rounds (default 2) in this one run. stamps: every
 # .devbin/snapmla_st<name> build (configured with -DCMAKE_CUDA_FLAGS=-DSNAPMLA_STAMPS) prints one
 # CTA's clock64 stamps at each h.
 # Writes logs under $OUT (the device tool brings them back) or /tmp/h200 when run elsewhere.
@@ -54,7 +54,9 @@ case "$mode" in
         [ -x "$b" ] || continue
         case "$b" in *_st*|*gpu_tests*) continue ;; esac
         echo "== ${b##*/} round $r"
-        "$b" bench --reps 10 --case 128,128,1,8192 --case 128,64,1,8192 --case 128,16,1,8192 --case 128,8,1,8192 2>&1 | grep -E "^ +128"
+        # shellcheck disable=SC2046
+        "$b" bench --reps 10 $(for c in ${COMPARE_CASES:-128,128,1,8192 128,64,1,8192 128,16,1,8192 128,8,1,8192}; do
+          echo --case "$c"; done) 2>&1 | grep -E "^ +[0-9]+ +[0-9]+ "
       done
     done 2>&1 | tee "$out/compare.log"
     ;;
