@@ -1,7 +1,8 @@
 """The end-to-end engine (snapmla.e2e) on a tiny DeepSeek-V3-shaped model through the CPU
-reference: admission and page accounting, the budget, one plan per step, FP8 against BF16
-tokens, tensor parallelism over gloo, the command line and its results files; on an sm_90 GPU,
-CUDA-graph steps against eager ones.
+reference: admission and page accounting, the budget, one plan per step, decode steps against a
+dense recomputation without cache, FP8 against BF16 tokens, the benchmark's window (admissions and
+retirements, the arrival clock, interleaved repeats), tensor parallelism over gloo, the command
+line and its results files; on an sm_90 GPU, CUDA-graph steps against eager ones.
 
 Skips with a message where PyTorch is not installed (but the missing-PyTorch error is tested)."""
 
@@ -39,7 +40,8 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed: e2e engin
 
 import snapmla  # noqa: E402
 import snapmla.torch as st  # noqa: E402
-from snapmla.e2e.bench import make_requests  # noqa: E402
+from snapmla import PAGE_SIZE  # noqa: E402
+from snapmla.e2e.bench import Progress, make_requests, measure, parse_args  # noqa: E402
 from snapmla.e2e.engine import BYTES_PER_TOKEN, Engine, Request, pages_needed  # noqa: E402
 from snapmla.e2e.model import Model, ModelConfig  # noqa: E402
 
@@ -158,6 +160,165 @@ def test_fp8_and_bf16_caches_give_the_same_tokens_where_the_margin_allows():
     assert float((tf == tb).float().mean()) >= 0.8
 
 
+def _decode_against_dense(cache):
+    """Six requests (prompts of 40-200 tokens, 3-9 decode steps, some crossing a page boundary)
+    through an engine of 3 rows and 9 pages, so that requests retire mid-run, their rows move,
+    queued ones are admitted into pages that still hold other requests' rows. Returns, per
+    request, the rel-L2 distance of each step's logits from Model.dense_forward over the request's
+    whole sequence, and the pages each request held."""
+    model = Model(CFG, "cpu", seed=0, max_pos=1024)
+    model.keep_logits = True
+    gen = torch.Generator().manual_seed(3)
+    shapes = [(62, 6), (130, 3), (40, 9), (200, 5), (64, 7), (97, 4)]
+    reqs = [Request(i, torch.randint(0, CFG.vocab, (p,), generator=gen), o) for i, (p, o) in enumerate(shapes)]
+    eng = Engine(model, cache, 9 * CFG.layers * PAGE_SIZE * BYTES_PER_TOKEN[cache], max_len=1024,
+                 max_batch=3, record_tokens=True)
+    for r in reqs:
+        eng.submit(r)
+    logits, pages = {}, {}
+    while eng.queue or eng.running:
+        eng.admit()
+        for r in eng.running:
+            pages.setdefault(r.id, list(r.pages))
+        rows = [r.id for r in eng.running]
+        eng.step()
+        for row, rid in enumerate(rows):
+            logits.setdefault(rid, []).append(model.last_logits[row].clone())
+    rel = {}
+    for r in eng.finished:
+        # The sequence the steps read: the prompt, then every output token but the last.
+        dense = model.dense_forward(torch.cat([r.prompt, torch.tensor(r.tokens[:-1])]), len(r.prompt))
+        ours = torch.stack(logits[r.id])
+        assert ours.shape == dense.shape == (r.output_len, CFG.vocab)
+        rel[r.id] = ((ours - dense).norm(dim=1) / dense.norm(dim=1)).tolist()
+    return rel, pages
+
+
+# Bounds on each decode step's logits against the dense recomputation, rel-L2 per step.
+# BF16 cache: the engine rounds to bf16 (relative error <= 2^-9, RMS ~0.11%) some 12 tensors per
+# layer on the way to the logits (norms, projections, query, rope, cache row, attention output,
+# values, residual) plus the final norm and the logits; independent roundings add in quadrature,
+# ~sqrt(2 * 12 + 3) * 0.11% = 0.6% per step, and the dense pass (float32) has none of them.
+# Measured: 0.9% mean, 1.6% worst step. Bound 4%.
+# FP8 cache: e4m3 keeps 3 mantissa bits, an error of up to 2^-4 relative (RMS 3.6%) on every cached
+# latent (the rope part stays bf16), the query's latent part and P; the attention output of each
+# layer moves by a few percent (the value rows' errors partly cancel in the average, the scores'
+# do not) and the two layers add up: measured 7% mean, 10.9% worst step (and 7.5% on the first
+# step against the BF16 cache, test below). Bound 20%.
+# What the bounds catch (tried by patching the engine): a step that leaves its own new row out of
+# attention gives 21% (BF16) / 23% (FP8) on its worst step; a request reading another request's
+# page table, a retirement that moves a row without its page table, or a sequence length short by
+# a page give 100-140% for either cache. So the BF16 run catches a single wrong row, the FP8 run
+# a wrong page or position; the BF16 test below also checks that the first mistake fails it.
+DENSE_BOUND = {"bf16": 0.04, "fp8": 0.20}
+
+
+@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+def test_decode_steps_match_a_dense_recomputation_without_cache(cache):
+    rel, pages = _decode_against_dense(cache)
+    assert sorted(rel) == list(range(6))
+    worst = max(max(steps) for steps in rel.values())
+    last = max(steps[-1] for steps in rel.values())  # each request's last step
+    assert last <= worst < DENSE_BOUND[cache], (cache, rel)
+    # The run did reuse pages: some page held rows of two requests in turn.
+    held = [p for ps in pages.values() for p in ps]
+    assert len(set(held)) < len(held)
+
+
+def test_the_dense_comparison_fails_when_a_step_misses_its_own_row(monkeypatch):
+    decode_bf16 = st.decode_bf16
+
+    def one_row_short(q, cache, block_table, seqlens, **kw):
+        return decode_bf16(q, cache, block_table, (seqlens - 1).clamp_min(1), **kw)
+
+    monkeypatch.setattr(st, "decode_bf16", one_row_short)
+    rel, _ = _decode_against_dense("bf16")
+    assert max(max(steps) for steps in rel.values()) > DENSE_BOUND["bf16"]
+
+
+def _window(cache, kv_pages, argv, steps, cfg=None):
+    """One benchmark run in process (bench.measure) with the page pool checked after every step;
+    returns the run's row, the engine, and (engine.admitted, len(engine.finished)) after each step."""
+    cfg = cfg or CFG
+    args = parse_args(["--device", "cpu"] + argv)
+    model = Model(cfg, "cpu", max_pos=4096)
+    seen = []
+
+    def after_step(eng):
+        eng.pool.check(eng.owners())  # no page leaked, held twice, or both free and held
+        seen.append((eng, eng.admitted, len(eng.finished)))
+
+    row = measure(model, cache, kv_pages * cfg.layers * PAGE_SIZE * BYTES_PER_TOKEN[cache], 16, args,
+                  Progress(False), steps=steps, on_step=after_step)
+    return row, seen[-1][0], [s[1:] for s in seen], args
+
+
+def test_window_admits_and_retires_requests_with_the_default_lengths():
+    """The default output lengths (uniform 1..2048) on a pool of 1400 pages (~80 requests' worth)
+    and 64 rows: a request of the first batch finishes within the 200-step window with probability
+    ~200 / 2048, ~6 of 64 (the chance of none is e^-6), and each one that finishes frees a row for
+    the queue's head. One head of the model (the bookkeeping does not depend on it) keeps the CPU
+    reference's steps cheap."""
+    row, eng, seen, args = _window("bf16", 1400, ["--max-batch", "64", "--warmup-steps", "2"], 200,
+                                   cfg=ModelConfig.tiny(heads=1))
+    assert str(args.lengths) == "uniform:1-2048"
+    assert row["steps"] == 200 and len(seen) == 2 + 200
+    assert row["admitted"] > 0 and row["retired"] > 0
+    # The window's counts are the engine's own: its admission counter and its finished list over
+    # the window's steps, and every request that finished made exactly its output length.
+    start, end = seen[1], seen[-1]
+    assert row["admitted"] == end[0] - start[0] and row["retired"] == end[1] - start[1]
+    assert row["running_at_start"] + row["admitted"] - row["retired"] == row["running_at_end"] == len(eng.running)
+    assert all(r.steps == r.output_len and not r.pages for r in eng.finished)
+    # The pool has pages to spare, so each row a request frees is refilled before the next step.
+    assert row["admitted"] == row["retired"] and row["batch_min"] == row["batch_max"] == 64
+    eng.pool.check(eng.owners())
+    assert eng.pool.free_pages + sum(len(r.pages) for r in eng.running) == eng.pool.num_pages
+
+
+def test_arrival_rate_clock_admits_requests_over_time():
+    """50 requests per second against CPU steps of ~5-10 ms: a request arrives every few steps, so
+    the engine starts from one request and admits the others as the clock (the summed step times)
+    passes their arrival times. TPOT is a mean of consecutive step times, so it lies within the
+    window's shortest and longest step."""
+    steps = 40
+    row, eng, seen, _ = _window("fp8", 200, ["--arrival-rate", "50", "--output-len-dist", "uniform:4-16",
+                                             "--warmup-steps", "1"], steps)
+    assert row["running_at_start"] <= 2 and row["arrived"] > 3 and row["admitted"] > 3
+    admitting_steps = {k for k in range(1, len(seen)) if seen[k][0] > seen[k - 1][0]}
+    assert len(admitting_steps) >= 3  # admissions spread over the window, not all at step 0
+    secs = eng.step_seconds()[-steps:]
+    assert row["tpot_requests"] > 0 and row["tpot_ms_p50"] > 0
+    for q in ("tpot_ms_p50", "tpot_ms_p99"):
+        assert 1e3 * min(secs) * 0.999 <= row[q] <= 1e3 * max(secs) * 1.001
+    assert row["queue_wait_ms_p50"] is not None and row["queue_wait_ms_p50"] >= 0
+    assert row["clock_s"] >= sum(secs) * 0.999  # idle time until arrivals counts on the clock
+
+
+def test_reserved_weights_come_off_the_memory_before_the_pool(monkeypatch):
+    from snapmla.e2e import bench
+    from snapmla.e2e.model import TensorParallel
+    monkeypatch.setattr(bench, "available_bytes", lambda device: 3 * 2 ** 30)
+    """On the CPU: 3 GiB available, 1 GiB kept for the process, --weights-gib off the rest."""
+    cpu, one_rank = torch.device("cpu"), TensorParallel()
+    assert bench.kv_budget(parse_args(["--device", "cpu", "--weights-gib", "1.875"]), cpu, one_rank) == 2 ** 27
+    with pytest.raises(SystemExit, match="--weights-gib 2.5"):
+        bench.kv_budget(parse_args(["--device", "cpu", "--weights-gib", "2.5"]), cpu, one_rank)
+
+
+def test_output_length_options():
+    assert str(parse_args([]).lengths) == "uniform:1-2048"
+    assert str(parse_args(["--output-len", "7"]).lengths) == "fixed:7"
+    # The later of the two counts (a script's --output-len, then a caller's --output-len-dist).
+    assert str(parse_args(["--output-len", "7", "--output-len-dist", "uniform:2-9"]).lengths) == "uniform:2-9"
+    for bad in (["--output-len-dist", "uniform:9-2"], ["--output-len-dist", "normal:3"], ["--output-len", "0"],
+                ["--deployments", "tp3"], ["--deployments", "dp,dp"], ["--deployments", "dp", "--tp", "2"]):
+        with pytest.raises(SystemExit):
+            parse_args(bad)
+    assert [(d.name, d.model_heads) for d in parse_args(["--deployments", "dp,tp8"]).deployments] == [
+        ("dp", 128), ("tp8", 16)]
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -176,7 +337,7 @@ def _run_cli(args, tmp_path, tp=1):
 
 def test_tensor_parallel_over_gloo_gives_the_tokens_of_one_rank(tmp_path):
     common = TINY + ["--heads", "32", "--contexts", "150", "--output-len", "6", "--kv-gib", "0.01",
-                     "--requests", "5", "--steps", "2", "--warmup-steps", "1"]
+                     "--requests", "5", "--steps", "2", "--warmup-steps", "1", "--repeats", "1"]
     _run_cli(common + ["--tokens-out", str(tmp_path / "tp1.json")], tmp_path)
     _run_cli(common + ["--tp", "2", "--tokens-out", str(tmp_path / "tp2.json")], tmp_path, tp=2)
     one, two = json.loads((tmp_path / "tp1.json").read_text()), json.loads((tmp_path / "tp2.json").read_text())
@@ -192,22 +353,65 @@ def test_tp_must_match_the_processes(tmp_path):
 
 
 def test_command_line_writes_the_results_files(tmp_path):
+    """Two deployments, two contexts, three interleaved repeats: a results row per (deployment,
+    context) whose medians and ranges are those of its runs, the runs in the order fp8, bf16, fp8,
+    bf16, ..., the same requests in every repeat, and both caches' pools from the same budget."""
     prefix = tmp_path / "results" / "e2e_test"
-    r = _run_cli(TINY + ["--heads", "16", "--contexts", "100,200", "--output-len", "8", "--kv-gib", "0.002",
-                         "--steps", "3", "--warmup-steps", "1", "--out", str(prefix)], tmp_path)
+    r = _run_cli(TINY + ["--heads", "16", "--deployments", "dp,tp4", "--contexts", "100,200",
+                         "--output-len-dist", "uniform:1-8", "--kv-gib", "0.002", "--steps", "6",
+                         "--warmup-steps", "1", "--repeats", "3", "--out", str(prefix)], tmp_path)
     doc = json.loads(prefix.with_suffix(".json").read_text())
-    assert {"gpu", "date", "commit", "results"} <= set(doc)
-    assert [row["context"] for row in doc["results"]] == [100, 200]
+    assert {"gpu", "date", "commit", "results", "runs", "deployments", "repeats"} <= set(doc)
+    assert [(b["deployment"], b["heads"]) for b in doc["deployments"]] == [("dp", 16), ("tp4", 4)]
+    assert [(row["deployment"], row["context"]) for row in doc["results"]] == [
+        ("dp", 100), ("dp", 200), ("tp4", 100), ("tp4", 200)]
+    runs = doc["runs"]
     for row in doc["results"]:
+        assert row["heads"] == (16 if row["deployment"] == "dp" else 4) and row["repeats"] == 3
+        assert row["bf16_kernel"] == "snapmla"
+        mine = [x for x in runs if (x["deployment"], x["context"]) == (row["deployment"], row["context"])]
+        # The order the runs were made in (their progress lines below say the same).
+        assert [(x["cache"], x["repeat"]) for x in mine] == [(c, k) for k in range(3) for c in ("fp8", "bf16")]
+        for cache in ("fp8", "bf16"):
+            values = [x["tokens_per_s"] for x in mine if x["cache"] == cache]
+            assert row[f"{cache}_tokens_per_s"] == sorted(values)[1]  # the median of three
+            assert row[f"{cache}_tokens_per_s_range"] == [min(values), max(values)]
+            assert row[f"{cache}_tokens_per_s_repeats"] == values and all(v > 0 for v in values)
+            # The same requests in every repeat: the same schedule of admissions and retirements.
+            schedules = {(x["batch"], x["admitted"], x["retired"]) for x in mine if x["cache"] == cache}
+            assert len(schedules) == 1
+            for key in ("admitted", "retired", "batch", "step_ms_p50", "step_ms_p99"):
+                assert f"{cache}_{key}" in row
         assert row["fp8_batch"] > row["bf16_batch"] > 0  # the same budget holds more FP8 requests
-        assert row["fp8_tokens_per_s"] > 0 and row["bf16_tokens_per_s"] > 0
-        assert abs(row["speedup"] - row["batch_ratio"] * row["fp8_tokens_per_s"] / row["fp8_batch"]
-                   * row["bf16_batch"] / row["bf16_tokens_per_s"]) < 1e-6
-    assert "| 100 |" in prefix.with_suffix(".md").read_text()
-    assert "[fp8 200] decode step" in r.stderr  # the progress line
+        # Both caches get the same budget bytes, and each pool (the bytes of its planes) is that
+        # budget to within one of its pages.
+        budgets = {x["kv_bytes"] for x in mine}
+        assert len(budgets) == 1
+        for x in mine:
+            page = CFG.layers * PAGE_SIZE * BYTES_PER_TOKEN[x["cache"]]
+            assert x["pool_bytes"] <= x["kv_bytes"] < x["pool_bytes"] + page
+    order = [line.split("]")[0] + "]" for line in r.stderr.splitlines() if line.endswith("] prefill")]
+    assert order[:6] == [f"[dp {c} 100 #{k}]" for k in (1, 2, 3) for c in ("fp8", "bf16")]
+    md = prefix.with_suffix(".md").read_text()
+    assert "## dp: 16 heads per GPU" in md and "## tp4: 4 heads per GPU" in md and "| 100 |" in md
+    assert "Prefill is not in tokens/s" in md and "Prefill is not in tokens/s" in r.stdout
     if importlib.util.find_spec("matplotlib") is None:
         pytest.skip("matplotlib is not installed: the PNG is not written")
     assert prefix.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # matplotlib's own, on import
+def test_replot_reads_a_results_file_of_one_deployment(tmp_path):
+    """--replot on a results file without the deployments list (one deployment, one repeat)."""
+    from snapmla.e2e import report
+    doc = {"gpu": "G", "date": "d", "commit": "c", "setup": "s", "notes": [], "results": [
+        {"context": 8192, "fp8_tokens_per_s": 300.0, "bf16_tokens_per_s": 200.0, "fp8_batch": 30, "bf16_batch": 17,
+         "speedup": 1.5, "batch_ratio": 1.76, "step_ratio": 0.85, "fp8_step_ms_p50": 1.0, "fp8_step_ms_p99": 1.1,
+         "bf16_step_ms_p50": 1.0, "bf16_step_ms_p99": 1.2}]}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(doc))
+    report.replot(str(path))
+    assert "| 8K | 300 | 200 | 1.50x |" in (tmp_path / "old.md").read_text()
 
 
 @pytest.mark.skipif(not GPU, reason="no sm_90 GPU (or a build without CUDA): CUDA-graph engine test skipped")

@@ -141,6 +141,7 @@ class Engine:
         self.capture_seconds = 0.0
         self.prefill_seconds = 0.0
         self.prefill_tokens = 0
+        self.admitted = 0  # requests admitted so far (finished ones are in self.finished)
         self.log: Optional[List[StepRecord]] = None  # set to a list to record steps
 
     # -- requests -----------------------------------------------------------------------------
@@ -169,6 +170,7 @@ class Engine:
             req.pages = self.pool.alloc(pages_needed(len(req.prompt), req.output_len), req.id)
             new.append(req)
         if new:
+            self.admitted += len(new)
             self._prefill(new)
             for req in new:
                 row = len(self.running)
@@ -283,11 +285,11 @@ class Engine:
         if check_pages:
             self.pool.check(self.owners())
 
-    def step_seconds(self) -> List[float]:
-        """The logged steps' durations (synchronizes)."""
+    def step_seconds(self, first: int = 0) -> List[float]:
+        """The durations of the logged steps from log[first] on (synchronizes)."""
         self._sync()
         return [r.seconds if r.events is None else r.events[0].elapsed_time(r.events[1]) / 1e3
-                for r in self.log or []]
+                for r in (self.log or [])[first:]]
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

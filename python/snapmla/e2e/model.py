@@ -109,9 +109,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return (xf * cos + rotated * sin).to(torch.bfloat16)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / rms(x) in float32, before the norm's weight."""
     xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(torch.bfloat16)
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return (rms_normalize(x, eps) * weight.float()).to(torch.bfloat16)
 
 
 def matmul_f32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -214,9 +219,10 @@ class Model:
 
     # -- prefill ----------------------------------------------------------------------------
 
-    def latent_rows(self, layer: MLALayer, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The cache rows [n, 576] of n tokens: RMSNorm'd latent, then the rotated rope key."""
-        kv = rms_norm(hidden, layer.input_norm, self.cfg.rms_eps) @ layer.w_kv_a
+    def latent_rows(self, layer: MLALayer, normalized: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The cache rows [n, 576] of n tokens from their rms-normalized input (float32): the
+        input norm's weight, the KV projection, the RMSNorm'd latent, then the rotated rope key."""
+        kv = (normalized * layer.input_norm.float()).to(torch.bfloat16) @ layer.w_kv_a
         latent = rms_norm(kv[:, :self.cfg.kv_lora_rank], layer.kv_a_norm, self.cfg.rms_eps)
         cos, sin = self.rope[0][positions], self.rope[1][positions]
         return torch.cat([latent, apply_rope(kv[:, self.cfg.kv_lora_rank:], cos, sin)], dim=-1)
@@ -224,10 +230,60 @@ class Model:
     def prefill(self, caches, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
         """Writes the prompt tokens' rows to every layer's cache through the library's append.
         Each layer's KV projection runs on the prompt's embeddings (a benchmark's prefill: the
-        cache gets realistic rows at the cost of one GEMM per layer, without prompt attention)."""
-        hidden = F.embedding(tokens, self.embed)
+        cache gets realistic rows at the cost of one GEMM per layer, without prompt attention).
+        Every layer reads the same embeddings, so their rms normalization is computed once (the
+        rows are the bits rms_norm gives: the same float32 operations in the same order)."""
+        normalized = rms_normalize(F.embedding(tokens, self.embed), self.cfg.rms_eps)
         for layer, cache in zip(self.layers, caches):
-            st.append(cache, self.latent_rows(layer, hidden, positions), slots)
+            st.append(cache, self.latent_rows(layer, normalized, positions), slots)
+
+    # -- dense recomputation (tests) ----------------------------------------------------------
+
+    def dense_forward(self, tokens: torch.Tensor, prompt_len: int) -> torch.Tensor:
+        """The logits (float32, [len(tokens) - prompt_len + 1, vocab]) the decode steps of one
+        sequence compute at positions prompt_len - 1 .. len(tokens) - 1, recomputed without a
+        cache: every weight in float32, attention as plain causal softmax over the whole sequence
+        with the per-head keys and values (latent @ W_UK^T, latent @ W_UV) instead of the absorbed
+        query. It is the same function as prefill + decode_step: the first prompt_len - 1
+        positions' KV rows come from the embeddings in every layer (the benchmark's prefill), the
+        later ones from each layer's own input. One rank only."""
+        if self.tp.size != 1:
+            raise ValueError("dense_forward: one rank only (--tp 1)")
+        cfg, hl = self.cfg, self.local_heads
+        f32 = lambda w: w.float().cpu()  # noqa: E731
+        norm = lambda x, w: rms_normalize(x, cfg.rms_eps) * f32(w)  # noqa: E731
+        tokens = tokens.cpu().long()
+        n, prefilled = len(tokens), prompt_len - 1
+        if not 0 <= prefilled < n:
+            raise ValueError(f"dense_forward: prompt_len {prompt_len} for {n} tokens")
+        cos, sin = (self.rope[i][:n].float().cpu() for i in (0, 1))
+        emb = f32(self.embed)[tokens]
+        x = emb[prefilled:]  # the decoded positions' hidden states
+        causal = torch.arange(n)[None, :] <= torch.arange(prefilled, n)[:, None]  # [m, n]
+
+        def rotate(v, c, s):  # rotate-half RoPE, float32
+            half = v.shape[-1] // 2
+            return v * c + torch.cat([-v[..., half:], v[..., :half]], dim=-1) * s
+
+        for layer in self.layers:
+            kv = norm(torch.cat([emb[:prefilled], x]), layer.input_norm) @ f32(layer.w_kv_a)
+            latent = norm(kv[:, :cfg.kv_lora_rank], layer.kv_a_norm)  # [n, 512]
+            k_rope = rotate(kv[:, cfg.kv_lora_rank:], cos, sin)  # [n, 64]
+            q = norm(norm(x, layer.input_norm) @ f32(layer.w_q_a), layer.q_a_norm) @ f32(layer.w_q_b)
+            q = q.view(len(x), hl, cfg.qk_nope_dim + cfg.qk_rope_dim)
+            q_nope = q[..., :cfg.qk_nope_dim]
+            q_rope = rotate(q[..., cfg.qk_nope_dim:], cos[prefilled:, None], sin[prefilled:, None])
+            k_nope = torch.einsum("tc,hdc->thd", latent, f32(layer.w_uk))  # [n, hl, qk_nope]
+            value = torch.einsum("tc,hcd->thd", latent, f32(layer.w_uv))  # [n, hl, v_head]
+            scores = (torch.einsum("ihd,thd->hit", q_nope, k_nope)
+                      + torch.einsum("ihd,td->hit", q_rope, k_rope)) * cfg.softmax_scale
+            p = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+            out = torch.einsum("hit,thd->ihd", p, value).reshape(len(x), hl * cfg.v_head_dim)
+            x = x + out @ f32(layer.w_o)
+            if self.mlp is not None:
+                gate, up = (norm(x, layer.post_norm) @ f32(self.mlp.w_gate_up)).chunk(2, dim=-1)
+                x = x + (F.silu(gate) * up) @ f32(self.mlp.w_down)
+        return norm(x, self.final_norm) @ f32(self.lm_head)
 
     # -- decode -----------------------------------------------------------------------------
 
