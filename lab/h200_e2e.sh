@@ -5,9 +5,9 @@
 # `python -m snapmla.e2e` at 8K, 16K, 32K and 64K contexts with both caches at the same KV
 # budget, writing e2e_h200.{json,md,png} (the PNG where matplotlib is installed) and the logs
 # under the output directory: lab/h200_e2e.sh [OUT_DIR] [COMMIT] (default $OUT or /tmp/h200).
-# E2E_ARGS adds options: E2E_ARGS="--bf16-kernel flashmla --peers $PWD/.peers" (an absolute path:
-# the run starts in /tmp) measures the BF16 cache on FlashMLA's kernel (files
-# e2e_h200_flashmla.*), E2E_ARGS=--moe-standin with the MoE stand-in.
+# With .peers/ carried (FlashMLA's loader) the BF16 cache runs on FlashMLA's kernel, else on
+# decode_bf16 (the output says which). E2E_ARGS adds options (e.g. "--deployments dp,tp8
+# --weights-gib 76 --repeats 3"), E2E_CONTEXTS / E2E_WINDOW_S / E2E_NAME change the defaults.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/h200}}
@@ -25,10 +25,11 @@ repo=$PWD
 cd /tmp  # import the installed package, not the source tree
 python3 -c "import snapmla; print(snapmla.info())"
 python3 -m pytest -q -rs -p no:cacheprovider "$repo/tests/python/test_e2e.py" 2>&1 | tee "$out/pytest_e2e.log" | tail -4
-name=e2e_h200
-case "${E2E_ARGS:-}" in *flashmla*) name=${name}_flashmla ;; esac
-case "${E2E_ARGS:-}" in *moe-standin*) name=${name}_moe ;; esac
+# FlashMLA's BF16 kernel is the BF16 cache's baseline wherever .peers/ was carried.
+peers=()
+[ -f "$repo/.peers/peers.py" ] && peers=(--peers "$repo/.peers")
+name=${E2E_NAME:-e2e_h200}
 # shellcheck disable=SC2086  (E2E_ARGS is a list of options)
-python3 -m snapmla.e2e --contexts 8192,16384,32768,65536 --output-len 1024 --window-s 2 ${E2E_ARGS:-} \
-  --commit "$commit" --out "$out/$name" 2>&1 | tee "$out/$name.log"
+python3 -m snapmla.e2e --contexts ${E2E_CONTEXTS:-8192,16384,32768,65536} --window-s ${E2E_WINDOW_S:-2} "${peers[@]}" \
+  ${E2E_ARGS:-} --commit "$commit" --out "$out/$name" 2>&1 | tee "$out/$name.log"
 echo "total: $(( $(date +%s) - t0 )) s"

@@ -480,6 +480,17 @@ def test_flashmla_bf16_kernel_needs_the_peers_and_a_gpu(capsys):
         assert expect in capsys.readouterr().err
 
 
+def test_the_bf16_baseline_is_flashmla_wherever_it_is_given():
+    """--bf16-kernel auto (the default): FlashMLA's kernel when --peers names it and the run may use
+    a GPU, our decode_bf16 otherwise; an explicit choice stays as given."""
+    from snapmla.e2e.bench import parse_args
+    assert parse_args([]).bf16_kernel == "snapmla"
+    assert parse_args(["--peers", "."]).bf16_kernel == "flashmla"
+    assert parse_args(["--peers", ".", "--device", "cpu"]).bf16_kernel == "snapmla"
+    assert parse_args(["--peers", ".", "--bf16-kernel", "snapmla"]).bf16_kernel == "snapmla"
+    assert parse_args(["--peers", ".", "--bf16-kernel", "snapmla"]).bf16_kernel_auto is False
+
+
 def test_a_model_larger_than_the_memory_stops_before_allocating():
     """The full DeepSeek-V3 shapes on a machine without their ~25 GiB: a SystemExit up front that
     says what fits, not an allocator error after a minute of allocating."""

@@ -156,9 +156,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     a("--moe-standin", action="store_true",
       help="add a dense SwiGLU per layer with the FLOPs of DeepSeek-V3's 9 active experts (intermediate 18432)")
     a("--mlp-intermediate", type=int, default=0, help="the stand-in's intermediate size (implies --moe-standin)")
-    a("--bf16-kernel", default="snapmla", choices=["snapmla", "flashmla"],
-      help="the BF16 cache's decode kernel: snapmla's decode_bf16, or FlashMLA's dense BF16 decode (what "
-           "engines run today; needs --peers)")
+    a("--bf16-kernel", default="auto", choices=["auto", "snapmla", "flashmla"],
+      help="the BF16 cache's decode kernel: FlashMLA's dense BF16 decode (what engines run today; needs "
+           "--peers and a GPU), snapmla's decode_bf16, or auto (default): FlashMLA where --peers is given "
+           "on a GPU, else decode_bf16, and the output says which")
     a("--peers", default=None, metavar="DIR",
       help="a folder with peers.py (the FlashMLA BF16 loader, as python -m snapmla.bench --peers takes)")
     # Output.
@@ -192,6 +193,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             ap.error(f"--deployments: {e}")
     if args.moe_standin and not args.mlp_intermediate:
         args.mlp_intermediate = 9 * 2048
+    if args.bf16_kernel == "auto":
+        args.bf16_kernel = "flashmla" if args.peers and args.device != "cpu" else "snapmla"
+        args.bf16_kernel_auto = True
+    else:
+        args.bf16_kernel_auto = False
     if args.bf16_kernel == "flashmla" and not args.peers:
         ap.error("--bf16-kernel flashmla: expected --peers DIR, a folder with peers.py (FlashMLA's loader)")
     if args.bf16_kernel == "flashmla" and args.device == "cpu":
@@ -609,6 +615,8 @@ def _run(args, tp: TensorParallel) -> int:
                  force=True)
         t0 = time.perf_counter()
         flashmla = None
+        if args.bf16_kernel == "flashmla" and device.type != "cuda" and args.bf16_kernel_auto:
+            args.bf16_kernel = "snapmla"
         if args.bf16_kernel == "flashmla":
             if device.type != "cuda":
                 raise SystemExit("--bf16-kernel flashmla: FlashMLA's kernel needs an sm_90 GPU")
@@ -696,7 +704,9 @@ def summarize(args, cfg: ModelConfig, device, tp: TensorParallel, budgets: List[
               caches: List[str]) -> Dict:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU reference"
     bf16_kernel = ("FlashMLA's dense BF16 decode (its own split scheduler, computed once per step)"
-                   if args.bf16_kernel == "flashmla" else "snapmla's decode_bf16")
+                   if args.bf16_kernel == "flashmla" else
+                   "snapmla's decode_bf16 (FlashMLA's kernel, what engines run today, was not given: pass "
+                   "--peers DIR on a GPU to measure against it)")
     mlp = (f"a dense stand-in for the MoE (SwiGLU, intermediate {cfg.mlp_intermediate}, one weight set shared "
            f"by the layers)" if cfg.mlp_intermediate else "MoE / MLP left out (attention layers only)")
     heads = ", ".join(f"{b['heads']} ({b['deployment']})" for b in budgets)
