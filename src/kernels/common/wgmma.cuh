@@ -100,25 +100,7 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
                : "memory");
 }
 
-// Waits for the phase `parity` of an mbarrier to complete. try_wait may suspend the thread until
-// the phase completes or a time limit passes; SNAPMLA_MBAR_SUSPEND_NS > 0 (a lab build's option,
-// off by default) gives that limit as the instruction's suspend-time hint, so that a waiting warp
-// retries less often and leaves its scheduler's issue slots to the warps that work.
-#ifndef SNAPMLA_MBAR_SUSPEND_NS
-#define SNAPMLA_MBAR_SUSPEND_NS 0
-#endif
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-#if SNAPMLA_MBAR_SUSPEND_NS > 0
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(ptx::smem_addr(bar)),
-      "r"(parity), "n"(SNAPMLA_MBAR_SUSPEND_NS)
-      : "memory");
-#else
   asm volatile(
       "{\n"
       ".reg .pred done;\n"
@@ -128,7 +110,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       "}\n" ::"r"(ptx::smem_addr(bar)),
       "r"(parity)
       : "memory");
-#endif
 }
 
 // Pins registers at this point of the instruction stream: the compiler may not move their

@@ -134,13 +134,8 @@ __device__ __forceinline__ PageFactors softmax_page(float (&acc)[8][4], const Vi
   const bool none = __all_sync(0xffffffffu, blk >= max(rv.vis[0], rv.vis[1]));
   float mx[2] = {-INFINITY, -INFINITY};
   // kPoison: a non-finite visible score makes its row NaN, as in the reference.
-#if SNAPMLA_SOFTMAX_FOLD
-  if (full) page_weights<false>(acc, rv.factor, rv.vis, blk, sm.scale(s), q, mx);
-  else if (!none) page_weights<true>(acc, rv.factor, rv.vis, blk, sm.scale(s), q, mx);
-#else
   if (full) page_scores<false, true, true>(acc, rv.factor, rv.vis, blk, sm.scale(s), q, mx);
   else if (!none) page_scores<true, true, true>(acc, rv.factor, rv.vis, blk, sm.scale(s), q, mx);
-#endif
   // The running max after page j - 1, from its owner (the chain of the reference).
   float m_prev[2] = {-INFINITY, -INFINITY}, m_cur[2];
   if (j > 0) {
@@ -168,13 +163,8 @@ __device__ __forceinline__ PageFactors softmax_page(float (&acc)[8][4], const Vi
       for (int hh = 0; hh < 4; ++hh) ptx::sts32(p_word(ri, hh), 0u);
   } else {
     float pmax[2] = {0.f, 0.f}, sum[2] = {0.f, 0.f};
-#if SNAPMLA_SOFTMAX_FOLD
-    if (full) page_weight_probs<false>(acc, m_cur, rv.factor, sm.scale(s), q, sum, pmax);
-    else page_weight_probs<true>(acc, m_cur, rv.factor, sm.scale(s), q, sum, pmax);
-#else
     if (full) page_probs<false>(acc, m_cur, sm.scale(s), q, sum, pmax);
     else page_probs<true>(acc, m_cur, sm.scale(s), q, sum, pmax);
-#endif
     // QK operands and scales are read: the loader may refill the stage (unless V is still read there)
     if constexpr (View::kOwnerReleasesStage) sm.ring.release(j);
     // sigma = max(max P', 1e-10) / 448 and its inverse without branches, the inverse as MUFU.RCP
