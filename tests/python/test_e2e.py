@@ -254,15 +254,17 @@ def _window(cache, kv_pages, argv, steps, cfg=None):
 
 
 def test_window_admits_and_retires_requests_with_the_default_lengths():
-    """The default output lengths (uniform 1..2048) on a pool of 1400 pages (~80 requests' worth)
-    and 64 rows: a request of the first batch finishes within the 200-step window with probability
-    ~200 / 2048, ~6 of 64 (the chance of none is e^-6), and each one that finishes frees a row for
-    the queue's head. One head of the model (the bookkeeping does not depend on it) keeps the CPU
-    reference's steps cheap."""
-    row, eng, seen, args = _window("bf16", 1400, ["--max-batch", "64", "--warmup-steps", "2"], 200,
+    """The default output lengths (uniform 1..2048) and first batch (in flight: each request part-way
+    through its output, its remaining length r uniform in 1..L) on a pool of 1400 pages and 64 rows:
+    a request of the first batch finishes within the 48-step window with probability
+    E[min(48 / L, 1)] ~ 0.11, ~7 of 64 (the chance of none is ~e^-7), and each one that finishes
+    frees a row for the queue's head. One head of the model (the bookkeeping does not depend on it)
+    keeps the CPU reference's steps cheap."""
+    row, eng, seen, args = _window("bf16", 1400, ["--max-batch", "64", "--warmup-steps", "2"], 48,
                                    cfg=ModelConfig.tiny(heads=1))
+    assert args.first_batch == "in-flight"
     assert str(args.lengths) == "uniform:1-2048"
-    assert row["steps"] == 200 and len(seen) == 2 + 200
+    assert row["steps"] == 48 and len(seen) == 2 + 48
     assert row["admitted"] > 0 and row["retired"] > 0
     # The window's counts are the engine's own: its admission counter and its finished list over
     # the window's steps, and every request that finished made exactly its output length.
@@ -274,6 +276,26 @@ def test_window_admits_and_retires_requests_with_the_default_lengths():
     assert row["admitted"] == row["retired"] and row["batch_min"] == row["batch_max"] == 64
     eng.pool.check(eng.owners())
     assert eng.pool.free_pages + sum(len(r.pages) for r in eng.running) == eng.pool.num_pages
+
+
+def test_the_first_batch_enters_in_flight_with_the_pages_of_whole_requests():
+    """--first-batch in-flight: the requests of the first admission carry the tokens they made so
+    far in their prefilled prompt (context + g, g < their output length), with g fewer tokens to
+    make, and hold the pages of the whole request; requests admitted later start fresh. With
+    fresh, every prompt is the context."""
+    from snapmla.e2e.engine import pages_needed
+    _, eng, seen, _ = _window("fp8", 600, ["--max-batch", "16", "--warmup-steps", "1"], 24,
+                              cfg=ModelConfig.tiny(heads=1))
+    first = [r for r in eng.running + eng.finished if r.id < 16]
+    assert len(first) == 16
+    assert sum(len(r.prompt) > 16 for r in first) >= 12  # g = 0 has chance 1 / L per request
+    for r in eng.running:
+        assert len(r.pages) == pages_needed(len(r.prompt), r.output_len)
+        assert r.output_len >= 1 and r.steps <= r.output_len
+    assert all(len(r.prompt) == 16 for r in eng.running + eng.finished if r.id >= 16)
+    _, fresh, _, _ = _window("fp8", 600, ["--max-batch", "16", "--warmup-steps", "1", "--first-batch", "fresh"],
+                             4, cfg=ModelConfig.tiny(heads=1))
+    assert all(len(r.prompt) == 16 for r in fresh.running + fresh.finished)
 
 
 def test_arrival_rate_clock_admits_requests_over_time():
@@ -337,7 +359,8 @@ def _run_cli(args, tmp_path, tp=1):
 
 def test_tensor_parallel_over_gloo_gives_the_tokens_of_one_rank(tmp_path):
     common = TINY + ["--heads", "32", "--contexts", "150", "--output-len", "6", "--kv-gib", "0.01",
-                     "--requests", "5", "--steps", "2", "--warmup-steps", "1", "--repeats", "1"]
+                     "--requests", "5", "--steps", "2", "--warmup-steps", "1", "--repeats", "1",
+                     "--first-batch", "fresh"]
     _run_cli(common + ["--tokens-out", str(tmp_path / "tp1.json")], tmp_path)
     _run_cli(common + ["--tp", "2", "--tokens-out", str(tmp_path / "tp2.json")], tmp_path, tp=2)
     one, two = json.loads((tmp_path / "tp1.json").read_text()), json.loads((tmp_path / "tp2.json").read_text())

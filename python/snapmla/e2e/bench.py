@@ -116,6 +116,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
            "reserved at admission")
     a("--output-len", dest="lengths", type=LengthDist.fixed, metavar="N",
       help="every request makes N output tokens (fixed:N; the later of this and --output-len-dist counts)")
+    a("--first-batch", default="in-flight", choices=["in-flight", "fresh"],
+      help="in-flight (default): the batch that fills the pool at the start enters at uniformly drawn "
+           "progress through its output (its tokens so far prefilled), so requests retire and queued ones "
+           "are admitted from the first steps, as in an engine that has been serving; fresh: every request "
+           "starts its output at the window (no effect with --arrival-rate: the queue starts empty)")
     a("--requests", type=int, default=0,
       help="requests per run (default: no limit; the queue never runs dry)")
     a("--arrival-rate", type=float, default=None, metavar="R",
@@ -244,6 +249,11 @@ class RequestSource:
         self._prompts = torch.Generator().manual_seed(seed)
         self._lengths = torch.Generator().manual_seed(seed + 1_000_003)
         self._gaps = torch.Generator().manual_seed(seed + 2_000_029)
+        self._progress = torch.Generator().manual_seed(seed + 3_000_017)
+        # True while the first batch is made (Run.fill with --first-batch in-flight): each request
+        # then enters part-way through its output, as in an engine that has been serving a while.
+        self.in_flight = False
+        self.fresh: Dict[int, Request] = {}  # request id -> itself before its in-flight progress
         self.min_pages = pages_needed(prompt_len, lengths.low)
         self.made = 0
         self.arrival: Dict[int, float] = {}  # request id -> arrival time (0 without a rate)
@@ -260,6 +270,14 @@ class RequestSource:
         self.made += 1
         req = Request(i, torch.randint(0, self.vocab, (self.prompt_len,), generator=self._prompts),
                       self.lengths.sample(self._lengths))
+        if self.in_flight:
+            # Uniform progress g in 0 .. output_len - 1: the g tokens made so far are prefilled with
+            # the prompt (random tokens, as the prompt's), and g fewer remain; its pages are those
+            # of the whole request, as at its admission.
+            done = int(torch.randint(0, req.output_len, (1,), generator=self._progress))
+            made = torch.randint(0, self.vocab, (done,), generator=self._progress)
+            self.fresh[i] = req
+            req = Request(i, torch.cat([req.prompt, made]), req.output_len - done)
         if self.rate is not None:  # exponential gaps: a Poisson process of `rate` per second
             self._last_arrival += -math.log1p(-float(torch.rand(1, generator=self._gaps))) / self.rate
         self.arrival[i] = self._last_arrival
@@ -318,9 +336,18 @@ class Run:
                 self.eng.admit()
         return arrived
 
-    def fill(self) -> None:
-        """The first admission (and prefill), before any step."""
-        self._admit()
+    def fill(self, in_flight: bool = False) -> None:
+        """The first admission (and prefill), before any step; in_flight: its requests enter at
+        uniformly drawn progress (RequestSource.in_flight)."""
+        self.source.in_flight = in_flight
+        try:
+            self._admit()
+        finally:
+            self.source.in_flight = False
+        # What the first admission left queued waits at the start of its output, as later requests.
+        queue = self.eng.queue
+        for k, req in enumerate(queue):
+            queue[k] = self.source.fresh.get(req.id, req)
 
     def advance(self) -> bool:
         """Feeds and admits, then one decode step; False when no request is left to run."""
@@ -460,7 +487,7 @@ def measure(model: Model, cache: str, kv_bytes: int, context: int, args, progres
     source = RequestSource(context, lengths, model.cfg.vocab, args.seed + 1, args.arrival_rate, args.requests or None)
     run = Run(eng, source, nvml, on_step)
     progress(f"{tag} prefill", force=True)
-    run.fill()
+    run.fill(in_flight=args.first_batch == "in-flight" and args.arrival_rate is None)
     progress(f"{tag} prefill of {len(eng.running)} x {context} tokens in {eng.prefill_seconds:.1f} s; warm-up",
              force=True)
     for _ in range(args.warmup_steps):
@@ -737,7 +764,11 @@ def summarize(args, cfg: ModelConfig, device, tp: TensorParallel, budgets: List[
         (f"Arrivals: a Poisson process of {args.arrival_rate:g} requests per second on a clock that advances by "
          "each step's measured time and jumps to the next arrival while nothing runs; prefill is not on this "
          "clock. Queue wait = clock at admission - arrival." if args.arrival_rate else
-         "Arrivals: every request is queued at the start (the queue never runs dry).")
+         "Arrivals: every request is queued at the start (the queue never runs dry)"
+         + ("; the batch that first fills the pool enters at uniformly drawn progress through its output "
+            "(its tokens so far prefilled with the prompt), as in an engine that has been serving, so "
+            "`context` is the prompt length and the mean tokens per sequence is larger."
+            if args.first_batch == "in-flight" else "; every request starts its output at the window."))
         + " TPOT of a request = (clock at its last token in the window - at its first) / (tokens - 1), over the "
           "requests with at least 2 tokens in the window; the clock is the summed step times, prefill not on it.",
         f"Repeats: {args.repeats} per (deployment, context), the caches interleaved (fp8, bf16, fp8, bf16, ...), a "
