@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from typing import Any, NamedTuple, Optional
 
 from . import _C, _fastpath
@@ -263,86 +264,166 @@ def _decode_outputs(q: Any, b: int, s_q: int, h: int, split_begin: Any, out: Any
     return out, lse, workspace
 
 
-# The arrays of a decode call, in the order of _C.decode_fp8_raw / decode_bf16_raw: the inputs
-# (the query, the cache, block_table, cache_seqlens, then the plan's split_offsets, split_begin,
-# worker_splits) and then out, lse and workspace. _CACHE is where the inputs' cache starts (its
-# first plane, whose rows give the page count); block_table is inputs[-5].
-_CACHE = {"decode_fp8": 3, "decode_bf16": 1}
-_CACHE_ROW = {"decode_fp8": LATENT_DIM, "decode_bf16": HEAD_DIM}
-_PLAN_NAMES = ("plan.split_offsets", "plan.split_begin", "plan.worker_splits")
-_INPUT_NAMES = {"decode_fp8": ("q.nope", "q.rope", "q.scale", "cache.latent", "cache.scale", "cache.rope",
-                               "block_table", "cache_seqlens") + _PLAN_NAMES,
-                "decode_bf16": ("q", "cache", "block_table", "cache_seqlens") + _PLAN_NAMES}
+# --- decode: the inputs by name, one description per operation, one call path for both --------
+
+class Fp8Inputs(NamedTuple):
+    """decode_fp8's input arrays, in the order of _C.decode_fp8_raw's pointers (and of the torch
+    op's tensors): the query's planes, the cache's planes, the page table, then the split plan
+    (None where there is none)."""
+
+    q_nope: Any
+    q_rope: Any
+    q_scale: Any
+    latent: Any
+    scale: Any
+    rope: Any
+    block_table: Any
+    cache_seqlens: Any
+    split_offsets: Any = None
+    split_begin: Any = None
+    worker_splits: Any = None
 
 
-def _name_non_arrays(op: str, inputs: tuple) -> None:
-    """An error naming the first of a decode's inputs that is not an array (off the pointer path:
-    only a call that cannot take it pays for the check)."""
-    for name, x in zip(_INPUT_NAMES[op], inputs):
-        _array(op, name, x)
+class Bf16Inputs(NamedTuple):
+    """decode_bf16's input arrays, in the order of _C.decode_bf16_raw's pointers: as Fp8Inputs,
+    with one array for the query and one for the cache."""
+
+    q: Any
+    cache: Any
+    block_table: Any
+    cache_seqlens: Any
+    split_offsets: Any = None
+    split_begin: Any = None
+    worker_splits: Any = None
 
 
-def decode_arrays(op: str, inputs: tuple, out: Any, lse: Any, workspace: Any, softmax_scale: float,
-                  causal: bool, empty_lse: float, stream: Any):
-    """decode_fp8 / decode_bf16 (`op`) on `inputs` (see _CACHE): returns (out, lse), allocated
-    here where not given. The pointer path where a call of the same kind with the same arrays'
-    layouts was accepted before (_fastpath), else the array path (every check), then recorded.
-    (A call that allocates its outputs on the current stream has tried
-    _fastpath.decode_allocated, its pointer path, first: the callers do, one call less.)"""
-    allocating = out is None and lse is None and workspace is None and stream is None
-    q, split_offsets, split_begin = inputs[0], inputs[-3], inputs[-2]
-    if not hasattr(q, "shape"):
-        _name_non_arrays(op, inputs)
-    b, s_q, h = (int(d) for d in q.shape[:3])
-    out, lse, workspace = _decode_outputs(q, b, s_q, h, split_begin, out, lse, workspace, stream)
-    s = current_stream(q, stream)
-    arrays = inputs + (out, lse, workspace)
-    sig, ptrs = _fastpath.prepare(op, arrays)
-    record = _fastpath.lookup(sig)
-    if record is not None:
-        raw_fn = _C.decode_fp8_raw if op == "decode_fp8" else _C.decode_bf16_raw
-        raw_fn(*ptrs, record.shape, float(softmax_scale), bool(causal), float(empty_lse), s)
-        return out, lse
-    if sig is None:  # some argument has no pointer path: name it if it is not an array at all
-        _name_non_arrays(op, inputs)
-    array_fn = _C.decode_fp8 if op == "decode_fp8" else _C.decode_bf16
-    array_fn(*(raw(x) for x in inputs[:-3]), raw(out), raw(lse), float(softmax_scale), bool(causal),
-             raw(split_offsets), raw(split_begin), raw(workspace), s, raw(inputs[-1]), float(empty_lse))
-    shape = _fastpath.raw_shape(q, b, s_q, h, _numel(inputs[_CACHE[op]]) // (PAGE_SIZE * _CACHE_ROW[op]),
-                                int(inputs[-5].shape[1]),
-                                _numel(split_begin) if split_offsets is not None else 0, _nbytes(workspace))
-    # One signature per call: of the inputs where this call allocated its outputs on the current
-    # stream (what a later call of that kind looks up), else of all its arrays.
-    outputs = _fastpath.allocator(out, lse, workspace) if allocating else None
-    if outputs is not None:
-        sig_in, _ = _fastpath.prepare((op, "allocated"), inputs)
-        _fastpath.accept(sig_in, _fastpath.Accepted(shape, outputs, stream_getter(q)))
-    else:
-        _fastpath.accept(sig, _fastpath.Accepted(shape))
-    return out, lse
+class DecodeOp:
+    """One decode operation as its call path sees it: `name` (its _C entry points are _C.<name>
+    and _C.<name>_raw, looked up at each call, since tests and lab/host_cost.py replace them),
+    the key of its allocating calls' signatures, its inputs' type, each input as errors name it,
+    the query (whose leading dims give b, s_q, h), the cache plane whose elements give the page
+    count (rows of `cache_row`), and where the plan's inputs start (in the inputs and in the
+    torch op's schema, after softmax_scale and causal)."""
+
+    __slots__ = ("name", "raw", "allocated", "inputs", "arg_names", "query", "cache_plane", "cache_row",
+                 "plan_at")
+
+    def __init__(self, name: str, inputs: type, arg_names: tuple, query: str, cache_plane: str,
+                 cache_row: int):
+        self.name, self.raw, self.allocated = name, name + "_raw", (name, "allocated")
+        self.inputs, self.arg_names = inputs, dict(zip(inputs._fields, arg_names))
+        self.query, self.cache_plane = operator.attrgetter(query), operator.attrgetter(cache_plane)
+        self.cache_row, self.plan_at = cache_row, inputs._fields.index("split_offsets")
+
+
+_PLAN_ARGS = ("plan.split_offsets", "plan.split_begin", "plan.worker_splits")
+FP8 = DecodeOp("decode_fp8", Fp8Inputs, ("q.nope", "q.rope", "q.scale", "cache.latent", "cache.scale",
+                                         "cache.rope", "block_table", "cache_seqlens") + _PLAN_ARGS,
+               "q_nope", "latent", LATENT_DIM)
+BF16 = DecodeOp("decode_bf16", Bf16Inputs, ("q", "cache", "block_table", "cache_seqlens") + _PLAN_ARGS,
+                "q", "cache", HEAD_DIM)
+# The inputs' constructors without the Python-level __new__ of a NamedTuple (one C call: the
+# inputs are built on every decode call).
+_fp8_inputs = functools.partial(tuple.__new__, Fp8Inputs)
+_bf16_inputs = functools.partial(tuple.__new__, Bf16Inputs)
 
 
 def fp8_inputs(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Any, cache_seqlens: Any,
-               plan: Optional[SplitPlan]) -> tuple:
-    """decode_fp8's input arrays in the order of decode_arrays (see _CACHE)."""
-    q, cache = _query("decode_fp8", q), _fp8_cache("decode_fp8", cache)
+               plan: Optional[SplitPlan]) -> Fp8Inputs:
+    """decode_fp8's inputs from the native API's arguments (q and cache: their NamedTuples, or
+    tuples of three arrays)."""
+    if type(q) is not QuantizedQuery:
+        q = _query("decode_fp8", q)
+    if type(cache) is not PagedFp8Cache:
+        cache = _fp8_cache("decode_fp8", cache)
     if plan is None:
-        return (q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table, cache_seqlens,
-                None, None, None)
-    return (q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table, cache_seqlens,
-            plan.split_offsets, plan.split_begin, plan.worker_splits)
+        return _fp8_inputs((q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table,
+                            cache_seqlens, None, None, None))
+    return _fp8_inputs((q.nope, q.rope, q.scale, cache.latent, cache.scale, cache.rope, block_table,
+                        cache_seqlens, plan.split_offsets, plan.split_begin, plan.worker_splits))
 
 
-def bf16_inputs(q: Any, cache: Any, block_table: Any, cache_seqlens: Any, plan: Optional[SplitPlan]) -> tuple:
-    """decode_bf16's input arrays in the order of decode_arrays."""
+def bf16_inputs(q: Any, cache: Any, block_table: Any, cache_seqlens: Any,
+                plan: Optional[SplitPlan]) -> Bf16Inputs:
+    """decode_bf16's inputs from the native API's arguments."""
     if type(q) is QuantizedQuery:
         _fail("decode_bf16", "q", "a bf16 query [b, s_q, h, 576] (a QuantizedQuery goes to decode_fp8)", q)
     if isinstance(cache, tuple):
         _fail("decode_bf16", "cache", "the BF16 cache, one array [pages, 64, 576] bf16 (a PagedFp8Cache goes to "
               "decode_fp8)", cache)
     if plan is None:
-        return (q, cache, block_table, cache_seqlens, None, None, None)
-    return (q, cache, block_table, cache_seqlens, plan.split_offsets, plan.split_begin, plan.worker_splits)
+        return _bf16_inputs((q, cache, block_table, cache_seqlens, None, None, None))
+    return _bf16_inputs((q, cache, block_table, cache_seqlens, plan.split_offsets, plan.split_begin,
+                         plan.worker_splits))
+
+
+def _name_non_arrays(op: DecodeOp, inputs: tuple) -> None:
+    """An error naming the first of a decode's inputs that is not an array (off the pointer path:
+    only a call that cannot take it pays for the check)."""
+    for field, x in zip(inputs._fields, inputs):
+        _array(op.name, op.arg_names[field], x)
+
+
+def decode(op: DecodeOp, inputs: tuple, softmax_scale: float, causal: bool, empty_lse: float,
+           out: Any = None, lse: Any = None, workspace: Any = None, stream: Any = None, *,
+           pointer_types_only: bool = False):
+    """decode_fp8 / decode_bf16 (`op`) on `inputs` (op.inputs): returns (out, lse), allocated here
+    where not given. Each call takes one signature (_fastpath.prepare) and looks it up once: a
+    call that leaves out, lse, workspace and stream to snapmla (the engine's call, and every call
+    of the torch ops) that of its inputs, any other call that of all its arrays. Where it was
+    accepted before, the pointer path; else the array path (every check), which records it.
+    pointer_types_only: None, and nothing run, for an allocating call some of whose inputs have
+    no pointer path (a tensor subclass: snapmla.torch's wrappers then call the op)."""
+    if out is None and lse is None and workspace is None and stream is None:
+        sig, ptrs = _fastpath.prepare(op.allocated, inputs)
+        done = _fastpath.decode_allocated(op.raw, sig, ptrs, softmax_scale, causal, empty_lse)
+        if done is not None:
+            return done
+        if sig is None and pointer_types_only:
+            return None
+        return _decode_arrays(op, inputs, None, None, None, softmax_scale, causal, empty_lse, None, sig)
+    return _decode_arrays(op, inputs, out, lse, workspace, softmax_scale, causal, empty_lse, stream, None)
+
+
+def _decode_arrays(op: DecodeOp, inputs: tuple, out: Any, lse: Any, workspace: Any, softmax_scale: float,
+                   causal: bool, empty_lse: float, stream: Any, allocated_sig: Optional[tuple]):
+    """decode past an allocating call's signature lookup (`allocated_sig`: that signature, None
+    where some input has no pointer path), or for any other call: its outputs allocated, then for
+    a call given outputs or a stream its signature looked up (the pointer path where it is known),
+    else the array path and the signature recorded."""
+    allocating = out is None and lse is None and workspace is None and stream is None
+    q = op.query(inputs)
+    if not hasattr(q, "shape"):
+        _name_non_arrays(op, inputs)
+    b, s_q, h = (int(d) for d in q.shape[:3])
+    split_offsets, split_begin = inputs.split_offsets, inputs.split_begin
+    out, lse, workspace = _decode_outputs(q, b, s_q, h, split_begin, out, lse, workspace, stream)
+    s = current_stream(q, stream)
+    if allocating:
+        sig = allocated_sig
+    else:
+        sig, ptrs = _fastpath.prepare(op.name, inputs + (out, lse, workspace))
+        record = _fastpath.lookup(sig)
+        if record is not None:
+            getattr(_C, op.raw)(*ptrs, record.shape, float(softmax_scale), bool(causal), float(empty_lse), s)
+            return out, lse
+    if sig is None:  # some argument has no pointer path: name it if it is not an array at all
+        _name_non_arrays(op, inputs)
+    getattr(_C, op.name)(*map(raw, inputs[:op.plan_at]), raw(out), raw(lse), float(softmax_scale), bool(causal),
+                         raw(split_offsets), raw(split_begin), raw(workspace), s, raw(inputs.worker_splits),
+                         float(empty_lse))
+    shape = _fastpath.raw_shape(q, b, s_q, h, _numel(op.cache_plane(inputs)) // (PAGE_SIZE * op.cache_row),
+                                int(inputs.block_table.shape[1]),
+                                _numel(split_begin) if split_offsets is not None else 0, _nbytes(workspace))
+    if not allocating:
+        _fastpath.accept(sig, _fastpath.Accepted(shape))
+        return out, lse
+    # The record of an allocating call says how to allocate its outputs (where they are arrays
+    # _fastpath can allocate; otherwise nothing is recorded and each call takes this path).
+    outputs = _fastpath.allocator(out, lse, workspace)
+    if outputs is not None:
+        _fastpath.accept(sig, _fastpath.Accepted(shape, outputs, stream_getter(q)))
+    return out, lse
 
 
 def decode_fp8(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Any, cache_seqlens: Any, *,
@@ -351,24 +432,16 @@ def decode_fp8(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Any, cache_
                stream: Any = None, empty_lse: float = -math.inf):
     """SnapMLA decoding: returns (out [b, s_q, h, 512] bf16, lse [b, h, s_q] f32). A query row
     that sees no token gets out = 0 and lse = empty_lse (-inf, or +inf as FlashMLA reports it)."""
-    inputs = fp8_inputs(q, cache, block_table, cache_seqlens, plan)
-    if out is None and lse is None and workspace is None and stream is None:
-        done = _fastpath.decode_allocated("decode_fp8", inputs, softmax_scale, causal, empty_lse)
-        if done is not None:
-            return done
-    return decode_arrays("decode_fp8", inputs, out, lse, workspace, softmax_scale, causal, empty_lse, stream)
+    return decode(FP8, fp8_inputs(q, cache, block_table, cache_seqlens, plan), softmax_scale, causal, empty_lse,
+                  out, lse, workspace, stream)
 
 
 def decode_bf16(q: Any, cache: Any, block_table: Any, cache_seqlens: Any, *, softmax_scale: float,
                 causal: bool = True, plan: Optional[SplitPlan] = None, workspace: Any = None,
                 out: Any = None, lse: Any = None, stream: Any = None, empty_lse: float = -math.inf):
     """Decoding on the BF16 cache (the baseline): returns (out, lse) as decode_fp8."""
-    inputs = bf16_inputs(q, cache, block_table, cache_seqlens, plan)
-    if out is None and lse is None and workspace is None and stream is None:
-        done = _fastpath.decode_allocated("decode_bf16", inputs, softmax_scale, causal, empty_lse)
-        if done is not None:
-            return done
-    return decode_arrays("decode_bf16", inputs, out, lse, workspace, softmax_scale, causal, empty_lse, stream)
+    return decode(BF16, bf16_inputs(q, cache, block_table, cache_seqlens, plan), softmax_scale, causal,
+                  empty_lse, out, lse, workspace, stream)
 
 
 def check_page_table(block_table: Any, cache_seqlens: Any, num_pages: int, *,

@@ -146,13 +146,13 @@ def allocator(out: Any, lse: Any, workspace: Any) -> Optional[Callable]:
     return None
 
 
-def decode_allocated(op: str, inputs: tuple, softmax_scale: float, causal: bool,
+def decode_allocated(raw_name: str, sig: Optional[tuple], ptrs: list, softmax_scale: float, causal: bool,
                      empty_lse: float) -> Optional[tuple]:
-    """The pointer path of a call that allocates its outputs on the current stream: (out, lse),
-    or None where the inputs' signature was not accepted yet (the caller takes the array path,
-    which records it). The raw entry point is looked up on _C at each call (a test stubs it)."""
+    """The pointer path of a call that allocates its outputs on the current stream, given its
+    inputs' signature and pointers (prepare): (out, lse), or None where the signature was not
+    accepted yet (the caller takes the array path, which records it). The raw entry point
+    (_C.<raw_name>) is looked up at each call (a test stubs it)."""
     global _last_allocated
-    sig, ptrs = prepare((op, "allocated"), inputs)
     if sig is None:
         return None
     last_sig, record = _last_allocated
@@ -163,8 +163,7 @@ def decode_allocated(op: str, inputs: tuple, softmax_scale: float, causal: bool,
         _last_allocated = (sig, record)
     out, lse, workspace, out_ptr, lse_ptr, workspace_ptr = record.outputs()
     stream = record.stream() if record.stream is not None else 0
-    raw = _C.decode_fp8_raw if op == "decode_fp8" else _C.decode_bf16_raw
-    raw(*ptrs, out_ptr, lse_ptr, workspace_ptr, record.shape, float(softmax_scale), bool(causal),
-        float(empty_lse), stream)
+    getattr(_C, raw_name)(*ptrs, out_ptr, lse_ptr, workspace_ptr, record.shape, float(softmax_scale), bool(causal),
+                          float(empty_lse), stream)
     del workspace  # held to here: the launch above is ordered before any reuse of its memory
     return out, lse

@@ -30,8 +30,9 @@ from torch import Tensor
 
 from . import _C, _fastpath
 from ._frameworks import raw as _dl
-from ._api import (HEAD_DIM, LATENT_DIM, ROPE_DIM, PagedFp8Cache, QuantizedQuery, SplitPlan, bf16_inputs,
-                   decode_arrays, fp8_inputs, recommended_num_workers, split_plan_capacity)
+from ._api import (BF16, FP8, HEAD_DIM, LATENT_DIM, ROPE_DIM, Bf16Inputs, DecodeOp, Fp8Inputs, PagedFp8Cache,
+                   QuantizedQuery, SplitPlan, bf16_inputs, decode, fp8_inputs, recommended_num_workers,
+                   split_plan_capacity)
 from ._frameworks import current_stream
 
 __all__ = ["append", "quantize_query", "gather_dequant", "plan_splits", "decode_fp8",
@@ -163,32 +164,21 @@ def _decode_outputs_fake(q: Tensor):
             q.new_empty((b, h, s_q), dtype=torch.float32))
 
 
-def _decode_here(op: str, inputs: tuple, softmax_scale: float, causal: bool):
-    done = _fastpath.decode_allocated(op, inputs, softmax_scale, causal, -math.inf)
-    if done is not None:
-        return done
-    return decode_arrays(op, inputs, None, None, None, softmax_scale, causal, -math.inf, None)
-
-
-def _decode(op: str, inputs: tuple, softmax_scale: float, causal: bool):
-    """decode_arrays with the outputs allocated there (torch.empty, the caching allocator) on the
-    current stream: the pointer path where these inputs' layouts were accepted before
-    (snapmla/_fastpath.py), else the array path. The device is made current for the call where
-    it is not (the C++ entry point selects it and would leave it selected)."""
-    index = inputs[0].get_device()
+def _decode(op: DecodeOp, inputs: tuple, softmax_scale: float, causal: bool):
+    """The decode ops' implementation: _api.decode with the outputs allocated there (torch.empty,
+    the caching allocator) on the current stream, the pointer path where these inputs' layouts
+    were accepted before (snapmla/_fastpath.py), else the array path. The device is made current
+    for the call where it is not (the C++ entry point selects it and would leave it selected)."""
+    index = op.query(inputs).get_device()
     if index >= 0 and index != _current_device():
         with torch.cuda.device(index):
-            return _decode_here(op, inputs, softmax_scale, causal)
-    # _decode_here inlined: one Python call less on the hot path.
-    done = _fastpath.decode_allocated(op, inputs, softmax_scale, causal, -math.inf)
-    if done is not None:
-        return done
-    return decode_arrays(op, inputs, None, None, None, softmax_scale, causal, -math.inf, None)
+            return decode(op, inputs, softmax_scale, causal, -math.inf)
+    return decode(op, inputs, softmax_scale, causal, -math.inf)
 
 
 def _decode_fp8(q_nope, q_rope, q_scale, latent, scale, rope, block_table, cache_seqlens, softmax_scale,
                 causal, split_offsets, split_begin, worker_splits=None):
-    return _decode("decode_fp8", (q_nope, q_rope, q_scale, latent, scale, rope, block_table, cache_seqlens,
+    return _decode(FP8, Fp8Inputs(q_nope, q_rope, q_scale, latent, scale, rope, block_table, cache_seqlens,
                                   split_offsets, split_begin, worker_splits), softmax_scale, causal)
 
 
@@ -205,8 +195,8 @@ _decode_fp8_op = _define(
 
 def _decode_bf16(q, cache, block_table, cache_seqlens, softmax_scale, causal, split_offsets, split_begin,
                  worker_splits=None):
-    return _decode("decode_bf16", (q, cache, block_table, cache_seqlens, split_offsets, split_begin, worker_splits),
-                   softmax_scale, causal)
+    return _decode(BF16, Bf16Inputs(q, cache, block_table, cache_seqlens, split_offsets, split_begin,
+                                    worker_splits), softmax_scale, causal)
 
 
 def _decode_bf16_fake(q, cache, block_table, cache_seqlens, softmax_scale, causal, split_offsets, split_begin,
@@ -243,7 +233,7 @@ def plan_splits(cache_seqlens: Tensor, num_workers: int, query_rows: int = 0, sp
 
 
 def _plain_eager_getters():
-    """The functions _plain_eager asks, or None where this PyTorch lacks one (then the wrappers
+    """The functions _call asks, or None where this PyTorch lacks one (then the wrappers
     always call the ops)."""
     try:
         c = torch._C
@@ -257,59 +247,48 @@ def _plain_eager_getters():
 _EAGER_GETTERS = _plain_eager_getters()
 
 
-def _plain_eager(inputs: tuple) -> bool:
-    """True where calling the op would only reach its implementation: not under torch.compile,
-    no torch function or dispatch mode (FakeTensorMode, a FlopCounter...), no TorchScript
-    tracing, no functorch transform, no profiler (whose traces show the op), and no input that
-    autograd would follow. Then the wrappers below run the op's pointer path themselves, with
-    the same outputs, stream and checks: the dispatcher's call of a Python kernel costs 3 us of
-    the op's 13 on the CPU of docs/python.md, and its Python entry another 1 us."""
+def _call(op: DecodeOp, torch_op, inputs: tuple, softmax_scale: float, causal: bool):
+    """torch_op (op's torch op) on `inputs`, or in plain eager mode on the current device what
+    the op would run, without the dispatcher (whose call of a Python kernel costs 3 us of the
+    op's 13 on the CPU of docs/python.md, and its Python entry another 1 us): _api.decode, the
+    pointer path where the inputs' signature was accepted, else the array path, which records
+    it. Plain eager: not under torch.compile, no torch function or dispatch mode (FakeTensorMode,
+    a FlopCounter...), no TorchScript tracing, no functorch transform, no profiler (whose traces
+    show the op), no input that autograd would follow, and every input exactly torch.Tensor (a
+    fake or other subclass has no pointer path: the op)."""
+    softmax_scale, causal = float(softmax_scale), bool(causal)
     g = _EAGER_GETTERS
-    if g is None:
-        return False
-    is_compiling, function_mode, dispatch_modes, tracing_state, interpreter, profiler, grad_enabled = g
-    if (is_compiling() or function_mode() or dispatch_modes() or tracing_state() is not None
-            or interpreter() is not None or profiler._is_profiler_enabled):
-        return False
-    if grad_enabled():
-        for x in inputs:
-            if x is not None and x.requires_grad:
-                return False
-    return True
-
-
-def _eager_pointer_path(op: str, inputs: tuple, softmax_scale: float, causal: bool):
-    """(out, lse) as the op would return them, or None: call the op. Only for plain eager calls
-    on the current device whose inputs' signature was accepted (exact torch.Tensor: a fake or
-    other subclass never matches); a first call goes through the op, whose array path records it."""
-    if not _plain_eager(inputs):
-        return None
-    index = inputs[0].get_device()
-    if index >= 0 and index != _current_device():
-        return None
-    return _fastpath.decode_allocated(op, inputs, softmax_scale, causal, -math.inf)
+    if g is not None:
+        is_compiling, function_mode, dispatch_modes, tracing_state, interpreter, profiler, grad_enabled = g
+        plain = not (is_compiling() or function_mode() or dispatch_modes() or tracing_state() is not None
+                     or interpreter() is not None or profiler._is_profiler_enabled)
+        if plain and grad_enabled():
+            for x in inputs:
+                if x is not None and x.requires_grad:
+                    plain = False
+                    break
+        if plain:
+            index = op.query(inputs).get_device()
+            if index < 0 or index == _current_device():
+                done = decode(op, inputs, softmax_scale, causal, -math.inf, pointer_types_only=True)
+                if done is not None:
+                    return done
+    n = op.plan_at  # the op's schema: the tensors, softmax_scale, causal, then the plan's tensors
+    return torch_op(*inputs[:n], softmax_scale, causal, *inputs[n:])
 
 
 def decode_fp8(q: QuantizedQuery, cache: PagedFp8Cache, block_table: Tensor,
                cache_seqlens: Tensor, *, softmax_scale: float, causal: bool = True,
                plan: Optional[SplitPlan] = None) -> Tuple[Tensor, Tensor]:
-    """torch.ops.snapmla.decode_fp8 in the native API's arguments (in plain eager mode the op's
-    pointer path without the dispatcher: see _plain_eager)."""
-    inputs = fp8_inputs(q, cache, block_table, cache_seqlens, plan)
-    softmax_scale, causal = float(softmax_scale), bool(causal)
-    done = _eager_pointer_path("decode_fp8", inputs, softmax_scale, causal)
-    if done is not None:
-        return done
-    return _decode_fp8_op(*inputs[:8], softmax_scale, causal, *inputs[8:])
+    """torch.ops.snapmla.decode_fp8 in the native API's arguments (in plain eager mode what the op
+    runs, without the dispatcher: see _call)."""
+    return _call(FP8, _decode_fp8_op, fp8_inputs(q, cache, block_table, cache_seqlens, plan), softmax_scale,
+                 causal)
 
 
 def decode_bf16(q: Tensor, cache: Tensor, block_table: Tensor, cache_seqlens: Tensor, *,
                 softmax_scale: float, causal: bool = True,
                 plan: Optional[SplitPlan] = None) -> Tuple[Tensor, Tensor]:
     """torch.ops.snapmla.decode_bf16 in the native API's arguments (as decode_fp8)."""
-    inputs = bf16_inputs(q, cache, block_table, cache_seqlens, plan)
-    softmax_scale, causal = float(softmax_scale), bool(causal)
-    done = _eager_pointer_path("decode_bf16", inputs, softmax_scale, causal)
-    if done is not None:
-        return done
-    return _decode_bf16_op(*inputs[:4], softmax_scale, causal, *inputs[4:])
+    return _call(BF16, _decode_bf16_op, bf16_inputs(q, cache, block_table, cache_seqlens, plan), softmax_scale,
+                 causal)

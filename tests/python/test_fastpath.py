@@ -196,3 +196,30 @@ def test_allocating_calls_lose_no_check(rng):
     ref = snapmla.decode_fp8(qq, cache, table, seqlens, softmax_scale=0.1)
     assert len(_fastpath._accepted) == 2
     assert torch.equal(torch.as_tensor(out[1]), ref[1])
+
+
+def test_each_call_takes_one_signature(rng, monkeypatch):
+    """A decode call fingerprints its arrays once, first call (array path) or later (pointer
+    path), through the native API and snapmla.torch's wrappers alike."""
+    taken = []
+    real = _fastpath.prepare
+    monkeypatch.setattr(_fastpath, "prepare", lambda key, arrays: taken.append(key) or real(key, arrays))
+    seqlens = np.array([70, 3], np.int32)
+    q, table, _, cache8, cache16 = build_case(rng, seqlens, 1, 4)
+    qq = snapmla.quantize_query(q)
+    calls = [lambda: snapmla.decode_fp8(qq, cache8, table, seqlens, softmax_scale=0.1),
+             lambda: snapmla.decode_bf16(q, cache16, table, seqlens, softmax_scale=0.1)]
+    try:
+        import torch
+        import snapmla.torch as st
+    except ImportError:
+        torch = None
+    if torch is not None:
+        t = lambda x: torch.from_numpy(np.ascontiguousarray(x))
+        qt, ct, bt, stl = t(q).view(torch.bfloat16), t(cache16).view(torch.bfloat16), t(table), t(seqlens)
+        calls.append(lambda: st.decode_bf16(qt, ct, bt, stl, softmax_scale=0.1))
+    for call in calls:
+        for _ in range(2):  # the array path, then the pointer path
+            del taken[:]
+            call()
+            assert len(taken) == 1

@@ -332,7 +332,7 @@ def test_wrappers_call_the_op_wherever_something_would_see_it(rng):
     def bf16(q=case.q):
         return st.decode_bf16(q, case.bf16, case.block_table, case.cache_seqlens, softmax_scale=case.scale)
 
-    first, first16 = fp8(), bf16()  # through the ops: the signatures recorded
+    first, first16 = fp8(), bf16()  # the array path: the signatures recorded
     again, again16 = fp8(), bf16()  # plain eager: the pointer path, same results in new tensors
     for a, b in ((first, again), (first16, again16)):
         assert a[0].data_ptr() != b[0].data_ptr()
