@@ -93,7 +93,10 @@ TEST_F(Bad, SlotOutOfRange) {
     EXPECT_ARG_ERROR(gather_dequant(B.fp8(), {slots.data(), 2, Device::cpu()}, {kv.data(), 2, Device::cpu()}), "slot_mapping");
   }
   std::vector<int32_t> slots = {0, 1, 2};
-  EXPECT_ARG_ERROR(append(B.fp8(), {kv.data(), 2, Device::cpu()}, {slots.data(), 3, Device::cpu()}), "slot_mapping.num_tokens");
+  // One check site for the host and the GPU path: the rows are named, against the slots.
+  EXPECT_ARG_ERROR(append(B.fp8(), {kv.data(), 2, Device::cpu()}, {slots.data(), 3, Device::cpu()}), "kv.num_tokens");
+  EXPECT_ARG_ERROR(ref::append(B.fp8(), {kv.data(), 2, Device::cpu()}, {slots.data(), 3, Device::cpu()}),
+                   "kv.num_tokens");
   EXPECT_ARG_ERROR(gather_dequant(B.fp8(), {slots.data(), 3, Device::cpu()}, {kv.data(), 2, Device::cpu()}), "out.num_tokens");
 }
 
@@ -213,6 +216,21 @@ TEST_F(Bad, DevicesThatDoNotMatchOrAreNotBuilt) {
   }
   // The reference itself accepts host memory only.
   EXPECT_ARG_ERROR(ref::append(c, {nullptr, 0, Device::cpu()}, {nullptr, 0, Device::cpu()}), "cache.device");
+  EXPECT_MESSAGE(ref::decode_fp8(B.qq(), c, B.pages(), o(), test::options(B)),
+                 "snapmla::ref::decode_fp8: argument 'cache.device': expected cpu like the other arguments");
+  // Host memory with one view elsewhere: the devices are checked on every path, before the
+  // reference runs (the output, the plan, the slots of append).
+  EXPECT_ARG_ERROR(decode_fp8(B.qq(), B.fp8(), B.pages(), {out.data(), lse.data(), Device::cuda(0)},
+                              test::options(B)),
+                   "out.device");
+  test::OwnedPlan P(B.pages(), 3);
+  SplitPlan elsewhere = P.plan;
+  elsewhere.device = Device::cuda(0);
+  EXPECT_ARG_ERROR(decode8(B.qq(), B.fp8(), B.pages(), test::options(B, &elsewhere)), "options.plan.device");
+  EXPECT_ARG_ERROR(plan_splits(B.pages(), 3, elsewhere), "plan.device");
+  std::vector<bf16> kv(kHeadDim);
+  const int32_t slot = 0;
+  EXPECT_ARG_ERROR(append(B.fp8(), {kv.data(), 1, Device::cpu()}, {&slot, 1, Device::cuda(0)}), "slot_mapping.device");
 }
 
 TEST_F(Bad, DebugTableChecksReportTheFirstBadEntry) {

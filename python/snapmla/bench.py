@@ -242,7 +242,7 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
         row[f"{name}_us_range"] = [round(min(ts), 2), round(max(ts), 2)]
     row["sm_mhz"] = round(statistics.mean(clocks)) if clocks else None
     rows = h * s_q
-    tiles = math.ceil(rows / 64) if rows > 16 else 1
+    tiles = math.ceil(rows / snapmla._C.TILE_ROWS) if rows > 16 else 1  # (the narrow tile: 16 rows at most)
     tile_pages = tiles * int(((lens + PAGE - 1) // PAGE).sum())
     if row["sm_mhz"]:
         row["fp8_cycles_per_tile_page"] = round(row["fp8_us"] * row["sm_mhz"] * sms / tile_pages)

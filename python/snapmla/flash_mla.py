@@ -40,14 +40,12 @@ import dataclasses
 import math
 from typing import Any, Optional, Tuple
 
+from . import _C
 from ._api import (PAGE_SIZE, SplitPlan, _numel, decode_bf16, plan_splits, recommended_num_workers,
                    split_plan_capacity)
 from ._frameworks import empty
 
 __all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache"]
-
-_MAX_HEADS = 128
-_MAX_QUERIES = 4
 
 
 @dataclasses.dataclass
@@ -73,13 +71,14 @@ class FlashMLASchedMeta:
 
 
 def _query_shape(rows: int) -> Tuple[int, int]:
-    """An (s_q, h) with s_q * h == rows, s_q <= 4 and h <= 128 (the plan depends on rows only)."""
-    for s_q in range(1, _MAX_QUERIES + 1):
-        if rows % s_q == 0 and rows // s_q <= _MAX_HEADS:
+    """An (s_q, h) with s_q * h == rows and both within the limits the decode checks (s_q up to
+    _C.MAX_QUERIES_PER_SEQ, h up to _C.MAX_HEADS; the plan depends on rows only)."""
+    for s_q in range(1, _C.MAX_QUERIES_PER_SEQ + 1):
+        if rows % s_q == 0 and _C.MIN_HEADS <= rows // s_q <= _C.MAX_HEADS:
             return s_q, rows // s_q
     raise ValueError(f"snapmla.flash_mla.get_mla_metadata: argument 'num_q_tokens_per_head_k': "
-                     f"expected s_q * h_q with s_q in 1..{_MAX_QUERIES} and h_q in 1..{_MAX_HEADS}, "
-                     f"got {rows}")
+                     f"expected s_q * h_q with s_q in 1..{_C.MAX_QUERIES_PER_SEQ} and h_q in "
+                     f"{_C.MIN_HEADS}..{_C.MAX_HEADS}, got {rows}")
 
 
 def _plan_arrays(cache_seqlens: Any, s_q: int, h: int) -> Tuple[Any, Any]:

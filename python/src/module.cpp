@@ -1,6 +1,10 @@
 // snapmla._C: the C++ API over DLPack arrays. One function per C++ entry point, with the same
 // names and argument meanings; outputs are passed in (the Python layer, snapmla/_api.py,
 // allocates them in the caller's framework). The GIL is released while an operation runs.
+// What this file checks is what the C++ views cannot carry: each array's dtype, shape and
+// layout, and that the arrays making up one view (a cache's planes, a page table, a plan, an
+// output) share a device. Everything else, the devices of the views against each other
+// included, the C++ entry point checks on every call (src/core/validate.hpp).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -11,6 +15,7 @@
 #include <optional>
 #include <vector>
 
+#include "kernels/sm90/decode/params.hpp"
 #include "snapmla/reference.hpp"
 #include "snapmla/snapmla.hpp"
 #include "tensor_args.hpp"
@@ -115,19 +120,19 @@ struct DecodeArgs {
   DecodeOptions options;
 };
 
-// A split plan's arrays, checked against the batch b and the device of `like` (named so in
-// errors): split_offsets [b + 1], split_begin [capacity], optional worker_splits [capacity].
-SplitPlan split_plan(const char* op, int b, const char* like, Device d, const Array& split_offsets,
-                     const Array& split_begin, const OptArray& worker_splits) {
+// A split plan's arrays, checked against the batch b: split_offsets [b + 1], split_begin
+// [capacity], optional worker_splits [capacity], on one device.
+SplitPlan split_plan(const char* op, int b, const Array& split_offsets, const Array& split_begin,
+                     const OptArray& worker_splits) {
   const Arg so(op, "split_offsets", split_offsets), sb(op, "split_begin", split_begin);
   so.kind(Kind::kI32).numel(int64_t(b) + 1);
   sb.kind(Kind::kI32);
-  same_device(op, {{like, d}, {"split_offsets", so.device()}, {"split_begin", sb.device()}});
+  const Device d = same_device(op, {{"split_offsets", so.device()}, {"split_begin", sb.device()}});
   SplitPlan plan{so.as<int32_t>(), sb.as<int32_t>(), int(sb.size()), b, d};
   if (worker_splits) {
     const Arg sr(op, "worker_splits", *worker_splits);
     sr.kind(Kind::kI32).numel(sb.size());
-    same_device(op, {{like, d}, {"worker_splits", sr.device()}});
+    same_device(op, {{"split_offsets", d}, {"worker_splits", sr.device()}});
     plan.worker_splits = sr.as<int32_t>();
   }
   return plan;
@@ -141,9 +146,8 @@ DecodeArgs decode_args(const char* op, int b, int s_q, int h, Device d, const Ar
   const Arg o(op, "out", out), l(op, "lse", lse);
   o.kind(Kind::kBf16).numel(int64_t(b) * s_q * h * kLatentDim);
   l.kind(Kind::kF32).numel(int64_t(b) * h * s_q);
-  same_device(op, {{"q", d}, {"out", o.device()}, {"lse", l.device()}});
   DecodeArgs r;
-  r.out = {o.as<bf16>(), l.as<float>(), d};
+  r.out = {o.as<bf16>(), l.as<float>(), same_device(op, {{"out", o.device()}, {"lse", l.device()}})};
   r.options.softmax_scale = softmax_scale;
   r.options.causal = causal;
   r.options.empty_lse = empty_lse;
@@ -152,7 +156,7 @@ DecodeArgs decode_args(const char* op, int b, int s_q, int h, Device d, const Ar
     throw Error(op, split_offsets ? "split_begin" : "split_offsets",
                 "expected split_offsets and split_begin together (a plan from plan_splits)");
   if (split_offsets) {
-    r.plan = split_plan(op, b, "q", d, *split_offsets, *split_begin, worker_splits);
+    r.plan = split_plan(op, b, *split_offsets, *split_begin, worker_splits);
     r.options.plan = &r.plan;
   } else if (worker_splits) {
     throw Error(op, "worker_splits", "expected it with split_offsets and split_begin (a plan from plan_splits)");
@@ -247,10 +251,9 @@ void bind_ops(nb::module_& m) {
         n.kind(Kind::kE4m3).rows_of(rows, kLatentDim);
         r.kind(Kind::kBf16).rows_of(rows, kRopeDim);
         s.kind(Kind::kF32).numel(rows);
-        const Device d = same_device(op, {{"q", qa.device()}, {"nope", n.device()},
-                                          {"rope", r.device()}, {"scale", s.device()}});
-        const QueryBf16 in{qa.as<bf16>(), b, s_q, h, d};
-        const QuantizedQuery out{n.as<e4m3>(), r.as<bf16>(), s.as<float>(), b, s_q, h, d};
+        const QueryBf16 in{qa.as<bf16>(), b, s_q, h, qa.device()};
+        const QuantizedQuery out{n.as<e4m3>(), r.as<bf16>(), s.as<float>(), b, s_q, h,
+                                 same_device(op, {{"nope", n.device()}, {"rope", r.device()}, {"scale", s.device()}})};
         gil_scoped_release release;
         quantize_query(in, out, to_stream(stream));
       },
@@ -278,8 +281,7 @@ void bind_ops(nb::module_& m) {
          int split_blocks) {
         constexpr const char* op = "plan_splits";
         const PageTable pages = page_table(op, std::nullopt, cache_seqlens);
-        const SplitPlan plan = split_plan(op, pages.batch, "cache_seqlens", pages.device,
-                                          split_offsets, split_begin, worker_splits);
+        const SplitPlan plan = split_plan(op, pages.batch, split_offsets, split_begin, worker_splits);
         gil_scoped_release release;
         plan_splits(pages, num_workers, plan, to_stream(stream), query_rows, split_blocks);
       },
@@ -450,6 +452,12 @@ NB_MODULE(_C, m) {
   m.attr("ROPE_DIM") = kRopeDim;
   m.attr("HEAD_DIM") = kHeadDim;
   m.attr("PAGE_SIZE") = kPageSize;
+  // The limits every entry point checks (src/core/validate.cpp), and the decode kernels' query
+  // rows per CTA, for the Python layer (snapmla.flash_mla, snapmla.bench).
+  m.attr("MIN_HEADS") = kMinHeads;
+  m.attr("MAX_HEADS") = kMaxHeads;
+  m.attr("MAX_QUERIES_PER_SEQ") = kMaxQueriesPerSeq;
+  m.attr("TILE_ROWS") = cuda::kTileRows;
   m.def("built_with_cuda", &built_with_cuda);
   m.def("cuda_device_available", &cuda_device_available);
   m.def("split_plan_capacity", &split_plan_capacity, "batch"_a, "num_workers"_a);

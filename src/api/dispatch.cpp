@@ -1,26 +1,27 @@
-// The public entry points: run where the data lives. Host memory goes to the CPU reference,
-// whose entry points check every argument; device memory is checked here (core/validate.hpp)
-// and goes to the kernels, so each argument is checked once per call. Shapes, pointers,
+// The public entry points: each checks its arguments once (core/validate.hpp's check_*, named
+// for the operation called), then runs where the data lives: host memory on the CPU reference's
+// computations (reference/unchecked.hpp), device memory on the kernels. Shapes, pointers,
 // alignment and devices are checked for every call; the contents of int32 tables (page
-// indices, seqlens, slots) only where they are host memory, since reading device memory would
-// need a host synchronization. The kernels never access memory outside the cache for a bad
-// index: a bad page or length makes the sequence's rows NaN, a bad slot is skipped. On host
-// memory an error names the operation called (ref::named), not the reference behind it.
+// indices, seqlens, slots, plans) only where they are host memory, since reading device memory
+// would need a host synchronization. The kernels never access memory outside the cache for a
+// bad index: a bad page or length makes the sequence's rows NaN, a bad slot is skipped.
 #include <algorithm>
 #include <vector>
 
 #include "../core/validate.hpp"
-#include "../reference/named.hpp"
+#include "../reference/unchecked.hpp"
 #include "snapmla/snapmla.hpp"
 
 #if SNAPMLA_HAVE_CUDA
 #include "../kernels/kernels.hpp"
+#include "../kernels/sm90/decode/params.hpp"
 #endif
 
 namespace snapmla {
 namespace {
 
-// Returns true when the call should run on the GPU (and checks the device is usable).
+// Returns true when the call should run on the GPU (and checks the device is usable: the first
+// check of every call, so that device memory in a build without kernels is named as such).
 bool on_gpu(const char* op, const char* arg, Device d) {
   if (d.is_cpu()) return false;
 #if SNAPMLA_HAVE_CUDA
@@ -56,13 +57,9 @@ namespace {
 // Both caches: same checks, then the reference or the kernel for that cache type.
 template <typename Cache>
 void append_impl(const Cache& cache, const KvRows& kv, const SlotMapping& slots, Stream s) {
-  if (!on_gpu("append", "cache", cache.device)) return ref::named::append("append", cache, kv, slots);
-  detail::check_devices_match("append", cache.device, "kv", kv.device);
-  detail::check_devices_match("append", cache.device, "slot_mapping", slots.device);
-  detail::validate("append", cache);
-  detail::validate("append", kv, "kv");
-  detail::validate("append", slots);
-  detail::check_rows_match("append", kv, slots, "kv");
+  const bool gpu = on_gpu("append", "cache", cache.device);
+  detail::check_append("append", cache, kv, slots);
+  if (!gpu) return ref::unchecked::append(cache, kv, slots);
 #if SNAPMLA_HAVE_CUDA
   cuda::append(cache, kv, slots, s);
 #else
@@ -77,7 +74,7 @@ int recommended_num_workers(Device device, int seqlen_q, int num_heads) {
   if (!on_gpu("recommended_num_workers", "device", device)) return ref::num_threads();
 #if SNAPMLA_HAVE_CUDA
   const int sms = cuda::require_sm90("recommended_num_workers", "device", device);
-  const int row_tiles = std::max(1, (seqlen_q * num_heads + 63) / 64);
+  const int row_tiles = std::max(1, (seqlen_q * num_heads + cuda::kTileRows - 1) / cuda::kTileRows);
   return std::max(1, sms / row_tiles);
 #else
   (void)seqlen_q;
@@ -126,12 +123,9 @@ void append(const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& sl
 }
 
 void quantize_query(const QueryBf16& q, const QuantizedQuery& out, Stream s) {
-  if (!on_gpu("quantize_query", "q", q.device)) return ref::named::quantize_query("quantize_query", q, out);
-  detail::check_devices_match("quantize_query", q.device, "out", out.device);
-  detail::validate("quantize_query", q);
-  detail::validate("quantize_query", out, "out");
-  if (out.batch != q.batch || out.seqlen_q != q.seqlen_q || out.num_heads != q.num_heads)
-    detail::fail("quantize_query", "out", "expected the shape of q");
+  const bool gpu = on_gpu("quantize_query", "q", q.device);
+  detail::check_quantize_query("quantize_query", q, out);
+  if (!gpu) return ref::unchecked::quantize_query(q, out);
 #if SNAPMLA_HAVE_CUDA
   cuda::quantize_query(q, out, s);
 #else
@@ -141,13 +135,9 @@ void quantize_query(const QueryBf16& q, const QuantizedQuery& out, Stream s) {
 
 void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const KvRows& out,
                     Stream s) {
-  if (!on_gpu("gather_dequant", "cache", cache.device)) return ref::named::gather_dequant("gather_dequant", cache, slots, out);
-  detail::check_devices_match("gather_dequant", cache.device, "slot_mapping", slots.device);
-  detail::check_devices_match("gather_dequant", cache.device, "out", out.device);
-  detail::validate("gather_dequant", cache);
-  detail::validate("gather_dequant", slots);
-  detail::validate("gather_dequant", out, "out");
-  detail::check_rows_match("gather_dequant", out, slots, "out");
+  const bool gpu = on_gpu("gather_dequant", "cache", cache.device);
+  detail::check_gather_dequant("gather_dequant", cache, slots, out);
+  if (!gpu) return ref::unchecked::gather_dequant(cache, slots, out);
 #if SNAPMLA_HAVE_CUDA
   cuda::gather_dequant(cache, slots, out, s);
 #else
@@ -157,10 +147,9 @@ void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const 
 
 void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, Stream s, int query_rows,
                  int split_blocks) {
-  if (!on_gpu("plan_splits", "pages", pages.device))
-    return ref::named::plan_splits("plan_splits", pages, num_workers, plan, query_rows, split_blocks);
-  detail::check_devices_match("plan_splits", pages.device, "plan", plan.device);
-  detail::check_plan_splits_args("plan_splits", pages, num_workers, query_rows, plan, split_blocks);
+  const bool gpu = on_gpu("plan_splits", "pages", pages.device);
+  detail::check_plan_splits("plan_splits", pages, num_workers, query_rows, plan, split_blocks);
+  if (!gpu) return ref::unchecked::plan_splits(pages, num_workers, plan, query_rows, split_blocks);
 #if SNAPMLA_HAVE_CUDA
   cuda::plan_splits(pages, num_workers, plan, s, query_rows, split_blocks);
 #else
@@ -171,11 +160,9 @@ void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan,
 void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
                 const DecodeOutput& out, const DecodeOptions& options) {
   constexpr const char* op = "decode_fp8";
-  if (!on_gpu(op, "q", q.device)) return ref::named::decode_fp8(op, q, cache, pages, out, options);
-  detail::check_decode_common(op, q.batch, q.device, pages, out, options, cache.device);
-  detail::validate(op, q, "q");
-  detail::validate(op, cache);
-  detail::check_workspace(op, options, q.seqlen_q, q.num_heads);
+  const bool gpu = on_gpu(op, "q", q.device);
+  detail::check_decode(op, q, cache, pages, &out, options, detail::TableFaults::kThrow);
+  if (!gpu) return ref::unchecked::decode_fp8(q, cache, pages, out, options);
 #if SNAPMLA_HAVE_CUDA
   cuda::decode_fp8(q, cache, pages, out, options);
 #endif
@@ -184,11 +171,9 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
 void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
                  const DecodeOutput& out, const DecodeOptions& options) {
   constexpr const char* op = "decode_bf16";
-  if (!on_gpu(op, "q", q.device)) return ref::named::decode_bf16(op, q, cache, pages, out, options);
-  detail::check_decode_common(op, q.batch, q.device, pages, out, options, cache.device);
-  detail::validate(op, q);
-  detail::validate(op, cache);
-  detail::check_workspace(op, options, q.seqlen_q, q.num_heads);
+  const bool gpu = on_gpu(op, "q", q.device);
+  detail::check_decode(op, q, cache, pages, &out, options, detail::TableFaults::kThrow);
+  if (!gpu) return ref::unchecked::decode_bf16(q, cache, pages, out, options);
 #if SNAPMLA_HAVE_CUDA
   cuda::decode_bf16(q, cache, pages, out, options);
 #endif

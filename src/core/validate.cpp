@@ -65,7 +65,14 @@ void check_devices_match(const char* op, Device expected, const char* argument, 
          "expected " + to_string(expected) + " like the other arguments, got " + to_string(got));
 }
 
-void validate(const char* op, const PagedFp8Cache& c, const char* name) {
+void check_host(const char* op, const char* argument, Device d) {
+  if (!d.is_cpu())
+    fail(op, std::string(argument) + ".device",
+         "expected host memory (the reference runs on the CPU), got " + to_string(d));
+}
+
+// The views' own checks (static: those of the views that the header does not name).
+static void validate(const char* op, const PagedFp8Cache& c, const char* name = "cache") {
   if (c.num_pages < 0 || c.num_pages > std::numeric_limits<int32_t>::max() / kPageSize)
     fail(op, join(name, "num_pages"),
          "expected 0.." + std::to_string(std::numeric_limits<int32_t>::max() / kPageSize) +
@@ -76,7 +83,7 @@ void validate(const char* op, const PagedFp8Cache& c, const char* name) {
   check_pointer(op, {name, "rope"}, c.rope, needed, 16);
 }
 
-void validate(const char* op, const PagedBf16Cache& c, const char* name) {
+static void validate(const char* op, const PagedBf16Cache& c, const char* name = "cache") {
   if (c.num_pages < 0 || c.num_pages > std::numeric_limits<int32_t>::max() / kPageSize)
     fail(op, join(name, "num_pages"),
          "expected 0.." + std::to_string(std::numeric_limits<int32_t>::max() / kPageSize) +
@@ -84,7 +91,7 @@ void validate(const char* op, const PagedBf16Cache& c, const char* name) {
   check_pointer(op, {name, "data"}, c.data, c.num_pages > 0, 16);
 }
 
-void validate(const char* op, const KvRows& r, const char* name) {
+static void validate(const char* op, const KvRows& r, const char* name) {
   if (r.num_tokens < 0)
     fail(op, join(name, "num_tokens"), "expected >= 0, got " + std::to_string(r.num_tokens));
   check_pointer(op, {name, "data"}, r.data, r.num_tokens > 0, 16);
@@ -96,14 +103,14 @@ void validate(const char* op, const SlotMapping& s, const char* name) {
   check_pointer(op, {name, "slots"}, s.slots, s.num_tokens > 0, 4);
 }
 
-void validate(const char* op, const QueryBf16& q, const char* name) {
+static void validate(const char* op, const QueryBf16& q, const char* name = "q") {
   if (q.batch < 0) fail(op, join(name, "batch"), "expected >= 0, got " + std::to_string(q.batch));
   check_seqlen_q(op, {name, "seqlen_q"}, q.seqlen_q);
   check_heads(op, {name, "num_heads"}, q.num_heads);
   check_pointer(op, {name, "data"}, q.data, q.batch > 0, 16);
 }
 
-void validate(const char* op, const QuantizedQuery& q, const char* name) {
+static void validate(const char* op, const QuantizedQuery& q, const char* name) {
   if (q.batch < 0) fail(op, join(name, "batch"), "expected >= 0, got " + std::to_string(q.batch));
   check_seqlen_q(op, {name, "seqlen_q"}, q.seqlen_q);
   check_heads(op, {name, "num_heads"}, q.num_heads);
@@ -121,12 +128,12 @@ void validate(const char* op, const PageTable& p, const char* name) {
   check_pointer(op, {name, "block_table"}, p.block_table, p.batch > 0 && p.max_pages > 0, 4);
 }
 
-void validate(const char* op, const DecodeOutput& o, const char* name, bool needed) {
+static void validate(const char* op, const DecodeOutput& o, const char* name, bool needed) {
   check_pointer(op, {name, "out"}, o.out, needed, 16);
   check_pointer(op, {name, "lse"}, o.lse, needed, 16);
 }
 
-void validate(const char* op, const SplitPlan& p, const char* name) {
+static void validate(const char* op, const SplitPlan& p, const char* name = "plan") {
   if (p.batch < 0) fail(op, join(name, "batch"), "expected >= 0, got " + std::to_string(p.batch));
   if (p.capacity < p.batch || p.capacity < 1)
     fail(op, join(name, "capacity"),
@@ -143,7 +150,7 @@ void validate(const char* op, const SplitPlan& p, const char* name) {
   }
 }
 
-void validate(const char* op, const DecodeOptions& o, int batch) {
+static void validate(const char* op, const DecodeOptions& o, int batch) {
   if (!(o.softmax_scale > 0.0f) || !std::isfinite(o.softmax_scale))
     fail(op, "options.softmax_scale",
          "expected a finite value > 0, got " + std::to_string(o.softmax_scale));
@@ -158,27 +165,14 @@ void validate(const char* op, const DecodeOptions& o, int batch) {
   }
 }
 
+namespace {
+
 void check_rows_match(const char* op, const KvRows& kv, const SlotMapping& slots,
                       const char* rows_name) {
   if (slots.num_tokens != kv.num_tokens)
     fail(op, std::string(rows_name) + ".num_tokens",
          "expected one row per slot (" + std::to_string(slots.num_tokens) + "), got " +
              std::to_string(kv.num_tokens));
-}
-
-void check_decode_common(const char* op, int q_batch, Device q_dev, const PageTable& pages,
-                         const DecodeOutput& out, const DecodeOptions& options, Device cache_dev) {
-  check_devices_match(op, q_dev, "cache", cache_dev);
-  check_devices_match(op, q_dev, "pages", pages.device);
-  check_devices_match(op, q_dev, "out", out.device);
-  if (options.plan) check_devices_match(op, q_dev, "options.plan", options.plan->device);
-  validate(op, pages);
-  validate(op, out, "out", q_batch > 0);
-  validate(op, options, q_batch);
-  if (pages.batch != q_batch)
-    fail(op, "pages.batch",
-         "expected the batch of q (" + std::to_string(q_batch) + "), got " +
-             std::to_string(pages.batch));
 }
 
 void check_workspace(const char* op, const DecodeOptions& options, int seqlen_q, int num_heads) {
@@ -193,28 +187,7 @@ void check_workspace(const char* op, const DecodeOptions& options, int seqlen_q,
     fail(op, "options.workspace", "expected a 16-byte aligned pointer");
 }
 
-void check_plan_splits_args(const char* op, const PageTable& pages, int num_workers, int query_rows,
-                            const SplitPlan& plan, int split_blocks) {
-  if (split_blocks < 0)
-    fail(op, "split_blocks",
-         "expected 0 (the balanced plan) or a split length in 64-token blocks (a batch-invariant plan), got " +
-             std::to_string(split_blocks));
-  validate(op, pages);
-  validate(op, plan);
-  if (num_workers < 1) fail(op, "num_workers", "expected >= 1, got " + std::to_string(num_workers));
-  if (query_rows < 0 || query_rows > kMaxHeads * kMaxQueriesPerSeq)
-    fail(op, "query_rows",
-         "expected 0 (equal shares) or the decode's seqlen_q x num_heads (1.." +
-             std::to_string(kMaxHeads * kMaxQueriesPerSeq) + "), got " + std::to_string(query_rows));
-  if (plan.batch != pages.batch)
-    fail(op, "plan.batch", "expected pages.batch (" + std::to_string(pages.batch) + "), got " +
-                               std::to_string(plan.batch));
-  if (plan.capacity < split_plan_capacity(pages.batch, num_workers))
-    fail(op, "plan.capacity",
-         "expected >= split_plan_capacity(batch, num_workers) = " +
-             std::to_string(split_plan_capacity(pages.batch, num_workers)) + ", got " +
-             std::to_string(plan.capacity));
-}
+}  // namespace
 
 void check_slots_in_range(const char* op, const SlotMapping& s, int64_t num_pages) {
   const int64_t num_slots = num_pages * kPageSize;
@@ -248,6 +221,8 @@ void check_page_table_contents(const char* op, const PageTable& p, int64_t num_p
     }
   }
 }
+
+namespace {
 
 void check_plan_contents(const char* op, const SplitPlan& plan, const PageTable& pages) {
   if (plan.split_offsets[0] != 0)
@@ -290,6 +265,106 @@ void check_plan_contents(const char* op, const SplitPlan& plan, const PageTable&
                  " at entry capacity - batch = " + std::to_string(workers) + " (was the plan made by plan_splits?)");
     }
   }
+}
+
+template <typename Cache>
+void check_append_args(const char* op, const Cache& cache, const KvRows& kv, const SlotMapping& slots) {
+  check_devices_match(op, cache.device, "kv", kv.device);
+  check_devices_match(op, cache.device, "slot_mapping", slots.device);
+  validate(op, cache);
+  validate(op, kv, "kv");
+  validate(op, slots);
+  check_rows_match(op, kv, slots, "kv");
+  if (cache.device.is_cpu()) check_slots_in_range(op, slots, cache.num_pages);
+}
+
+template <typename Query, typename Cache>
+void check_decode_args(const char* op, const Query& q, const Cache& cache, const PageTable& pages,
+                       const DecodeOutput* out, const DecodeOptions& options, TableFaults faults) {
+  check_devices_match(op, q.device, "cache", cache.device);
+  check_devices_match(op, q.device, "pages", pages.device);
+  if (out) check_devices_match(op, q.device, "out", out->device);
+  if (options.plan) check_devices_match(op, q.device, "options.plan", options.plan->device);
+  validate(op, q, "q");
+  validate(op, cache);
+  validate(op, pages);
+  if (out) validate(op, *out, "out", q.batch > 0);
+  validate(op, options, q.batch);
+  if (pages.batch != q.batch)
+    fail(op, "pages.batch",
+         "expected the batch of q (" + std::to_string(q.batch) + "), got " + std::to_string(pages.batch));
+  if (!q.device.is_cpu()) return check_workspace(op, options, q.seqlen_q, q.num_heads);
+  if (faults == TableFaults::kThrow) check_page_table_contents(op, pages, cache.num_pages);
+  if (options.plan) check_plan_contents(op, *options.plan, pages);
+}
+
+}  // namespace
+
+void check_append(const char* op, const PagedFp8Cache& cache, const KvRows& kv, const SlotMapping& slots) {
+  check_append_args(op, cache, kv, slots);
+}
+
+void check_append(const char* op, const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& slots) {
+  check_append_args(op, cache, kv, slots);
+}
+
+void check_quantize_query(const char* op, const QueryBf16& q, const QuantizedQuery& out) {
+  check_devices_match(op, q.device, "out", out.device);
+  validate(op, q);
+  validate(op, out, "out");
+  if (out.batch != q.batch || out.seqlen_q != q.seqlen_q || out.num_heads != q.num_heads)
+    fail(op, "out",
+         "expected the shape of q [" + std::to_string(q.batch) + ", " + std::to_string(q.seqlen_q) + ", " +
+             std::to_string(q.num_heads) + "]");
+}
+
+void check_gather_dequant(const char* op, const PagedFp8Cache& cache, const SlotMapping& slots, const KvRows& out) {
+  check_devices_match(op, cache.device, "slot_mapping", slots.device);
+  check_devices_match(op, cache.device, "out", out.device);
+  validate(op, cache);
+  validate(op, slots);
+  validate(op, out, "out");
+  check_rows_match(op, out, slots, "out");
+  if (cache.device.is_cpu()) check_slots_in_range(op, slots, cache.num_pages);
+}
+
+void check_plan_splits(const char* op, const PageTable& pages, int num_workers, int query_rows,
+                       const SplitPlan& plan, int split_blocks) {
+  check_devices_match(op, pages.device, "plan", plan.device);
+  if (split_blocks < 0)
+    fail(op, "split_blocks",
+         "expected 0 (the balanced plan) or a split length in 64-token blocks (a batch-invariant plan), got " +
+             std::to_string(split_blocks));
+  validate(op, pages);
+  validate(op, plan);
+  if (num_workers < 1) fail(op, "num_workers", "expected >= 1, got " + std::to_string(num_workers));
+  if (query_rows < 0 || query_rows > kMaxHeads * kMaxQueriesPerSeq)
+    fail(op, "query_rows",
+         "expected 0 (equal shares) or the decode's seqlen_q x num_heads (1.." +
+             std::to_string(kMaxHeads * kMaxQueriesPerSeq) + "), got " + std::to_string(query_rows));
+  if (plan.batch != pages.batch)
+    fail(op, "plan.batch", "expected pages.batch (" + std::to_string(pages.batch) + "), got " +
+                               std::to_string(plan.batch));
+  if (plan.capacity < split_plan_capacity(pages.batch, num_workers))
+    fail(op, "plan.capacity",
+         "expected >= split_plan_capacity(batch, num_workers) = " +
+             std::to_string(split_plan_capacity(pages.batch, num_workers)) + ", got " +
+             std::to_string(plan.capacity));
+  if (!pages.device.is_cpu()) return;
+  for (int i = 0; i < pages.batch; ++i)
+    if (pages.cache_seqlens[i] < 0)
+      fail(op, "cache_seqlens", "cache_seqlens[" + std::to_string(i) + "] = " +
+                                    std::to_string(pages.cache_seqlens[i]) + ", expected >= 0");
+}
+
+void check_decode(const char* op, const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
+                  const DecodeOutput* out, const DecodeOptions& options, TableFaults faults) {
+  check_decode_args(op, q, cache, pages, out, options, faults);
+}
+
+void check_decode(const char* op, const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
+                  const DecodeOutput* out, const DecodeOptions& options, TableFaults faults) {
+  check_decode_args(op, q, cache, pages, out, options, faults);
 }
 
 }  // namespace detail

@@ -6,17 +6,11 @@
 #include "../core/validate.hpp"
 #include "attention_core.hpp"
 #include "snapmla/numeric.hpp"
-#include "named.hpp"
 #include "snapmla/reference.hpp"
+#include "unchecked.hpp"
 
 namespace snapmla::ref {
 namespace {
-
-void require_cpu(const char* op, const char* arg, Device d) {
-  if (!d.is_cpu())
-    detail::fail(op, std::string(arg) + ".device",
-                 "expected host memory (the reference runs on the CPU), got " + to_string(d));
-}
 
 float amax_of(const bf16* x, int n) {
   float a = 0.0f;
@@ -36,20 +30,9 @@ float quantize_row(const bf16* row, e4m3* latent_out, bf16* rope_out) {
 
 }  // namespace
 
-namespace named {
+namespace unchecked {
 
-void append(const char* op, const PagedFp8Cache& cache, const KvRows& kv, const SlotMapping& slots) {
-  detail::validate(op, cache);
-  detail::validate(op, kv, "kv");
-  detail::validate(op, slots);
-  require_cpu(op, "cache", cache.device);
-  require_cpu(op, "kv", kv.device);
-  require_cpu(op, "slot_mapping", slots.device);
-  if (slots.num_tokens != kv.num_tokens)
-    detail::fail(op, "slot_mapping.num_tokens",
-                 "expected one slot per kv row (" + std::to_string(kv.num_tokens) + "), got " +
-                     std::to_string(slots.num_tokens));
-  detail::check_slots_in_range(op, slots, cache.num_pages);
+void append(const PagedFp8Cache& cache, const KvRows& kv, const SlotMapping& slots) {
   for (int64_t i = 0; i < kv.num_tokens; ++i) {
     const int64_t slot = slots.slots[i];
     if (slot < 0) continue;
@@ -58,18 +41,7 @@ void append(const char* op, const PagedFp8Cache& cache, const KvRows& kv, const 
   }
 }
 
-void append(const char* op, const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& slots) {
-  detail::validate(op, cache);
-  detail::validate(op, kv, "kv");
-  detail::validate(op, slots);
-  require_cpu(op, "cache", cache.device);
-  require_cpu(op, "kv", kv.device);
-  require_cpu(op, "slot_mapping", slots.device);
-  if (slots.num_tokens != kv.num_tokens)
-    detail::fail(op, "slot_mapping.num_tokens",
-                 "expected one slot per kv row (" + std::to_string(kv.num_tokens) + "), got " +
-                     std::to_string(slots.num_tokens));
-  detail::check_slots_in_range(op, slots, cache.num_pages);
+void append(const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& slots) {
   for (int64_t i = 0; i < kv.num_tokens; ++i) {
     const int64_t slot = slots.slots[i];
     if (slot < 0) continue;
@@ -77,33 +49,14 @@ void append(const char* op, const PagedBf16Cache& cache, const KvRows& kv, const
   }
 }
 
-void quantize_query(const char* op, const QueryBf16& q, const QuantizedQuery& out) {
-  detail::validate(op, q);
-  detail::validate(op, out, "out");
-  require_cpu(op, "q", q.device);
-  require_cpu(op, "out", out.device);
-  if (out.batch != q.batch || out.seqlen_q != q.seqlen_q || out.num_heads != q.num_heads)
-    detail::fail(op, "out",
-                 "expected the shape of q [" + std::to_string(q.batch) + ", " +
-                     std::to_string(q.seqlen_q) + ", " + std::to_string(q.num_heads) + "]");
+void quantize_query(const QueryBf16& q, const QuantizedQuery& out) {
   const int64_t rows = int64_t(q.batch) * q.seqlen_q * q.num_heads;
   for (int64_t r = 0; r < rows; ++r)
     out.scale[r] = quantize_row(q.data + r * kHeadDim, out.nope + r * kLatentDim,
                                 out.rope + r * kRopeDim);
 }
 
-void gather_dequant(const char* op, const PagedFp8Cache& cache, const SlotMapping& slots, const KvRows& out) {
-  detail::validate(op, cache);
-  detail::validate(op, slots);
-  detail::validate(op, out, "out");
-  require_cpu(op, "cache", cache.device);
-  require_cpu(op, "slot_mapping", slots.device);
-  require_cpu(op, "out", out.device);
-  if (out.num_tokens != slots.num_tokens)
-    detail::fail(op, "out.num_tokens",
-                 "expected one row per slot (" + std::to_string(slots.num_tokens) + "), got " +
-                     std::to_string(out.num_tokens));
-  detail::check_slots_in_range(op, slots, cache.num_pages);
+void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const KvRows& out) {
   for (int64_t i = 0; i < slots.num_tokens; ++i) {
     bf16* row = out.data + i * kHeadDim;
     const int64_t slot = slots.slots[i];
@@ -119,19 +72,28 @@ void gather_dequant(const char* op, const PagedFp8Cache& cache, const SlotMappin
   }
 }
 
-}  // namespace named
+}  // namespace unchecked
 
+// The reference's own entry points: host memory only, then the checks every call runs.
 void append(const PagedFp8Cache& cache, const KvRows& kv, const SlotMapping& slots) {
-  named::append("ref::append", cache, kv, slots);
+  detail::check_host("ref::append", "cache", cache.device);
+  detail::check_append("ref::append", cache, kv, slots);
+  unchecked::append(cache, kv, slots);
 }
 void append(const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& slots) {
-  named::append("ref::append", cache, kv, slots);
+  detail::check_host("ref::append", "cache", cache.device);
+  detail::check_append("ref::append", cache, kv, slots);
+  unchecked::append(cache, kv, slots);
 }
 void quantize_query(const QueryBf16& q, const QuantizedQuery& out) {
-  named::quantize_query("ref::quantize_query", q, out);
+  detail::check_host("ref::quantize_query", "q", q.device);
+  detail::check_quantize_query("ref::quantize_query", q, out);
+  unchecked::quantize_query(q, out);
 }
 void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const KvRows& out) {
-  named::gather_dequant("ref::gather_dequant", cache, slots, out);
+  detail::check_host("ref::gather_dequant", "cache", cache.device);
+  detail::check_gather_dequant("ref::gather_dequant", cache, slots, out);
+  unchecked::gather_dequant(cache, slots, out);
 }
 
 }  // namespace snapmla::ref

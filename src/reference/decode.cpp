@@ -7,20 +7,14 @@
 #include "../core/split_rule.hpp"
 #include "../core/validate.hpp"
 #include "attention_core.hpp"
-#include "named.hpp"
 #include "snapmla/numeric.hpp"
 #include "snapmla/reference.hpp"
+#include "unchecked.hpp"
 
 namespace snapmla::ref {
 namespace {
 
 constexpr int kRowsPerTask = 16;
-
-void require_cpu(const char* op, const char* arg, Device d) {
-  if (!d.is_cpu())
-    detail::fail(op, std::string(arg) + ".device",
-                 "expected host memory (the reference runs on the CPU), got " + to_string(d));
-}
 
 // Tokens query i of s_q sees in a sequence of `len` tokens.
 int visible_tokens(int len, int s_q, int i, bool causal) {
@@ -31,13 +25,10 @@ struct DecodeShape {
   int batch, s_q, h;
 };
 
-// What a decode does with bad table contents: the public entry points on host memory throw
-// (the tables are cheap to read there); ref::decode_* models the GPU, which cannot read them
-// before the launch: the sequence's rows become NaN and every other sequence is unaffected.
-enum class TableFaults { kThrow, kNanRows };
-
 // Whether sequence b's table entries are usable: 0 <= len <= max_pages * 64 and every page
-// index its length uses in 0..num_pages - 1 (docs/reference.md, "Bad inputs").
+// index its length uses in 0..num_pages - 1 (docs/reference.md, "Bad inputs"). A sequence
+// whose entries are not gets NaN rows, as on the GPU, and every other sequence is unaffected
+// (snapmla::decode_* on host memory rejects such tables in its checks: detail::TableFaults).
 bool sequence_ok(const PageTable& pages, int b, int64_t num_pages) {
   const int32_t len = pages.cache_seqlens[b];
   if (len < 0 || int64_t(len) > int64_t(pages.max_pages) * kPageSize) return false;
@@ -50,7 +41,7 @@ bool sequence_ok(const PageTable& pages, int b, int64_t num_pages) {
 // Shared driver: keys of each sequence are gathered once (decoded to float), then its query
 // rows are attended per split in groups of kRowsPerTask rows, and the splits are combined.
 template <typename GatherKeys>
-DecodeResultF32 run_decode(const char* op, DecodeShape shape, const std::vector<float>& q_values,
+DecodeResultF32 run_decode(DecodeShape shape, const std::vector<float>& q_values,
                            const std::vector<float>& q_factor, const PageTable& pages,
                            int64_t num_pages, const DecodeOptions& options, detail::PvMode mode,
                            GatherKeys&& gather_keys) {
@@ -59,7 +50,6 @@ DecodeResultF32 run_decode(const char* op, DecodeShape shape, const std::vector<
   DecodeResultF32 res;
   res.out.assign(size_t(batch) * rows * kLatentDim, 0.0f);
   res.lse.assign(size_t(batch) * rows, 0.0f);
-  if (options.plan) detail::check_plan_contents(op, *options.plan, pages);
 
   std::vector<float> keys, scales, part_out, part_lse;
   std::vector<int> split_begin;
@@ -128,22 +118,6 @@ DecodeResultF32 run_decode(const char* op, DecodeShape shape, const std::vector<
   return res;
 }
 
-void check_decode_args(const char* op, Device q_dev, int q_batch, int64_t num_pages,
-                       Device cache_dev, const PageTable& pages, const DecodeOptions& options,
-                       TableFaults faults) {
-  detail::validate(op, pages);
-  detail::validate(op, options, q_batch);
-  require_cpu(op, "q", q_dev);
-  require_cpu(op, "cache", cache_dev);
-  require_cpu(op, "pages", pages.device);
-  if (options.plan) require_cpu(op, "options.plan", options.plan->device);
-  if (pages.batch != q_batch)
-    detail::fail(op, "pages.batch",
-                 "expected the batch of q (" + std::to_string(q_batch) + "), got " +
-                     std::to_string(pages.batch));
-  if (faults == TableFaults::kThrow) detail::check_page_table_contents(op, pages, num_pages);
-}
-
 void write_bf16(const DecodeResultF32& r, const DecodeOutput& out) {
   for (size_t i = 0; i < r.out.size(); ++i) out.out[i] = to_bf16(r.out[i]);
   std::copy(r.lse.begin(), r.lse.end(), out.lse);
@@ -186,21 +160,12 @@ void combine_row(int num_splits, const float* partial_out, const float* partial_
   *lse = total;
 }
 
-namespace named {
+namespace unchecked {
 
-void plan_splits(const char* op, const PageTable& pages, int num_workers, const SplitPlan& plan, int query_rows,
-                 int split_blocks) {
-  require_cpu(op, "pages", pages.device);
-  require_cpu(op, "plan", plan.device);
-  detail::check_plan_splits_args(op, pages, num_workers, query_rows, plan, split_blocks);
+void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, int query_rows, int split_blocks) {
   detail::PlanTotals totals;
-  for (int i = 0; i < pages.batch; ++i) {
-    const int len = pages.cache_seqlens[i];
-    if (len < 0)
-      detail::fail(op, "cache_seqlens", "cache_seqlens[" + std::to_string(i) + "] = " +
-                                            std::to_string(len) + ", expected >= 0");
-    detail::add_sequence(totals, (len + kPageSize - 1) / kPageSize, split_blocks);
-  }
+  for (int i = 0; i < pages.batch; ++i)
+    detail::add_sequence(totals, (pages.cache_seqlens[i] + kPageSize - 1) / kPageSize, split_blocks);
   // The division of the work (core/split_rule.hpp): the sequences' costs (blocks plus a fixed
   // cost each) end to end, worker k the part from k x share on; a worker boundary inside a
   // sequence's blocks starts a new split there, so there are at most batch + workers - 1 <=
@@ -236,15 +201,12 @@ void plan_splits(const char* op, const PageTable& pages, int num_workers, const 
   std::fill(plan.worker_splits + last + 1, plan.worker_splits + plan.capacity, -1);
 }
 
-}  // namespace named
+}  // namespace unchecked
 
 namespace {
 
-DecodeResultF32 fp8_f32(const char* op, const QuantizedQuery& q, const PagedFp8Cache& cache,
-                        const PageTable& pages, const DecodeOptions& options, TableFaults faults) {
-  detail::validate(op, q, "q");
-  detail::validate(op, cache);
-  check_decode_args(op, q.device, q.batch, cache.num_pages, cache.device, pages, options, faults);
+DecodeResultF32 fp8_f32(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
+                        const DecodeOptions& options) {
   const int64_t rows = int64_t(q.batch) * q.seqlen_q * q.num_heads;
   std::vector<float> qv(rows * kHeadDim), qf(rows);
   for (int64_t r = 0; r < rows; ++r) {
@@ -253,7 +215,7 @@ DecodeResultF32 fp8_f32(const char* op, const QuantizedQuery& q, const PagedFp8C
       qv[r * kHeadDim + kLatentDim + d] = to_float(q.rope[r * kRopeDim + d]);
     qf[r] = options.softmax_scale * q.scale[r];
   }
-  DecodeResultF32 r = run_decode(op, {q.batch, q.seqlen_q, q.num_heads}, qv, qf, pages, cache.num_pages, options,
+  DecodeResultF32 r = run_decode({q.batch, q.seqlen_q, q.num_heads}, qv, qf, pages, cache.num_pages, options,
                     detail::PvMode::kFp8, [&](int b, int len, float* kv, float* scale) {
                       const int32_t* table = pages.block_table + int64_t(b) * pages.max_pages;
                       for (int t = 0; t < len; ++t) {
@@ -270,15 +232,12 @@ DecodeResultF32 fp8_f32(const char* op, const QuantizedQuery& q, const PagedFp8C
   return r;
 }
 
-DecodeResultF32 bf16_f32(const char* op, const QueryBf16& q, const PagedBf16Cache& cache,
-                         const PageTable& pages, const DecodeOptions& options, TableFaults faults) {
-  detail::validate(op, q);
-  detail::validate(op, cache);
-  check_decode_args(op, q.device, q.batch, cache.num_pages, cache.device, pages, options, faults);
+DecodeResultF32 bf16_f32(const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
+                         const DecodeOptions& options) {
   const int64_t rows = int64_t(q.batch) * q.seqlen_q * q.num_heads;
   std::vector<float> qv(rows * kHeadDim), qf(rows, options.softmax_scale);
   for (int64_t i = 0; i < rows * kHeadDim; ++i) qv[i] = to_float(q.data[i]);
-  DecodeResultF32 r = run_decode(op, {q.batch, q.seqlen_q, q.num_heads}, qv, qf, pages, cache.num_pages, options,
+  DecodeResultF32 r = run_decode({q.batch, q.seqlen_q, q.num_heads}, qv, qf, pages, cache.num_pages, options,
                     detail::PvMode::kBf16, [&](int b, int len, float* kv, float* scale) {
                       const int32_t* table = pages.block_table + int64_t(b) * pages.max_pages;
                       for (int t = 0; t < len; ++t) {
@@ -292,53 +251,56 @@ DecodeResultF32 bf16_f32(const char* op, const QueryBf16& q, const PagedBf16Cach
   return r;
 }
 
-void check_out(const char* op, const DecodeOutput& out, int batch) {
-  detail::validate(op, out, "out", batch > 0);
-  require_cpu(op, "out", out.device);
-}
-
 }  // namespace
 
-namespace named {
-
-void decode_fp8(const char* op, const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
-                const DecodeOutput& out, const DecodeOptions& options) {
-  check_out(op, out, q.batch);
-  write_bf16(fp8_f32(op, q, cache, pages, options, TableFaults::kThrow), out);
-}
-
-void decode_bf16(const char* op, const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
-                 const DecodeOutput& out, const DecodeOptions& options) {
-  check_out(op, out, q.batch);
-  write_bf16(bf16_f32(op, q, cache, pages, options, TableFaults::kThrow), out);
-}
-
-}  // namespace named
-
-void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, int query_rows, int split_blocks) {
-  named::plan_splits("ref::plan_splits", pages, num_workers, plan, query_rows, split_blocks);
-}
-
-DecodeResultF32 decode_fp8_f32(const QuantizedQuery& q, const PagedFp8Cache& cache,
-                               const PageTable& pages, const DecodeOptions& options) {
-  return fp8_f32("ref::decode_fp8", q, cache, pages, options, TableFaults::kNanRows);
-}
-
-DecodeResultF32 decode_bf16_f32(const QueryBf16& q, const PagedBf16Cache& cache,
-                                const PageTable& pages, const DecodeOptions& options) {
-  return bf16_f32("ref::decode_bf16", q, cache, pages, options, TableFaults::kNanRows);
-}
+namespace unchecked {
 
 void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
                 const DecodeOutput& out, const DecodeOptions& options) {
-  check_out("ref::decode_fp8", out, q.batch);
-  write_bf16(decode_fp8_f32(q, cache, pages, options), out);
+  write_bf16(fp8_f32(q, cache, pages, options), out);
 }
 
 void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
                  const DecodeOutput& out, const DecodeOptions& options) {
-  check_out("ref::decode_bf16", out, q.batch);
-  write_bf16(decode_bf16_f32(q, cache, pages, options), out);
+  write_bf16(bf16_f32(q, cache, pages, options), out);
+}
+
+}  // namespace unchecked
+
+// The reference's own entry points: host memory only, then the checks every call runs (a bad
+// table gives NaN rows, as on the GPU).
+void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, int query_rows, int split_blocks) {
+  detail::check_host("ref::plan_splits", "pages", pages.device);
+  detail::check_plan_splits("ref::plan_splits", pages, num_workers, query_rows, plan, split_blocks);
+  unchecked::plan_splits(pages, num_workers, plan, query_rows, split_blocks);
+}
+
+DecodeResultF32 decode_fp8_f32(const QuantizedQuery& q, const PagedFp8Cache& cache,
+                               const PageTable& pages, const DecodeOptions& options) {
+  detail::check_host("ref::decode_fp8", "q", q.device);
+  detail::check_decode("ref::decode_fp8", q, cache, pages, nullptr, options, detail::TableFaults::kNanRows);
+  return fp8_f32(q, cache, pages, options);
+}
+
+DecodeResultF32 decode_bf16_f32(const QueryBf16& q, const PagedBf16Cache& cache,
+                                const PageTable& pages, const DecodeOptions& options) {
+  detail::check_host("ref::decode_bf16", "q", q.device);
+  detail::check_decode("ref::decode_bf16", q, cache, pages, nullptr, options, detail::TableFaults::kNanRows);
+  return bf16_f32(q, cache, pages, options);
+}
+
+void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
+                const DecodeOutput& out, const DecodeOptions& options) {
+  detail::check_host("ref::decode_fp8", "q", q.device);
+  detail::check_decode("ref::decode_fp8", q, cache, pages, &out, options, detail::TableFaults::kNanRows);
+  unchecked::decode_fp8(q, cache, pages, out, options);
+}
+
+void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
+                 const DecodeOutput& out, const DecodeOptions& options) {
+  detail::check_host("ref::decode_bf16", "q", q.device);
+  detail::check_decode("ref::decode_bf16", q, cache, pages, &out, options, detail::TableFaults::kNanRows);
+  unchecked::decode_bf16(q, cache, pages, out, options);
 }
 
 void attention_f64(const float* q, int seqlen_q, int num_heads, const float* kv, int seqlen_k,

@@ -105,3 +105,20 @@ def test_an_empty_batch_gives_empty_results_in_every_framework(case):
     tout16, _ = snapmla.decode_bf16(to_torch(q[:0]), to_torch(cache16), to_torch(table[:0]), to_torch(seqlens[:0]),
                                     softmax_scale=0.1)
     assert tuple(tout16.shape) == (0, 1, 4, 512)
+
+
+def test_limits_come_from_the_library():
+    """The limits the Python layer uses are the C++ ones (snapmla._C), and the C++ checks
+    enforce them: a head count one past MAX_HEADS is refused by name, as is a FlashMLA row count
+    that no s_q within MAX_QUERIES_PER_SEQ can split."""
+    from snapmla import _C, flash_mla
+
+    assert (_C.MIN_HEADS, _C.MAX_HEADS, _C.MAX_QUERIES_PER_SEQ, _C.TILE_ROWS) == (1, 128, 4, 64)
+    h = _C.MAX_HEADS + 1
+    q = np.zeros((1, 1, h, snapmla.HEAD_DIM), np.uint16)
+    with pytest.raises(snapmla.SnapMLAError, match=f"'q.num_heads': expected 1..{_C.MAX_HEADS}, got {h}"):
+        snapmla.decode_bf16(q, snapmla.alloc_bf16_cache(1, q), np.zeros((1, 1), np.int32),
+                            np.zeros(1, np.int32), softmax_scale=0.1)
+    rows = (_C.MAX_HEADS + 1) * 7  # prime factor 7 > MAX_QUERIES_PER_SEQ: no (s_q, h) fits
+    with pytest.raises(ValueError, match=f"s_q in 1..{_C.MAX_QUERIES_PER_SEQ} and h_q in 1..{_C.MAX_HEADS}"):
+        flash_mla.get_mla_metadata(np.zeros(1, np.int32), rows, 1)
