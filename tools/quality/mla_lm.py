@@ -13,10 +13,17 @@ so the rest of the model is the same code either way and the only difference bet
 caches is the attention arithmetic. The query is projected directly from the hidden state
 (no query low-rank path); everything else is the usual pre-norm decoder: RMSNorm, SwiGLU MLP,
 byte-level tokens with a BOS token at position 0.
+
+Positions are an argument of the forward pass ([n] for the batch, or [B, n] per sequence), so
+training can give a sequence gaps between its positions (the retrieval sequences of
+quality.py). Each attention layer also holds a latent offset u (zero unless outlier_transform
+sets it): the cache row is c + u, keys use it as is (a shift common to all keys moves every
+score of a query by the same amount, which softmax ignores) and values subtract it again.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import asdict, dataclass
 
@@ -57,9 +64,10 @@ class RMSNorm(nn.Module):
 
 
 def rope_angles(positions, base: float):
-    """cos, sin [n, 32] (fp32) for rotary pairs (d, d + 32) of a 64-dim rope vector."""
+    """cos, sin [..., n, 32] (fp32) of positions [..., n] for rotary pairs (d, d + 32) of a
+    64-dim rope vector."""
     inv_freq = base ** (-torch.arange(0, ROPE, 2, dtype=torch.float32, device=positions.device) / ROPE)
-    ang = positions.float()[:, None] * inv_freq[None, :]
+    ang = positions.float()[..., None] * inv_freq
     return ang.cos(), ang.sin()
 
 
@@ -82,30 +90,38 @@ class MLAttention(nn.Module):
         self.w_uv = nn.Parameter(torch.empty(h, VDIM, LATENT))
         self.wo = nn.Linear(h * VDIM, d, bias=False)
         self.softmax_scale = 1.0 / math.sqrt(NOPE + ROPE)
+        self.register_buffer("latent_offset", torch.zeros(LATENT))
 
     def project(self, x, positions):
-        """x [B, n, d] -> q_nope [B, n, h, 128], q_rope [B, n, h, 64] (rotated), c [B, n, 512]
-        (normed), k_rope [B, n, 64] (rotated): the query parts and the cache row."""
+        """x [B, n, d], positions [n] or [B, n] -> q_nope [B, n, h, 128], q_rope [B, n, h, 64]
+        (rotated), c [B, n, 512] (normed, plus the latent offset), k_rope [B, n, 64] (rotated):
+        the query parts and the cache row."""
         B, n, _ = x.shape
         q = self.wq(x).view(B, n, self.n_heads, NOPE + ROPE)
         kv = self.wkv(x)
         cos, sin = rope_angles(positions, self.rope_base)
-        q_rope = apply_rope(q[..., NOPE:], cos[:, None, :], sin[:, None, :]).to(q.dtype)
+        q_rope = apply_rope(q[..., NOPE:], cos[..., None, :], sin[..., None, :]).to(q.dtype)
         k_rope = apply_rope(kv[..., LATENT:], cos, sin).to(kv.dtype)
-        return q[..., :NOPE], q_rope, self.kv_norm(kv[..., :LATENT]), k_rope
+        c = self.kv_norm(kv[..., :LATENT])
+        c = c + self.latent_offset.to(c.dtype)
+        return q[..., :NOPE], q_rope, c, k_rope
 
     def absorbed_query(self, q_nope, q_rope):
         """The 576-dim query rows [B, n, h, 576] (bf16) the decode kernels take."""
         q_lat = torch.einsum("bnhd,hdc->bnhc", q_nope, self.w_uk.to(q_nope.dtype))
         return torch.cat([q_lat, q_rope.to(q_lat.dtype)], dim=-1).to(torch.bfloat16).contiguous()
 
-    def forward(self, x, positions, cache=None, layer: int = 0):
+    def forward(self, x, positions, cache=None, layer: int = 0, record=None):
+        """record: a list that receives this layer's cache rows [B, n, 576] (bf16) of the
+        model's own attention (the rows a prefill writes)."""
         B, n, _ = x.shape
         h = self.n_heads
         q_nope, q_rope, c, k_rope = self.project(x, positions)
         if cache is None:
+            if record is not None:
+                record.append(torch.cat([c, k_rope.to(c.dtype)], dim=-1).to(torch.bfloat16))
             k_nope = torch.einsum("bnc,hdc->bnhd", c, self.w_uk.to(c.dtype))
-            v = torch.einsum("bnc,hdc->bnhd", c, self.w_uv.to(c.dtype))
+            v = torch.einsum("bnc,hdc->bnhd", c - self.latent_offset.to(c.dtype), self.w_uv.to(c.dtype))
             q = torch.cat([q_nope, q_rope], dim=-1).transpose(1, 2)
             k = torch.cat([k_nope, k_rope[:, :, None, :].expand(B, n, h, ROPE)], dim=-1).transpose(1, 2)
             # v padded to the q/k head size: every SDPA backend takes equal head sizes
@@ -118,7 +134,9 @@ class MLAttention(nn.Module):
             q576 = self.absorbed_query(q_nope, q_rope)
             kv576 = torch.cat([c, k_rope.to(c.dtype)], dim=-1).to(torch.bfloat16)
             o_lat = cache.attend(layer, q576, kv576, self.softmax_scale)
-            o = torch.einsum("bnhc,hdc->bnhd", o_lat.to(x.dtype), self.w_uv.to(x.dtype))
+            # the weights sum to 1, so the offset in the attended rows is the offset itself
+            o_lat = o_lat.to(x.dtype) - self.latent_offset.to(x.dtype)
+            o = torch.einsum("bnhc,hdc->bnhd", o_lat, self.w_uv.to(x.dtype))
         return self.wo(o.reshape(B, n, h * VDIM))
 
 
@@ -141,15 +159,16 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model)
         self.mlp = SwiGLU(cfg.d_model, cfg.d_ff)
 
-    def forward(self, x, positions, cache, layer):
-        x = x + self.attn(self.attn_norm(x), positions, cache, layer)
+    def forward(self, x, positions, cache, layer, record=None):
+        x = x + self.attn(self.attn_norm(x), positions, cache, layer, record)
         return x + self.mlp(self.mlp_norm(x))
 
 
 class MLALM(nn.Module):
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, seed: int = 0):
         super().__init__()
         self.cfg = cfg
+        self.seed = seed
         self.embed = nn.Embedding(cfg.vocab, cfg.d_model)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model)
@@ -157,7 +176,7 @@ class MLALM(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self):
-        g = torch.Generator().manual_seed(0)
+        g = torch.Generator().manual_seed(self.seed)
         depth_scale = 1.0 / math.sqrt(2 * self.cfg.n_layers)  # residual branches
         for name, p in self.named_parameters():
             if p.dim() < 2:
@@ -172,15 +191,18 @@ class MLALM(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, tokens, cache=None):
+    def forward(self, tokens, cache=None, positions=None, record=None):
         """tokens [B, n] -> logits [B, n, vocab] (fp32). Without a cache: the whole sequence with
         the model's own causal attention. With a cache: the n tokens after the cache's current
-        length (the same for every sequence), attended through the cache's decode kernel."""
-        start = cache.length if cache is not None else 0
-        positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+        length (the same for every sequence), attended through the cache's decode kernel.
+        positions: [n] or [B, n] (default: consecutive from 0, or from the cache's length);
+        record: a list that receives every layer's cache rows (without a cache)."""
+        if positions is None:
+            start = cache.length if cache is not None else 0
+            positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
         x = self.embed(tokens)
         for i, block in enumerate(self.blocks):
-            x = block(x, positions, cache, i)
+            x = block(x, positions, cache, i, record)
         if cache is not None:
             cache.advance(tokens.shape[1])
         with torch.autocast(tokens.device.type, enabled=False):
@@ -232,6 +254,22 @@ class PagedMLACache:
     def advance(self, n: int) -> None:
         self.length += n
 
+    def _slots(self, n: int, device):
+        pos = torch.arange(self.length, self.length + n, device=device)
+        page = snapmla.PAGE_SIZE
+        return self.block_table[:, pos // page] * page + (pos % page).to(torch.int32)
+
+    def fill(self, rows) -> None:
+        """Writes a prefill: rows[layer] [B, n, 576] (bf16), every layer's rows of the next n
+        tokens, in this cache's format (quantized as its appends would), then advances by n."""
+        B, n, _ = rows[0].shape
+        if self.length + n > self.max_len:
+            raise ValueError(f"rows: {self.length} + {n} tokens exceed the cache's max_len {self.max_len}")
+        slots = self._slots(n, rows[0].device).reshape(-1).contiguous()
+        for layer, r in enumerate(rows):
+            self._write(layer, r.reshape(B * n, LATENT + ROPE).contiguous(), slots)
+        self.advance(n)
+
     def _write(self, layer: int, rows, slots):
         cache = self.layers[layer]
         if self.kind != "tensor_fp8":
@@ -248,9 +286,7 @@ class PagedMLACache:
         if self.length + n > self.max_len:
             raise ValueError(f"n: {self.length} + {n} tokens exceed the cache's max_len {self.max_len}")
         dev = q.device
-        pos = torch.arange(self.length, self.length + n, device=dev)
-        page = snapmla.PAGE_SIZE
-        slots = self.block_table[:, pos // page] * page + (pos % page).to(torch.int32)
+        slots = self._slots(n, dev)
         self._write(layer, kv.reshape(B * n, LATENT + ROPE).contiguous(), slots.reshape(-1).contiguous())
 
         s_q = next(s for s in (4, 2, 1) if n % s == 0)
@@ -279,3 +315,65 @@ class PagedMLACache:
             lse = lse.view(B, chunks, h, s_q).permute(0, 1, 3, 2).reshape(B, n, h)
             self.recorded[layer] = (q, kv, lse)
         return out.view(B, n, h, LATENT)
+
+
+@torch.no_grad()
+def latent_rows(model, tokens):
+    """Every layer's cache rows [B, n, 576] (float32) of tokens [B, n] under the model's own
+    attention, computed in float32."""
+    rows = []
+    with torch.autocast(tokens.device.type, enabled=False):
+        model(tokens, record=rows)
+    return [r.float() for r in rows]
+
+
+def outlier_targets(channels: int, lo: float, hi: float):
+    """The channel RMS / median ratios outlier_transform sets: log-spaced from hi down to lo."""
+    if channels < 1 or not 1.0 < lo <= hi:
+        raise ValueError(f"channels, lo, hi: expected channels >= 1 and 1 < lo <= hi, got {channels}, {lo}, {hi}")
+    if channels == 1:
+        return torch.tensor([hi], dtype=torch.float64)
+    return torch.logspace(math.log10(hi), math.log10(lo), channels, dtype=torch.float64)
+
+
+@torch.no_grad()
+def outlier_transform(model, calib_tokens, channels: int = 8, lo: float = 10.0, hi: float = 100.0):
+    """(copy of model, description): the same function, with cache latents that have a few
+    high-magnitude channels and a large-norm sink row, as real MLA caches have.
+
+    Per layer, on the calibration tokens [B, n] (each row BOS first): the `channels` latent
+    channels j where the BOS row is furthest from the other tokens, |c_0j - mean_j| / std_j,
+    are centred and scaled, c'_j = s_j (c_j - mean_j), with s_j such that the channel's RMS over
+    the non-BOS tokens is target_j times the median RMS of the other channels (targets
+    log-spaced from hi to lo). The scale goes into the latent RMSNorm's weight, -s_j mean_j into
+    the latent offset, and 1 / s_j into column j of W_uk and W_uv. Scores q_lat . c change by
+    the same amount for every key of a query (the offset), which softmax ignores, and values
+    subtract the offset again, so the model's output is unchanged in exact arithmetic. The BOS
+    row, far from the mean in exactly these channels, becomes a large-norm sink."""
+    if any(float(b.attn.latent_offset.abs().max()) != 0 for b in model.blocks):
+        raise ValueError("model: expected a model without a latent offset (not already transformed)")
+    targets = outlier_targets(channels, lo, hi)
+    out = copy.deepcopy(model)
+    rows = latent_rows(model, calib_tokens)
+    layers = []
+    for block, r in zip(out.blocks, rows):
+        c = r[..., :LATENT].double()
+        bos, rest = c[:, 0].mean(0), c[:, 1:].reshape(-1, LATENT)
+        mean, std = rest.mean(0), rest.std(0).clamp_min(1e-12)
+        rms = rest.pow(2).mean(0).sqrt()
+        z = (bos - mean).abs() / std
+        chosen = z.topk(channels).indices
+        others = torch.ones(LATENT, dtype=torch.bool, device=c.device)
+        others[chosen] = False
+        median = rms[others].median()
+        gain = targets.to(c.device) * median / std[chosen]
+        a = block.attn
+        dt = a.kv_norm.weight.dtype
+        a.kv_norm.weight[chosen] *= gain.to(dt)
+        a.latent_offset[chosen] = (-gain * mean[chosen]).to(a.latent_offset.dtype)
+        a.w_uk[:, :, chosen] /= gain.to(dt)
+        a.w_uv[:, :, chosen] /= gain.to(dt)
+        layers.append({"channels": chosen.tolist(), "bos_z": [round(float(x), 3) for x in z[chosen]],
+                       "gain": [float(x) for x in gain], "target_rms_over_median": [float(x) for x in targets]})
+    return out, {"channels": channels, "target_lo": lo, "target_hi": hi, "calibration_tokens": list(calib_tokens.shape),
+                 "per_layer": layers}

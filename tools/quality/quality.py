@@ -1,46 +1,68 @@
 """The quality study: train the small MLA model of mla_lm.py on the Python standard library's
-sources shipped with the interpreter, then measure what each KV cache does to its predictions.
+sources shipped with the interpreter (with synthetic key-value retrieval sequences mixed in),
+then measure what each KV cache does to its predictions, on the trained model and on an
+outlier-channel transform of it.
 
-    python tools/quality/quality.py --out DIR [--train-seconds 210] [--device cuda]
+    python tools/quality/quality.py --out DIR [--seed N] [--train-seconds 240] [--device cuda]
+    python tools/quality/quality.py --merge DIR RUN0/quality.json RUN1/quality.json ...
+    python tools/quality/quality.py --summary DIR/quality.json
+    python tools/quality/quality.py --readme-table DIR/quality.json
 
 writes DIR/quality.json and DIR/quality.md. Needs PyTorch and the snapmla package; on an sm_90
 GPU the caches run through the CUDA kernels, elsewhere through the CPU reference (slow: use
-the tiny settings, as the test does).
+--tiny, as the test does). One invocation is one training seed; --merge combines seeds.
 
-Data: every .py file under the interpreter's stdlib directory (site-packages excluded), in
-sorted order; a file is held out when crc32(its relative path) % 16 == 0, so the split is the
-same on every run and machine with the same Python. Tokens are bytes (0..255) and BOS (256);
-files are joined with a blank line, and every training and evaluation window starts with BOS.
+Data: every .py file under the interpreter's stdlib directory (site-packages and the generated
+encodings/ codec tables excluded), in sorted order; a file is held out when crc32(its relative
+path) % 16 == 0, so the split is the same on every run and machine with the same Python. A
+held-out file is dropped when more than 30% of its lines of 16 or more characters (stripped)
+appear verbatim in the training files (near-duplicates); the overlap of every held-out file is
+in the JSON. Tokens are bytes (0..255) and BOS (256); files are joined with a blank line, and
+every training and evaluation window starts with BOS.
 
-Perplexity runs each held-out window through the model five ways, identical except for
-attention: the model's own causal attention (SDPA, bf16: "exact") and, in every layer, the
-paged caches of mla_lm.PagedMLACache ("bf16" = decode_bf16, "fp8" = SnapMLA's decode_fp8,
+Perplexity runs every window of the whole held-out text (consecutive, non-overlapping; the tail
+shorter than a window is left out and counted) through the model four ways, identical except
+for attention: the model's own causal attention (SDPA: "exact") and, in every layer, the paged
+caches of mla_lm.PagedMLACache ("bf16" = decode_bf16, "fp8" = SnapMLA's decode_fp8,
 "tensor_fp8" = the static scale-1.0 recipe through decode_fp8). The cached runs are teacher-
 forced decoding: each layer appends the window's rows and attends every position to exactly
-its prefix, so the logits are those of token-by-token decoding over that cache. Greedy
-generation decodes from held-out prompts with each cache and compares the tokens with the
-bf16 cache's run.
+its prefix, so the logits are those of token-by-token decoding over that cache. Against the
+exact logits: teacher-forced top-1 agreement and KL(exact || cache). Every number over windows
+has a paired bootstrap 95% interval (the same resampled windows for every cache).
+
+Retrieval: a haystack of `key=value` records fills the context (8K, 32K, 64K tokens); a final
+`?key=` asks for the value of a record in the first half. The prompt is prefilled with the
+model's own attention and its rows written into each cache (as an engine's prefill writes the
+cache), then the question and answer are decoded through the cache, teacher-forced; a sample is
+correct when every answer digit is the argmax, which is exactly when greedy decoding would
+produce the whole answer.
+
+Outlier model: mla_lm.outlier_transform of the trained model (a few latent channels 10-100x the
+median RMS, a large-norm BOS sink, the same function), evaluated the same way.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import sysconfig
 import time
 import zlib
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 import snapmla
-from mla_lm import BOS, CACHE_KINDS, LATENT, MLALM, Config, PagedMLACache
+from mla_lm import BOS, CACHE_KINDS, LATENT, MLALM, Config, PagedMLACache, outlier_transform
 
-KINDS = ("exact",) + CACHE_KINDS  # ppl / greedy rows; "bf16" is the reference for comparisons
+KINDS = ("exact",) + CACHE_KINDS  # "exact" is the reference for top-1 / KL, "bf16" for ppl ratios
 KIND_LABEL = {
     "exact": "model's own attention (SDPA, bf16)",
     "bf16": "BF16 cache, decode_bf16",
@@ -48,15 +70,19 @@ KIND_LABEL = {
     "tensor_fp8": "per-tensor FP8, scale 1.0, through decode_fp8",
 }
 HELDOUT_EVERY = 16
+EXCLUDED_DIRS = ("site-packages", "dist-packages", "__pycache__", "encodings")
+OVERLAP_MIN_CHARS = 16  # lines shorter than this (stripped) are too generic to count
+OVERLAP_MAX = 0.3  # a held-out file with more of its lines in the training files is dropped
+RETRIEVAL_LENGTHS = (8192, 32768, 65536)
 
 # --- data ----------------------------------------------------------------------------------
 
 
 def corpus_files(root: str):
-    """Relative paths of the .py files under root, sorted (site-packages excluded)."""
+    """Relative paths of the .py files under root, sorted (EXCLUDED_DIRS left out)."""
     rels = []
     for d, dirs, files in os.walk(root):
-        dirs[:] = sorted(x for x in dirs if x not in ("site-packages", "dist-packages", "__pycache__"))
+        dirs[:] = sorted(x for x in dirs if x not in EXCLUDED_DIRS)
         rels += [os.path.relpath(os.path.join(d, f), root) for f in files if f.endswith(".py")]
     return sorted(rels)
 
@@ -65,21 +91,54 @@ def is_heldout(rel: str) -> bool:
     return zlib.crc32(rel.replace(os.sep, "/").encode()) % HELDOUT_EVERY == 0
 
 
-def load_corpus(root: str | None = None):
+def significant_lines(data: bytes, min_chars: int = OVERLAP_MIN_CHARS):
+    """The stripped lines of data with at least min_chars bytes."""
+    return [s for s in (line.strip() for line in data.split(b"\n")) if len(s) >= min_chars]
+
+
+def line_overlap(data: bytes, train_lines: set, min_chars: int = OVERLAP_MIN_CHARS):
+    """(fraction of data's significant lines found in train_lines, number of significant lines)."""
+    lines = significant_lines(data, min_chars)
+    if not lines:
+        return 0.0, 0
+    return sum(line in train_lines for line in lines) / len(lines), len(lines)
+
+
+def load_corpus(root: str | None = None, overlap_max: float = OVERLAP_MAX):
     """(train bytes, held-out bytes, description) of the corpus under root (default: stdlib)."""
     root = root or sysconfig.get_paths()["stdlib"]
-    parts = {True: [], False: []}
+    files = {True: [], False: []}
     for rel in corpus_files(root):
         with open(os.path.join(root, rel), "rb") as f:
-            parts[is_heldout(rel)].append(f.read())
-    train, held = b"\n\n".join(parts[False]), b"\n\n".join(parts[True])
+            files[is_heldout(rel)].append((rel, f.read()))
+    train_lines = set()
+    for _, data in files[False]:
+        train_lines.update(significant_lines(data))
+    kept, dropped, overlaps = [], [], []
+    for rel, data in files[True]:
+        frac, n = line_overlap(data, train_lines)
+        row = {"file": rel.replace(os.sep, "/"), "bytes": len(data), "lines": n, "overlap": round(frac, 4)}
+        (kept if frac <= overlap_max else dropped).append((rel, data))
+        overlaps.append({**row, "kept": frac <= overlap_max})
+    train = b"\n\n".join(d for _, d in files[False])
+    held = b"\n\n".join(d for _, d in kept)
     if not train or not held:
         raise ValueError(f"root: expected .py files for both splits under {root!r}, got "
-                         f"{len(parts[False])} train / {len(parts[True])} held-out files")
+                         f"{len(files[False])} train / {len(kept)} held-out files")
+    kept_ov = [o["overlap"] for o in overlaps if o["kept"]]
+    kept_lines = sum(o["lines"] for o in overlaps if o["kept"])
     info = {"source": f"Python {platform.python_version()} standard library .py files", "root": root,
-            "train_files": len(parts[False]), "heldout_files": len(parts[True]),
+            "excluded_dirs": list(EXCLUDED_DIRS),
+            "train_files": len(files[False]), "heldout_files": len(kept), "dropped_heldout_files": len(dropped),
             "train_bytes": len(train), "heldout_bytes": len(held),
-            "split": f"held out: crc32(relative path) % {HELDOUT_EVERY} == 0"}
+            "split": f"held out: crc32(relative path) % {HELDOUT_EVERY} == 0; dropped: line overlap "
+                     f"> {overlap_max} (lines of >= {OVERLAP_MIN_CHARS} chars)",
+            "overlap": {"min_chars": OVERLAP_MIN_CHARS, "threshold": overlap_max,
+                        "kept_max": max(kept_ov), "kept_mean": sum(kept_ov) / len(kept_ov),
+                        # fraction of all significant held-out lines (kept files) found in training
+                        "kept_lines_in_train": sum(o["overlap"] * o["lines"] for o in overlaps if o["kept"])
+                        / max(1, kept_lines),
+                        "files": overlaps}}
     return train, held, info
 
 
@@ -94,12 +153,123 @@ def make_windows(stream, offsets, length: int):
     return torch.cat([bos, stream[idx]], dim=1)
 
 
-def heldout_windows(stream, length: int, count: int):
-    """Up to `count` consecutive, non-overlapping windows from the start of the held-out text."""
-    count = min(count, (len(stream) - 1) // length)
+def heldout_windows(stream, length: int, count: int = 0):
+    """Consecutive, non-overlapping windows from the start of the held-out text: all of them
+    (count 0) or the first `count`."""
+    avail = len(stream) // length
+    count = avail if count <= 0 else min(count, avail)
     if count < 1:
         raise ValueError(f"length: the held-out text ({len(stream)} tokens) is shorter than one window of {length}")
     return make_windows(stream, torch.arange(count, device=stream.device) * length, length)
+
+
+# --- retrieval sequences -------------------------------------------------------------------
+
+KEY_LEN, VALUE_LEN = 6, 6
+RECORD_LEN = KEY_LEN + VALUE_LEN + 2  # "key=value\n"
+QUESTION_LEN = RECORD_LEN + 1  # "?key=value\n"
+_LETTERS = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", dtype=np.uint8)
+
+
+def random_keys(rng, n: int):
+    """n distinct keys [n, KEY_LEN] of lowercase letters (uint8)."""
+    space = 26 ** KEY_LEN
+    got = np.zeros(0, dtype=np.int64)
+    while len(got) < n:
+        draw = np.concatenate([got, rng.integers(0, space, size=n - len(got) + 16)])
+        _, first = np.unique(draw, return_index=True)
+        got = draw[np.sort(first)]
+    got = got[:n]
+    digits = (got[:, None] // (26 ** np.arange(KEY_LEN - 1, -1, -1))[None, :]) % 26
+    return _LETTERS[digits]
+
+
+def random_values(rng, n: int):
+    return (rng.integers(0, 10, size=(n, VALUE_LEN)) + ord("0")).astype(np.uint8)
+
+
+def record_bytes(key, value, question: bool = False):
+    return (b"?" if question else b"") + key.tobytes() + b"=" + value.tobytes() + b"\n"
+
+
+def retrieval_example(rng, length: int, depth=(0.0, 0.5)):
+    """A retrieval sample of `length` input tokens: BOS, blank lines to pad, key=value records,
+    then ?key=value for the key of the record at a relative depth in [depth) of the haystack.
+    Returns tokens [length + 1] (int64: inputs are tokens[:-1]), the index of "?" (the prompt
+    is tokens[:question]), the indices of the answer digits and of the target record."""
+    hay = length - QUESTION_LEN
+    n = hay // RECORD_LEN
+    if n < 2:
+        raise ValueError(f"length: expected room for 2 records and the question, got {length}")
+    keys, values = random_keys(rng, n), random_values(rng, n)
+    target = int(rng.integers(int(depth[0] * n), max(int(depth[0] * n) + 1, int(depth[1] * n))))
+    body = b"\n" * (hay - n * RECORD_LEN) + b"".join(record_bytes(k, v) for k, v in zip(keys, values))
+    body += record_bytes(keys[target], values[target], question=True)
+    tokens = np.concatenate([[BOS], np.frombuffer(body, dtype=np.uint8)]).astype(np.int64)
+    question = 1 + hay
+    answer = np.arange(question + 2 + KEY_LEN, question + 2 + KEY_LEN + VALUE_LEN)
+    record = 1 + (hay - n * RECORD_LEN) + target * RECORD_LEN
+    return {"tokens": tokens, "question": question, "answer": answer, "record": record}
+
+
+def retrieval_train_sequence(rng, length: int, max_span: int, query_prob: float = 0.35,
+                             blank_prob: float = 0.03):
+    """A training sequence of length + 1 tokens (BOS first) and its positions: lines that are
+    new key=value records or ?key=value questions about a uniformly chosen earlier record (or
+    blank). Positions count up by one inside a line and jump between lines, so that the
+    sequence spans a uniform number of positions in [length, max_span]: attention learns the
+    far relative distances of long contexts at this length."""
+    n_keys = length // RECORD_LEN + 1
+    keys, values = random_keys(rng, n_keys), random_values(rng, n_keys)
+    parts, starts, size, made = [], [], 0, 0
+    u = rng.random((length // 2 + 2, 2))
+    i = 0
+    while size < length:
+        starts.append(1 + size)
+        if u[i, 1] < blank_prob:
+            line = b"\n"
+        elif made and u[i, 0] < query_prob:
+            j = int(rng.integers(0, made))
+            line = record_bytes(keys[j], values[j], question=True)
+        else:
+            line = record_bytes(keys[made], values[made])
+            made += 1
+        parts.append(line)
+        size += len(line)
+        i += 1
+    tokens = np.concatenate([[BOS], np.frombuffer(b"".join(parts), dtype=np.uint8)[:length]]).astype(np.int64)
+    steps = np.ones(length + 1, dtype=np.int64)
+    steps[0] = 0
+    span = int(rng.integers(length, max(length, max_span) + 1))
+    starts = np.array([s for s in starts if s <= length])
+    if span > length and len(starts):
+        steps[starts] += rng.multinomial(span - length, np.full(len(starts), 1.0 / len(starts)))
+    return tokens, np.cumsum(steps)
+
+
+# --- statistics ----------------------------------------------------------------------------
+
+
+def paired_bootstrap(per_unit: dict, stat, n_boot: int = 2000, seed: int = 0, level: float = 0.95):
+    """(point, lo, hi): stat(sums) of per-unit arrays (windows or samples), and its percentile
+    interval over n_boot resamplings of the units with replacement, the same resampled units
+    for every array (paired). stat takes a dict of sums (floats, or arrays over resamplings)."""
+    arrays = {k: np.asarray(v, dtype=np.float64) for k, v in per_unit.items()}
+    n = len(next(iter(arrays.values())))
+    point = float(stat({k: a.sum() for k, a in arrays.items()}))
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+    boot = np.asarray(stat({k: a[idx].sum(1) for k, a in arrays.items()}), dtype=np.float64)
+    lo, hi = np.quantile(boot, [(1 - level) / 2, (1 + level) / 2])
+    return point, float(lo), float(hi)
+
+
+def rel_ppl(key: str, ref: str):
+    """The stat ppl(key) / ppl(ref) - 1 from per-window NLL sums and token counts."""
+    return lambda s: np.expm1((s[key] - s[ref]) / s["tokens"])
+
+
+def _boot_seed(seed: int, *names) -> int:
+    return zlib.crc32(" ".join(map(str, (seed,) + names)).encode())
 
 
 # --- training ------------------------------------------------------------------------------
@@ -110,9 +280,10 @@ def autocast(device):
 
 
 def train(model, stream, *, ctx: int, batch: int, seconds: float, max_steps: int, lr: float,
-          seed: int, log=print):
+          seed: int, retrieval_frac: float = 0.25, retrieval_span: int = 65536, log=print):
     """AdamW with warmup and cosine decay over whichever of `seconds` / `max_steps` ends first
-    (0 = no limit of that kind); returns the run's numbers."""
+    (0 = no limit of that kind); round(batch * retrieval_frac) of every batch's sequences are
+    retrieval sequences. Returns the run's numbers."""
     device = stream.device
     groups = {True: [], False: []}  # weight decay on the matrices, not on norms or embeddings
     for n, p in model.named_parameters():
@@ -121,8 +292,11 @@ def train(model, stream, *, ctx: int, batch: int, seconds: float, max_steps: int
                              {"params": groups[False], "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
     gen = torch.Generator(device=device).manual_seed(seed)
+    rng = np.random.default_rng([seed, 1])
+    n_ret = int(round(batch * retrieval_frac))
     warmup = min(40, max(1, max_steps // 4)) if max_steps else 40
-    losses, step, t0 = [], 0, time.perf_counter()
+    losses, ret_losses, step, t0 = [], [], 0, time.perf_counter()
+    text_pos = torch.arange(ctx + 1, device=device)
     while True:
         elapsed = time.perf_counter() - t0
         progress = max(step / max_steps if max_steps else 0.0, elapsed / seconds if seconds else 0.0)
@@ -130,25 +304,38 @@ def train(model, stream, *, ctx: int, batch: int, seconds: float, max_steps: int
             break
         for g in opt.param_groups:
             g["lr"] = lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
-        offsets = torch.randint(0, len(stream) - ctx, (batch,), device=device, generator=gen)
+        offsets = torch.randint(0, len(stream) - ctx, (batch - n_ret,), device=device, generator=gen)
         w = make_windows(stream, offsets, ctx)
+        positions = None
+        if n_ret:
+            seqs = [retrieval_train_sequence(rng, ctx, retrieval_span) for _ in range(n_ret)]
+            w = torch.cat([w, torch.from_numpy(np.stack([t for t, _ in seqs])).to(device)])
+            positions = torch.cat([text_pos.expand(batch - n_ret, -1),
+                                   torch.from_numpy(np.stack([p for _, p in seqs])).to(device)])[:, :-1]
         with autocast(device):
-            logits = model(w[:, :-1])
-        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), w[:, 1:].reshape(-1))
+            logits = model(w[:, :-1], positions=positions)
+        tok_loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), w[:, 1:].reshape(-1),
+                                   reduction="none").view(batch, ctx)
+        loss = tok_loss.mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())  # synchronizes: the time check sees finished steps
+        if n_ret:
+            ret_losses.append(tok_loss[batch - n_ret:].mean().item())
         step += 1
         if log and (step % 50 == 0 or step == 1):
             log(f"train step {step}: loss {losses[-1]:.3f} ({time.perf_counter() - t0:.0f} s)")
     seconds_used = time.perf_counter() - t0
     tail = losses[-10:] or [float("nan")]
+    rtail = ret_losses[-10:] or [float("nan")]
     return {"steps": step, "tokens": step * batch * ctx, "seconds": round(seconds_used, 1),
-            "batch": batch, "context": ctx, "peak_lr": lr,
+            "batch": batch, "context": ctx, "peak_lr": lr, "seed": seed,
+            "retrieval_sequences_per_batch": n_ret, "retrieval_position_span": retrieval_span,
             "loss_first": losses[0] if losses else float("nan"),
             "loss_last10": sum(tail) / len(tail),
+            "retrieval_loss_last10": sum(rtail) / len(rtail),
             "loss_curve": [round(x, 4) for x in losses[:: max(1, len(losses) // 50)]]}
 
 
@@ -170,41 +357,128 @@ def bucket_edges(n: int):
     return [0, n // 8, n // 4, n // 2, n]
 
 
+def kl_divergence(logp_ref, logp):
+    """KL(ref || other) per position, from log-probabilities [..., vocab]."""
+    return (logp_ref.exp() * (logp_ref - logp)).sum(-1)
+
+
 @torch.no_grad()
-def evaluate_perplexity(model, windows, batch: int, kinds=KINDS, log=print):
-    """Per kind: ppl over all predicted tokens and per position bucket; against the bf16
-    cache's logits: top-1 agreement and mean KL(bf16 || kind)."""
+def evaluate_perplexity(model, windows, batch: int, kinds=KINDS, seed: int = 0, log=print):
+    """Per kind: ppl over all predicted tokens and per position bucket; per window: the NLL sum,
+    top-1 agreement with the exact logits and KL(exact || kind); paired bootstrap intervals."""
     n = windows.shape[1] - 1
     edges = bucket_edges(n)
-    acc = {k: {"nll": torch.zeros(len(edges) - 1, dtype=torch.float64), "top1": 0.0, "kl": 0.0} for k in kinds}
-    count = 0
+    nb = len(edges) - 1
+    per = {k: {"nll": [], "top1": [], "kl": []} for k in kinds}
+    buckets = {k: torch.zeros(nb, dtype=torch.float64) for k in kinds}
     for i in range(0, len(windows), batch):
         w = windows[i:i + batch]
         x, y = w[:, :-1], w[:, 1:]
         logp = {k: F.log_softmax(run_logits(model, x, k), dim=-1) for k in kinds}
-        ref = logp["bf16"]
+        ref = logp["exact"]
+        ref_top = ref.argmax(-1)
         for k in kinds:
             nll = -logp[k].gather(-1, y[..., None])[..., 0].double()  # [B, n]
-            for j in range(len(edges) - 1):
-                acc[k]["nll"][j] += nll[:, edges[j]:edges[j + 1]].sum().cpu()
-            acc[k]["top1"] += float((logp[k].argmax(-1) == ref.argmax(-1)).double().sum())
-            acc[k]["kl"] += float((ref.exp() * (ref - logp[k])).sum(-1).double().sum())
-        count += y.numel()
+            for j in range(nb):
+                buckets[k][j] += nll[:, edges[j]:edges[j + 1]].sum().cpu()
+            per[k]["nll"] += nll.sum(1).tolist()
+            per[k]["top1"] += (logp[k].argmax(-1) == ref_top).double().sum(1).tolist()
+            per[k]["kl"] += kl_divergence(ref, logp[k]).double().sum(1).tolist()
         if log:
             log(f"ppl windows {i + len(w)}/{len(windows)}")
-    sizes = torch.tensor([edges[j + 1] - edges[j] for j in range(len(edges) - 1)], dtype=torch.float64) * len(windows)
+    tokens = [float(n)] * len(windows)
     out = {}
     for k in kinds:
-        nll = acc[k]["nll"]
-        out[k] = {"ppl": math.exp(float(nll.sum()) / count),
-                  "bits_per_byte": float(nll.sum()) / count / math.log(2),
-                  "ppl_by_position": {f"{edges[j]}-{edges[j + 1]}": math.exp(float(nll[j] / sizes[j]))
-                                      for j in range(len(edges) - 1)},
-                  "top1_agreement_bf16": acc[k]["top1"] / count,
-                  "kl_from_bf16": acc[k]["kl"] / count}
-    for k in kinds:
-        out[k]["ppl_vs_bf16"] = out[k]["ppl"] / out["bf16"]["ppl"] - 1
-    return {"windows": len(windows), "context": n, "tokens": count, "by_cache": out}
+        d = {"tokens": tokens, "a": per[k]["nll"], "bf16": per["bf16"]["nll"], "exact": per["exact"]["nll"],
+             "top1": per[k]["top1"], "kl": per[k]["kl"]}
+        total = sum(per[k]["nll"])
+        count = n * len(windows)
+        _, vb_lo, vb_hi = paired_bootstrap(d, rel_ppl("a", "bf16"), seed=_boot_seed(seed, "ppl"))
+        _, ve_lo, ve_hi = paired_bootstrap(d, rel_ppl("a", "exact"), seed=_boot_seed(seed, "ppl"))
+        t1, t1_lo, t1_hi = paired_bootstrap(d, lambda s: s["top1"] / s["tokens"], seed=_boot_seed(seed, "ppl"))
+        kl, kl_lo, kl_hi = paired_bootstrap(d, lambda s: s["kl"] / s["tokens"], seed=_boot_seed(seed, "ppl"))
+        size = lambda j: (edges[j + 1] - edges[j]) * len(windows)  # noqa: E731
+        out[k] = {"ppl": math.exp(total / count), "bits_per_byte": total / count / math.log(2),
+                  "ppl_by_position": {f"{edges[j]}-{edges[j + 1]}": math.exp(float(buckets[k][j]) / size(j))
+                                      for j in range(nb)},
+                  "ppl_vs_bf16": math.expm1((total - sum(per["bf16"]["nll"])) / count),
+                  "ppl_vs_bf16_ci": [vb_lo, vb_hi],
+                  "ppl_vs_exact": math.expm1((total - sum(per["exact"]["nll"])) / count),
+                  "ppl_vs_exact_ci": [ve_lo, ve_hi],
+                  "top1_vs_exact": t1, "top1_vs_exact_ci": [t1_lo, t1_hi],
+                  "kl_vs_exact": kl, "kl_vs_exact_ci": [kl_lo, kl_hi]}
+    return {"windows": len(windows), "context": n, "tokens": n * len(windows), "by_cache": out,
+            "per_window": {"tokens_each": n, "nll": {k: per[k]["nll"] for k in kinds},
+                           "top1": {k: per[k]["top1"] for k in kinds}, "kl": {k: per[k]["kl"] for k in kinds}}}
+
+
+# --- retrieval -----------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def retrieval_batch(model, examples, kinds=KINDS):
+    """{kind: [bool per example]}: every answer digit is the argmax. exact: the whole sequence
+    through the model's own attention; caches: the prompt's rows from that same pass written
+    into the cache (a prefill), then question and answer decoded through it, teacher-forced."""
+    device = next(model.parameters()).device
+    full = torch.from_numpy(np.stack([e["tokens"] for e in examples])).to(device)
+    q, ans = examples[0]["question"], torch.from_numpy(examples[0]["answer"]).to(device)
+    x, want = full[:, :-1], full[:, ans]
+    rows = []
+    out = {}
+    with autocast(device):
+        logits = model(x, record=rows)
+        out["exact"] = (logits[:, ans - 1].argmax(-1) == want).all(-1).tolist()
+        del logits
+        prefix = [r[:, :q].contiguous() for r in rows]
+        del rows
+        for kind in kinds:
+            if kind == "exact":
+                continue
+            cache = PagedMLACache(kind, model.cfg.n_layers, x.shape[0], x.shape[1], device)
+            cache.fill(prefix)
+            lg = model(x[:, q:], cache)
+            out[kind] = (lg[:, ans - 1 - q].argmax(-1) == want).all(-1).tolist()
+    return {k: out[k] for k in kinds}
+
+
+def evaluate_retrieval(model, lengths, samples: int, batch_tokens: int, kinds=KINDS, data_seed: int = 1234,
+                       seed: int = 0, deadline: float | None = None, log=print):
+    """Accuracy per kind and length over `samples` examples per length (the same examples for
+    every kind and every training seed), with paired bootstrap intervals of each kind's
+    difference to the bf16 cache; stops adding batches past `deadline` (perf_counter time),
+    recording how many samples each length got."""
+    res = {"lengths": list(lengths), "samples_requested": samples, "depth": [0.0, 0.5], "by_length": {}}
+    for L in lengths:
+        rng = np.random.default_rng([data_seed, L])
+        b = max(1, batch_tokens // L)
+        ok = {k: [] for k in kinds}
+        t0 = time.perf_counter()
+        while len(ok[kinds[0]]) < samples:
+            if deadline is not None and time.perf_counter() > deadline and ok[kinds[0]]:
+                break
+            m = min(b, samples - len(ok[kinds[0]]))
+            got = retrieval_batch(model, [retrieval_example(rng, L) for _ in range(m)], kinds)
+            for k in kinds:
+                ok[k] += got[k]
+        row = {"samples": len(ok[kinds[0]]), "seconds": round(time.perf_counter() - t0, 1), "by_cache": {}}
+        for k in kinds:
+            d = {"a": [float(v) for v in ok[k]], "bf16": [float(v) for v in ok["bf16"]]}
+            n = len(ok[k])
+            _, lo, hi = paired_bootstrap(d, lambda s: (s["a"] - s["bf16"]) / n, seed=_boot_seed(seed, "ret", L))
+            row["by_cache"][k] = {"accuracy": sum(ok[k]) / n, "vs_bf16_ci": [lo, hi],
+                                  "correct": "".join("1" if v else "0" for v in ok[k])}
+        res["by_length"][str(L)] = row
+        if log:
+            log(f"retrieval {L}: {row['samples']} samples, {row['seconds']} s, "
+                + ", ".join(f"{k} {v['accuracy']:.3f}" for k, v in row["by_cache"].items()))
+    return res
+
+
+def retrieval_table(ret):
+    """{kind: {str(length): accuracy}}."""
+    kinds = next(iter(ret["by_length"].values()))["by_cache"].keys()
+    return {k: {L: row["by_cache"][k]["accuracy"] for L, row in ret["by_length"].items()} for k in kinds}
 
 
 # --- greedy generation ---------------------------------------------------------------------
@@ -255,8 +529,6 @@ def evaluate_greedy(model, prompts, n_new: int, log=print):
         res[kind] = {"agreement": frac, "mean_first_divergence": first}
     return {"prompts": prompts.shape[0], "prompt_len": prompts.shape[1], "new_tokens": n_new,
             "reference": "bf16", "by_cache": res}
-
-
 # --- cache statistics ----------------------------------------------------------------------
 
 SYNTHETIC = {  # the assumptions of the synthetic "mla" data (docs/accuracy.md)
@@ -358,76 +630,216 @@ def cache_statistics(model, window):
 # --- the study -----------------------------------------------------------------------------
 
 
+def commit_of_tree(repo: str) -> str:
+    """SNAPMLA_COMMIT, else `git rev-parse --short HEAD` in repo, else "unknown"."""
+    env = os.environ.get("SNAPMLA_COMMIT")
+    if env:
+        return env
+    try:
+        return subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def headline(ppl, ret):
+    """The top-level numbers of one model's evaluation."""
+    by = ppl["by_cache"]
+    return {"ppl_exact": by["exact"]["ppl"], "ppl_bf16": by["bf16"]["ppl"], "ppl_fp8": by["fp8"]["ppl"],
+            "ppl_tensor_fp8": by["tensor_fp8"]["ppl"],
+            "ppl_fp8_vs_bf16": by["fp8"]["ppl_vs_bf16"], "ppl_tensor_fp8_vs_bf16": by["tensor_fp8"]["ppl_vs_bf16"],
+            "ppl_fp8_rel_ci": by["fp8"]["ppl_vs_bf16_ci"], "ppl_tensor_fp8_rel_ci": by["tensor_fp8"]["ppl_vs_bf16_ci"],
+            "top1_vs_exact": {k: v["top1_vs_exact"] for k, v in by.items()},
+            "kl_vs_exact": {k: v["kl_vs_exact"] for k, v in by.items()},
+            "retrieval": retrieval_table(ret)}
+
+
+def evaluate_model(model, windows, *, eval_batch, retrieval_lengths, retrieval_samples, retrieval_batch_tokens,
+                   seed, deadline, log):
+    """Perplexity, retrieval and cache statistics of one model; the headline keys on top."""
+    t0 = time.perf_counter()
+    ppl = evaluate_perplexity(model, windows, eval_batch, seed=seed, log=log)
+    ppl["seconds"] = round(time.perf_counter() - t0, 1)
+    t0 = time.perf_counter()
+    ret = evaluate_retrieval(model, retrieval_lengths, retrieval_samples, retrieval_batch_tokens, seed=seed,
+                             deadline=deadline, log=log)
+    ret["seconds"] = round(time.perf_counter() - t0, 1)
+    t0 = time.perf_counter()
+    stats = cache_statistics(model, windows[0])
+    stats["seconds"] = round(time.perf_counter() - t0, 1)
+    return {**headline(ppl, ret), "perplexity": ppl, "retrieval_detail": ret, "cache_statistics": stats}
+
+
 def run_study(*, out_dir: str, device: str = "cuda", config: Config | None = None,
-              train_seconds: float = 210, train_steps: int = 0, train_ctx: int = 8192,
-              train_batch: int = 8, lr: float = 1.5e-3, eval_len: int = 8192, eval_windows: int = 32,
-              eval_batch: int = 4, prompts: int = 32, prompt_len: int = 2048, new_tokens: int = 256,
-              corpus_root: str | None = None, seed: int = 0, log=print):
-    """Train, evaluate, write out_dir/quality.{json,md}; returns the results dict."""
+              train_seconds: float = 240, train_steps: int = 0, train_ctx: int = 8192,
+              train_batch: int = 8, lr: float = 1.5e-3, retrieval_frac: float = 0.25, retrieval_span: int = 65536,
+              eval_len: int = 8192, eval_windows: int = 0, eval_batch: int = 4,
+              retrieval_lengths=RETRIEVAL_LENGTHS, retrieval_samples: int = 100,
+              retrieval_batch_tokens: int = 262144, outlier_channels: int = 8, outlier_lo: float = 10.0,
+              outlier_hi: float = 100.0, prompts: int = 16, prompt_len: int = 2048, new_tokens: int = 128,
+              budget_seconds: float = 0, corpus_root: str | None = None, seed: int = 0, commit: str | None = None,
+              log=print):
+    """Train, evaluate, write out_dir/quality.{json,md}; returns the results dict. budget_seconds
+    (0: none): retrieval stops adding samples, and greedy generation is left out, where the
+    study would run past it (what ran is recorded)."""
     t_start = time.perf_counter()
+    deadline = t_start + budget_seconds if budget_seconds else None
     log = log or (lambda *_: None)
     dev = torch.device(device)
     torch.manual_seed(seed)
     cfg = config or Config()
     train_bytes, held_bytes, data_info = load_corpus(corpus_root)
     train_stream, held = to_tokens(train_bytes, dev), to_tokens(held_bytes, dev)
-    model = MLALM(cfg).to(dev)
-    log(f"model: {model.num_parameters() / 1e6:.1f} M parameters; data: {data_info}")
-    # Every evaluation path once on a short window before training, so a failure costs seconds.
+    model = MLALM(cfg, seed=seed).to(dev)
+    log(f"model: {model.num_parameters() / 1e6:.1f} M parameters; data: "
+        + ", ".join(f"{k} {v}" for k, v in data_info.items() if k != "overlap"))
+    # Every evaluation path once on short inputs before training, so a failure costs seconds.
     smoke = heldout_windows(held, min(256, eval_len), 1)
     evaluate_perplexity(model, smoke, 1, log=None)
+    retrieval_batch(model, [retrieval_example(np.random.default_rng(0), min(256, eval_len))])
     evaluate_greedy(model, smoke[:, :16], 2, log=None)
+    outlier_transform(model, smoke, outlier_channels, outlier_lo, outlier_hi)
 
     training = train(model, train_stream, ctx=train_ctx, batch=train_batch, seconds=train_seconds,
-                     max_steps=train_steps, lr=lr, seed=seed, log=log)
-    log(f"training: {training['steps']} steps, {training['seconds']} s, loss {training['loss_last10']:.3f}")
+                     max_steps=train_steps, lr=lr, seed=seed, retrieval_frac=retrieval_frac,
+                     retrieval_span=retrieval_span, log=log)
+    log(f"training: {training['steps']} steps, {training['seconds']} s, loss {training['loss_last10']:.3f} "
+        f"(retrieval sequences {training['retrieval_loss_last10']:.3f})")
     model.eval()
 
-    t0 = time.perf_counter()
     windows = heldout_windows(held, eval_len, eval_windows)
-    ppl = evaluate_perplexity(model, windows, eval_batch, log=log)
-    ppl["seconds"] = round(time.perf_counter() - t0, 1)
+    used = windows.shape[0] * eval_len
+    data_info["heldout_tokens_evaluated"] = used
+    data_info["heldout_fraction_evaluated"] = used / len(held)
+    kw = dict(eval_batch=eval_batch, retrieval_lengths=retrieval_lengths, retrieval_samples=retrieval_samples,
+              retrieval_batch_tokens=retrieval_batch_tokens, seed=seed, log=log)
+
+    def share(frac):  # a deadline `frac` of the way from now to the study's deadline
+        return None if deadline is None else time.perf_counter() + frac * max(0.0, deadline - time.perf_counter())
+
+    base = evaluate_model(model, windows, deadline=share(0.45), **kw)
+    # The outlier transform, calibrated on training text (not the held-out windows).
+    calib = make_windows(train_stream, torch.tensor([0, len(train_stream) // 2], device=dev), eval_len)
+    t0 = time.perf_counter()
+    omodel, transform = outlier_transform(model, calib, outlier_channels, outlier_lo, outlier_hi)
+    transform["seconds"] = round(time.perf_counter() - t0, 1)
+    outlier = evaluate_model(omodel, windows, deadline=share(0.8), **kw)
+    outlier["transform"] = transform
+    del omodel
 
     t0 = time.perf_counter()
-    # Prompts from evenly spaced offsets of the held-out text (after the perplexity windows' start).
-    span = len(held) - prompt_len
-    offsets = (torch.arange(prompts, device=dev) * (span // max(prompts, 1))).clamp_max(span - 1)
-    prompt_tokens = make_windows(held, offsets, prompt_len - 1)
-    gen = evaluate_greedy(model, prompt_tokens, new_tokens, log=log)
+    if deadline is None or time.perf_counter() < deadline:
+        # Prompts from evenly spaced offsets of the held-out text.
+        span = len(held) - prompt_len
+        offsets = (torch.arange(prompts, device=dev) * (span // max(prompts, 1))).clamp_max(span - 1)
+        gen = evaluate_greedy(model, make_windows(held, offsets, prompt_len - 1), new_tokens, log=log)
+    else:
+        gen = {"skipped": "past the study's time budget", "by_cache": {}}
     gen["seconds"] = round(time.perf_counter() - t0, 1)
 
-    t0 = time.perf_counter()
-    stats = cache_statistics(model, windows[0])
-    stats["seconds"] = round(time.perf_counter() - t0, 1)
-
-    by = ppl["by_cache"]
     g = gen["by_cache"]
     results = {
-        "ppl_exact": by["exact"]["ppl"], "ppl_bf16": by["bf16"]["ppl"], "ppl_fp8": by["fp8"]["ppl"],
-        "ppl_tensor_fp8": by["tensor_fp8"]["ppl"],
-        "ppl_fp8_vs_bf16": by["fp8"]["ppl_vs_bf16"], "ppl_tensor_fp8_vs_bf16": by["tensor_fp8"]["ppl_vs_bf16"],
-        "greedy_agreement_exact": g["exact"]["agreement"], "greedy_agreement_fp8": g["fp8"]["agreement"],
-        "greedy_agreement_tensor_fp8": g["tensor_fp8"]["agreement"],
-        "greedy_agreement_bf16_rerun": g["bf16_rerun"]["agreement"],
+        "commit": commit or commit_of_tree(os.path.dirname(os.path.abspath(__file__))),
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
+        "seed": seed,
+        **{k: v for k, v in base.items() if k not in ("perplexity", "retrieval_detail", "cache_statistics")},
+        **{f"greedy_agreement_{k}": g[k]["agreement"] for k in ("exact", "fp8", "tensor_fp8", "bf16_rerun") if k in g},
+        "outlier": outlier,
         "model": {**cfg.to_dict(), "parameters": model.num_parameters(), "kv_lora_rank": LATENT,
                   "qk_rope_dim": 64, "qk_nope_dim": 128, "v_dim": 128, "tokenizer": "bytes + BOS"},
         "data": data_info,
         "training": training,
-        "perplexity": ppl,
+        "perplexity": base["perplexity"],
+        "retrieval_detail": base["retrieval_detail"],
         "greedy": gen,
-        "cache_statistics": stats,
+        "cache_statistics": base["cache_statistics"],
         "environment": {"torch": torch.__version__, "snapmla": snapmla.info(), "device": device,
-                        "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
                         "python": platform.python_version()},
+        "budget_seconds": budget_seconds,
         "total_seconds": round(time.perf_counter() - t_start, 1),
     }
+    write_results(results, out_dir)
+    log(f"wrote {out_dir}/quality.json and quality.md ({results['total_seconds']} s in all)")
+    return results
+
+
+def write_results(results, out_dir: str):
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "quality.json"), "w") as f:
         json.dump(results, f, indent=1)
     with open(os.path.join(out_dir, "quality.md"), "w") as f:
         f.write(render_markdown(results))
-    log(f"wrote {out_dir}/quality.json and quality.md ({results['total_seconds']} s in all)")
-    return results
+
+
+# --- merging seeds -------------------------------------------------------------------------
+
+
+def merged_rel_ci(runs, section, key: str, ref: str = "bf16", n_boot: int = 2000, level: float = 0.95):
+    """(mean over runs of ppl(key) / ppl(ref) - 1, lo, hi): the interval of the mean over the
+    runs (training seeds), each run's windows resampled independently (a stratified bootstrap)."""
+    rng = np.random.default_rng(_boot_seed(0, "merge", key))
+    points, boots = [], []
+    for r in runs:
+        pw = section(r)["perplexity"]["per_window"]
+        a, b = np.asarray(pw["nll"][key]), np.asarray(pw["nll"][ref])
+        tokens = pw["tokens_each"] * len(a)
+        points.append(math.expm1((a.sum() - b.sum()) / tokens))
+        idx = rng.integers(0, len(a), size=(n_boot, len(a)))
+        boots.append(np.expm1((a[idx].sum(1) - b[idx].sum(1)) / tokens))
+    lo, hi = np.quantile(np.mean(boots, axis=0), [(1 - level) / 2, (1 + level) / 2])
+    return float(np.mean(points)), float(lo), float(hi)
+
+
+def _merge_section(runs, section):
+    """The headline keys of section(run) for every run, averaged (retrieval: pooled accuracy)."""
+    first = section(runs[0])
+    out = {}
+    for k in ("ppl_exact", "ppl_bf16", "ppl_fp8", "ppl_tensor_fp8"):
+        out[k] = float(np.mean([section(r)[k] for r in runs]))
+    for kind in ("fp8", "tensor_fp8"):
+        p, lo, hi = merged_rel_ci(runs, section, kind)
+        out[f"ppl_{kind}_vs_bf16"], out[f"ppl_{kind}_rel_ci"] = p, [lo, hi]
+    for k in ("top1_vs_exact", "kl_vs_exact"):
+        out[k] = {kind: float(np.mean([section(r)[k][kind] for r in runs])) for kind in first[k]}
+    ret = {}
+    for kind, by_len in first["retrieval"].items():
+        ret[kind] = {}
+        for L in by_len:
+            rows = [section(r)["retrieval_detail"]["by_length"][L]["by_cache"][kind]["correct"] for r in runs
+                    if L in section(r)["retrieval_detail"]["by_length"]]
+            ret[kind][L] = sum(s.count("1") for s in rows) / max(1, sum(len(s) for s in rows))
+    out["retrieval"] = ret
+    return out
+
+
+def merge_runs(runs):
+    """One results dict from the per-seed results of the same study."""
+    if len({r["seed"] for r in runs}) != len(runs):
+        raise ValueError(f"runs: expected distinct seeds, got {[r['seed'] for r in runs]}")
+    base = _merge_section(runs, lambda r: r)
+    outlier = _merge_section(runs, lambda r: r["outlier"])
+    per_seed = []
+    for r in runs:
+        per_seed.append({"seed": r["seed"], "commit": r["commit"], "date": r["date"],
+                         **{k: r[k] for k in ("ppl_exact", "ppl_bf16", "ppl_fp8", "ppl_tensor_fp8", "ppl_fp8_vs_bf16",
+                                               "ppl_fp8_rel_ci", "ppl_tensor_fp8_vs_bf16", "ppl_tensor_fp8_rel_ci",
+                                               "top1_vs_exact", "kl_vs_exact", "retrieval")},
+                         "outlier": {k: r["outlier"][k] for k in ("ppl_bf16", "ppl_fp8", "ppl_tensor_fp8",
+                                                                   "ppl_fp8_vs_bf16", "ppl_fp8_rel_ci",
+                                                                   "ppl_tensor_fp8_vs_bf16", "ppl_tensor_fp8_rel_ci",
+                                                                   "retrieval")},
+                         "training": {k: r["training"][k] for k in ("steps", "seconds", "loss_last10",
+                                                                     "retrieval_loss_last10")},
+                         "total_seconds": r["total_seconds"]})
+    first = runs[0]
+    return {"commit": ",".join(sorted({r["commit"] for r in runs})), "date": max(r["date"] for r in runs),
+            "gpu": first["gpu"], "seeds": [r["seed"] for r in runs], **base, "outlier": {**outlier},
+            "per_seed": per_seed, "model": first["model"], "data": first["data"],
+            "environment": first["environment"], "runs": runs}
+
+
+# --- reports -------------------------------------------------------------------------------
 
 
 def _fmt(x):
@@ -436,56 +848,152 @@ def _fmt(x):
     return f"{x:.3g}" if abs(x) < 1e-2 or abs(x) >= 1e4 else f"{x:.4g}"
 
 
-def render_markdown(r) -> str:
+def _pct(x, ci=None, digits=3):
+    s = f"{x:+.{digits}%}"
+    return s + (f" [{ci[0]:+.{digits}%}, {ci[1]:+.{digits}%}]" if ci else "")
+
+
+def length_label(L) -> str:
+    L = int(L)
+    return f"{L // 1024}K" if L >= 1024 and L % 1024 == 0 else str(L)
+
+
+def readme_table(r) -> str:
+    """The README's quality table from a results dict (one seed or merged)."""
+    lens = list(r["retrieval"]["bf16"])
+    head = ("| model / cache | ppl | vs BF16 cache [95% CI] | top-1 = exact | "
+            + " | ".join(f"retrieval @ {length_label(L)}" for L in lens) + " |")
+    lines = [head, "| --- " * (4 + len(lens)) + "|"]
+    for name, sec in (("trained", r), ("outlier", r["outlier"])):
+        for kind in KINDS:
+            rel = "0 (reference)" if kind == "bf16" else (
+                _pct(sec[f"ppl_{kind}_vs_bf16"], sec.get(f"ppl_{kind}_rel_ci")) if kind != "exact"
+                else _pct(sec["ppl_exact"] / sec["ppl_bf16"] - 1))
+            lines.append(f"| {name}, {KIND_LABEL[kind]} | {sec[f'ppl_{kind}']:.4f} | {rel} | "
+                         f"{sec['top1_vs_exact'][kind]:.4f} | "
+                         + " | ".join(f"{sec['retrieval'][kind][L]:.3f}" for L in lens) + " |")
+    return "\n".join(lines)
+
+
+def _ppl_rows(p):
+    buckets = list(p["by_cache"]["bf16"]["ppl_by_position"])
+    lines = ["| attention / cache | ppl | vs decode_bf16 [95% CI] | top-1 = exact [95% CI] | "
+             "KL(exact \\|\\| cache) [95% CI] | " + " | ".join(f"ppl @ {b}" for b in buckets) + " |",
+             "| --- " * (5 + len(buckets)) + "|"]
+    for k, v in p["by_cache"].items():
+        lines.append(f"| {KIND_LABEL[k]} | {v['ppl']:.4f} | {_pct(v['ppl_vs_bf16'], v['ppl_vs_bf16_ci'])} | "
+                     f"{v['top1_vs_exact']:.4%} [{v['top1_vs_exact_ci'][0]:.4%}, {v['top1_vs_exact_ci'][1]:.4%}] | "
+                     f"{v['kl_vs_exact']:.2e} [{v['kl_vs_exact_ci'][0]:.2e}, {v['kl_vs_exact_ci'][1]:.2e}] | "
+                     + " | ".join(f"{v['ppl_by_position'][b]:.4f}" for b in buckets) + " |")
+    return lines
+
+
+def _retrieval_rows(ret):
+    lens = list(ret["by_length"])
+    lines = ["| attention / cache | " + " | ".join(
+        f"{length_label(L)}: accuracy (vs BF16 cache, 95% CI)" for L in lens) + " |",
+        "| --- " * (1 + len(lens)) + "|"]
+    for k in next(iter(ret["by_length"].values()))["by_cache"]:
+        cells = []
+        for L in lens:
+            v = ret["by_length"][L]["by_cache"][k]
+            cells.append(f"{v['accuracy']:.3f} ({_pct(v['accuracy'] - ret['by_length'][L]['by_cache']['bf16']['accuracy'], v['vs_bf16_ci'], 1)})")
+        lines.append(f"| {KIND_LABEL[k]} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Samples per length: " + ", ".join(
+        f"{length_label(L)} {ret['by_length'][L]['samples']} ({ret['by_length'][L]['seconds']} s)" for L in lens)
+        + f" of {ret['samples_requested']} requested.")
+    return lines
+
+
+STATS_SHORT = ("outlier_channels", "channel_rms_max_over_median", "sink_norm_over_median", "latent_amax",
+               "cache_frac_over_448", "cache_frac_below_2^-6", "query_frac_below_2^-6")
+
+
+def _single_markdown(r):
     m, d, t, p, g, s = (r[k] for k in ("model", "data", "training", "perplexity", "greedy", "cache_statistics"))
+    o = r["outlier"]
+    ov = d["overlap"]
     lines = [
         "# Quality on a trained MLA model",
         "",
-        f"Made by `tools/quality/quality.py` ({r['environment']['gpu'] or r['environment']['device']}, "
-        f"torch {r['environment']['torch']}; {r['total_seconds']} s in all).",
+        f"Made by `tools/quality/quality.py` (commit {r['commit']}, {r['date']}, "
+        f"{r['gpu'] or r['environment']['device']}, torch {r['environment']['torch']}; training seed {r['seed']}; "
+        f"{r['total_seconds']} s in all).",
         "",
         f"**Model**: {m['parameters'] / 1e6:.1f} M parameters, {m['n_layers']} layers, d_model {m['d_model']}, "
         f"{m['n_heads']} heads, MLA with kv_lora_rank {m['kv_lora_rank']}, rope {m['qk_rope_dim']}, q nope "
         f"{m['qk_nope_dim']} + rope {m['qk_rope_dim']}, v {m['v_dim']}; RMSNorm, SwiGLU (d_ff {m['d_ff']}); "
         f"{m['tokenizer']}.",
-        f"**Data**: {d['source']}: {d['train_files']} files / {d['train_bytes'] / 1e6:.1f} MB for training, "
-        f"{d['heldout_files']} files / {d['heldout_bytes'] / 1e6:.2f} MB held out ({d['split']}).",
+        f"**Data**: {d['source']} (excluded folders: {', '.join(d['excluded_dirs'])}): {d['train_files']} files / "
+        f"{d['train_bytes'] / 1e6:.1f} MB for training, {d['heldout_files']} files / {d['heldout_bytes'] / 1e6:.2f} MB "
+        f"held out ({d['split']}; {d['dropped_heldout_files']} held-out files dropped). Line overlap of the kept "
+        f"held-out files with the training files: max {ov['kept_max']:.1%}, mean {ov['kept_mean']:.1%}, "
+        f"{ov['kept_lines_in_train']:.1%} of all their lines of >= {ov['min_chars']} characters. Evaluated: "
+        f"{d['heldout_tokens_evaluated']} tokens, {d['heldout_fraction_evaluated']:.1%} of the held-out text "
+        "(the tail shorter than a window is left out).",
         f"**Training**: {t['steps']} steps of {t['batch']} x {t['context']} tokens ({t['tokens'] / 1e6:.1f} M "
-        f"tokens) in {t['seconds']} s, AdamW, peak lr {t['peak_lr']}; loss {t['loss_first']:.3f} -> "
-        f"{t['loss_last10']:.3f} nats/byte (last 10 steps).",
+        f"tokens, {t['retrieval_sequences_per_batch']} retrieval sequences per batch spanning up to "
+        f"{t['retrieval_position_span']} positions) in {t['seconds']} s, AdamW, peak lr {t['peak_lr']}; loss "
+        f"{t['loss_first']:.3f} -> {t['loss_last10']:.3f} nats/byte (last 10 steps; retrieval sequences "
+        f"{t['retrieval_loss_last10']:.3f}).",
         "",
-        f"## Perplexity: {p['windows']} held-out windows of {p['context']} tokens ({p['tokens']} predictions)",
+        f"## Perplexity: all {p['windows']} held-out windows of {p['context']} tokens ({p['tokens']} predictions)",
         "",
-        "Every cache is read by teacher-forced decoding in every layer: each position attends to exactly "
-        "its prefix, as token-by-token decoding over that cache would.",
+        "Every cache is read by teacher-forced decoding in every layer: each position attends to exactly its "
+        "prefix, as token-by-token decoding over that cache would. Intervals: paired bootstrap over windows "
+        "(2000 resamplings, the same for every cache).",
         "",
+        *_ppl_rows(p),
+        "",
+        "## Retrieval through the caches",
+        "",
+        "A haystack of `key=value` records (6 letters, 6 digits) fills the context; the final `?key=` asks for a "
+        "record in the first half. The prompt is prefilled with the model's own attention and its rows written "
+        "into each cache; question and answer are then decoded through the cache. Correct: all 6 digits are "
+        "the argmax (what greedy decoding produces). Intervals: paired bootstrap over samples of the "
+        "difference to the BF16 cache.",
+        "",
+        *_retrieval_rows(r["retrieval_detail"]),
+        "",
+        "## Outlier model",
+        "",
+        f"`mla_lm.outlier_transform` of the trained model: per layer the {o['transform']['channels']} latent "
+        "channels where the BOS row is furthest from the other tokens are centred and scaled to "
+        f"{o['transform']['target_hi']:g}..{o['transform']['target_lo']:g}x the median channel RMS, the "
+        "scales undone in W_uk and W_uv and the centring in the values; the same function in exact arithmetic "
+        f"(model's own attention: ppl {o['ppl_exact']:.4f}, trained model {r['ppl_exact']:.4f}).",
+        "",
+        "| cache statistic | trained: median over layers | outlier: median | outlier: min | outlier: max |",
+        "| --- | --- | --- | --- | --- |",
     ]
-    buckets = list(p["by_cache"]["bf16"]["ppl_by_position"])
-    lines.append("| attention / cache | ppl | vs decode_bf16 | bits/byte | top-1 = bf16's | KL from bf16 | "
-                 + " | ".join(f"ppl @ {b}" for b in buckets) + " |")
-    lines.append("| --- " * (6 + len(buckets)) + "|")
-    for k, v in p["by_cache"].items():
-        lines.append(f"| {KIND_LABEL[k]} | {v['ppl']:.4f} | {v['ppl_vs_bf16']:+.3%} | {v['bits_per_byte']:.4f} | "
-                     f"{v['top1_agreement_bf16']:.4%} | {v['kl_from_bf16']:.2e} | "
-                     + " | ".join(f"{v['ppl_by_position'][b]:.4f}" for b in buckets) + " |")
+    for key in STATS_SHORT:
+        v = o["cache_statistics"]["summary"][key]
+        lines.append(f"| {STAT_LABEL[key]} | {_fmt(s['summary'][key]['median'])} | {_fmt(v['median'])} | "
+                     f"{_fmt(v['min'])} | {_fmt(v['max'])} |")
+    lines += ["", *_ppl_rows(o["perplexity"]), "", *_retrieval_rows(o["retrieval_detail"]), ""]
+    if g.get("skipped"):
+        lines += ["## Greedy generation", "", f"Left out: {g['skipped']}.", ""]
+    else:
+        lines += [
+            f"## Greedy generation: {g['prompts']} held-out prompts of {g['prompt_len']} tokens, "
+            f"{g['new_tokens']} new tokens",
+            "",
+            "Agreement: the fraction of generated tokens equal to the BF16 cache run's, position by position; "
+            "first divergence: the mean position of the first differing token (the length when none differs). "
+            "The model's own attention diverges from the BF16 cache too: greedy agreement measures how "
+            "chaotic free-running decoding is as much as a cache's error, so read it beside that row. "
+            "\"BF16 cache again\" runs the BF16 cache a second time (determinism).",
+            "",
+            "| attention / cache | agreement | mean first divergence |",
+            "| --- | --- | --- |",
+        ]
+        for k, v in g["by_cache"].items():
+            label = "BF16 cache again" if k == "bf16_rerun" else KIND_LABEL[k]
+            lines.append(f"| {label} | {v['agreement']:.4f} | {v['mean_first_divergence']:.1f} |")
+        lines.append("")
     lines += [
-        "",
-        f"## Greedy generation: {g['prompts']} held-out prompts of {g['prompt_len']} tokens, "
-        f"{g['new_tokens']} new tokens",
-        "",
-        "Agreement: the fraction of generated tokens equal to the BF16 cache run's, position by position; "
-        "first divergence: the mean position of the first differing token (the length when none differs). "
-        "\"BF16 cache again\" runs the BF16 cache a second time (determinism).",
-        "",
-        "| attention / cache | agreement | mean first divergence |",
-        "| --- | --- | --- |",
-    ]
-    for k, v in g["by_cache"].items():
-        label = "BF16 cache again" if k == "bf16_rerun" else KIND_LABEL[k]
-        lines.append(f"| {label} | {v['agreement']:.4f} | {v['mean_first_divergence']:.1f} |")
-    lines += [
-        "",
-        f"## Cache statistics (the BF16 cache of one held-out window of {s['context']} tokens)",
+        f"## Cache statistics (the BF16 cache of one held-out window of {s['context']} tokens, trained model)",
         "",
         "| quantity | synthetic mla data | trained model: median over layers | min | max |",
         "| --- | --- | --- | --- | --- |",
@@ -502,53 +1010,113 @@ def render_markdown(r) -> str:
         "elsewhere) with SnapMLA's attention arithmetic.",
         "",
     ]
+    return lines
+
+
+def render_markdown(r) -> str:
+    if "runs" not in r:
+        return "\n".join(_single_markdown(r))
+    lines = [
+        "# Quality on a trained MLA model",
+        "",
+        f"Made by `tools/quality/quality.py --merge` from {len(r['seeds'])} training seeds ({r['seeds']}; commit "
+        f"{r['commit']}, {r['date']}, {r['gpu']}). Means over the seeds; intervals: the 95% bootstrap interval "
+        "of the mean over seeds, each seed's windows resampled. Each seed's full report follows.",
+        "",
+        readme_table(r),
+        "",
+        "| seed | ppl BF16 cache | decode_fp8 vs BF16 [95% CI] | per-tensor FP8 vs BF16 [95% CI] | outlier: "
+        "decode_fp8 vs BF16 | outlier: per-tensor FP8 vs BF16 | training steps, loss |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in r["per_seed"]:
+        lines.append(f"| {s['seed']} | {s['ppl_bf16']:.4f} | {_pct(s['ppl_fp8_vs_bf16'], s['ppl_fp8_rel_ci'])} | "
+                     f"{_pct(s['ppl_tensor_fp8_vs_bf16'], s['ppl_tensor_fp8_rel_ci'])} | "
+                     f"{_pct(s['outlier']['ppl_fp8_vs_bf16'], s['outlier']['ppl_fp8_rel_ci'])} | "
+                     f"{_pct(s['outlier']['ppl_tensor_fp8_vs_bf16'], s['outlier']['ppl_tensor_fp8_rel_ci'])} | "
+                     f"{s['training']['steps']}, {s['training']['loss_last10']:.3f} |")
+    lines.append("")
+    for run in r["runs"]:
+        lines += ["", "---", ""] + ["#" + x if x.startswith("#") else x for x in _single_markdown(run)]
     return "\n".join(lines)
 
 
 TINY = dict(config=Config(d_model=64, n_layers=2, n_heads=16, d_ff=128), train_seconds=0, train_steps=8,
-            train_ctx=64, train_batch=4, lr=3e-3, eval_len=64, eval_windows=2, eval_batch=2, prompts=4,
+            train_ctx=64, train_batch=4, lr=3e-3, retrieval_span=256, eval_len=64, eval_windows=3, eval_batch=2,
+            retrieval_lengths=(64, 128), retrieval_samples=4, retrieval_batch_tokens=256, prompts=4,
             prompt_len=16, new_tokens=8)
 
 
 def summary(r) -> str:
     """The headline numbers of a results dict, a few lines."""
-    p, g = r["perplexity"]["by_cache"], r["greedy"]["by_cache"]
-    lines = [f"model {r['model']['parameters'] / 1e6:.1f} M, trained {r['training']['seconds']} s "
-             f"({r['training']['tokens'] / 1e6:.1f} M tokens), loss {r['training']['loss_last10']:.3f}; "
-             f"{r['total_seconds']} s in all"]
-    for k in KINDS:
-        lines.append(f"{k:11} ppl {p[k]['ppl']:.4f} ({p[k]['ppl_vs_bf16']:+.3%} vs bf16)  top-1 "
-                     f"{p[k]['top1_agreement_bf16']:.4f}  greedy agreement {g[k]['agreement']:.4f}, "
-                     f"first divergence {g[k]['mean_first_divergence']:.1f}")
-    lines.append(f"bf16 rerun greedy agreement {g['bf16_rerun']['agreement']:.4f}")
+    lines = [f"commit {r['commit']}, {r['date']}, {r['gpu']}, seed(s) {r.get('seeds', r.get('seed'))}"]
+    for name, sec in (("trained", r), ("outlier", r["outlier"])):
+        lines.append(f"{name}: ppl exact {sec['ppl_exact']:.4f} bf16 {sec['ppl_bf16']:.4f}; fp8 "
+                     f"{_pct(sec['ppl_fp8_vs_bf16'], sec['ppl_fp8_rel_ci'])}, tensor_fp8 "
+                     f"{_pct(sec['ppl_tensor_fp8_vs_bf16'], sec['ppl_tensor_fp8_rel_ci'])}")
+        for k in KINDS:
+            lines.append(f"  {k:11} top-1 = exact {sec['top1_vs_exact'][k]:.4f}, KL {sec['kl_vs_exact'][k]:.2e}, "
+                         "retrieval " + ", ".join(f"{L}: {a:.3f}" for L, a in sec["retrieval"][k].items()))
+    if "greedy_agreement_fp8" in r:
+        lines.append("greedy agreement with the BF16 cache: " + ", ".join(
+            f"{k} {r['greedy_agreement_' + k]:.4f}" for k in ("exact", "fp8", "tensor_fp8", "bf16_rerun")))
     return "\n".join(lines)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--summary", metavar="JSON", help="print the headline numbers of a quality.json and exit")
+    ap.add_argument("--readme-table", metavar="JSON", help="print the README's quality table of a quality.json")
+    ap.add_argument("--merge", nargs="+", metavar=("DIR", "JSON"),
+                    help="write DIR/quality.{json,md} from the quality.json of several seeds")
     ap.add_argument("--out", help="directory for quality.json and quality.md")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--tiny", action="store_true", help="the CPU test's settings (minutes on a CPU)")
-    ap.add_argument("--train-seconds", type=float, default=210)
+    ap.add_argument("--tiny", action="store_true", help="the CPU test's settings (a minute on a CPU)")
+    ap.add_argument("--seed", type=int, default=0, help="training seed: initialization and data order")
+    ap.add_argument("--train-seconds", type=float, default=240)
     ap.add_argument("--train-steps", type=int, default=0, help="0: limited by --train-seconds only")
-    ap.add_argument("--eval-windows", type=int, default=32)
-    ap.add_argument("--prompts", type=int, default=32)
-    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--eval-windows", type=int, default=0, help="held-out windows (0: all of them)")
+    ap.add_argument("--retrieval-samples", type=int, default=100, help="retrieval samples per length")
+    ap.add_argument("--retrieval-lengths", type=int, nargs="+", default=list(RETRIEVAL_LENGTHS))
+    ap.add_argument("--retrieval-frac", type=float, default=0.25, help="share of retrieval sequences in training")
+    ap.add_argument("--outlier-channels", type=int, default=8)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--budget-seconds", type=float, default=0,
+                    help="the study's time budget (0: none): retrieval samples, then greedy, give way")
+    ap.add_argument("--commit", default=None, help="the commit of the results (default: SNAPMLA_COMMIT, git)")
     ap.add_argument("--corpus-root", default=None, help="directory of .py files (default: the stdlib)")
     a = ap.parse_args(argv)
-    if a.summary:
-        with open(a.summary) as f:
-            print(summary(json.load(f)))
+    if a.summary or a.readme_table:
+        with open(a.summary or a.readme_table) as f:
+            r = json.load(f)
+        print(summary(r) if a.summary else readme_table(r))
+        return
+    if a.merge:
+        if len(a.merge) < 3:
+            ap.error("--merge DIR JSON JSON ...: expected a directory and at least two results files")
+        runs = []
+        for path in a.merge[1:]:
+            with open(path) as f:
+                runs.append(json.load(f))
+        write_results(merge_runs(runs), a.merge[0])
+        print(summary(json.load(open(os.path.join(a.merge[0], "quality.json")))))
         return
     if not a.out:
         ap.error("--out is required")
     if a.device == "cuda" and not snapmla.cuda_device_available():
         sys.exit("--device cuda: snapmla has no CUDA kernels or no sm_90 GPU here (snapmla.info(): "
                  f"{snapmla.info()}); use --device cpu --tiny")
-    kw = dict(TINY) if a.tiny else dict(train_seconds=a.train_seconds, train_steps=a.train_steps,
-                                         eval_windows=a.eval_windows, prompts=a.prompts, new_tokens=a.new_tokens)
-    run_study(out_dir=a.out, device=a.device, corpus_root=a.corpus_root, **kw)
+    if a.tiny:
+        if a.device == "cpu":
+            torch.set_num_threads(1)  # the tiny model's ops are too small to gain from threads
+        kw = dict(TINY)
+    else:
+        kw = dict(train_seconds=a.train_seconds, train_steps=a.train_steps, eval_windows=a.eval_windows,
+                  retrieval_samples=a.retrieval_samples, retrieval_lengths=tuple(a.retrieval_lengths),
+                  retrieval_frac=a.retrieval_frac, outlier_channels=a.outlier_channels, prompts=a.prompts,
+                  new_tokens=a.new_tokens, budget_seconds=a.budget_seconds)
+    run_study(out_dir=a.out, device=a.device, corpus_root=a.corpus_root, seed=a.seed, commit=a.commit, **kw)
 
 
 if __name__ == "__main__":
