@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: quality study tests skipped")
+F = torch.nn.functional
 
 import snapmla  # noqa: E402
 
@@ -25,7 +26,12 @@ import quality  # noqa: E402
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     out = tmp_path_factory.mktemp("quality")
-    results = quality.run_study(out_dir=str(out), device="cpu", log=None, **quality.TINY)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the tiny model's ops are too small to gain from threads
+    try:
+        results = quality.run_study(out_dir=str(out), device="cpu", log=None, **quality.TINY)
+    finally:
+        torch.set_num_threads(threads)
     return results, out
 
 
@@ -33,22 +39,50 @@ def test_study_end_to_end(study):
     r, out = study
     tiny = quality.TINY
     t = r["training"]
-    assert t["steps"] == tiny["train_steps"]
+    assert t["steps"] == tiny["train_steps"] and t["retrieval_sequences_per_batch"] == 1
     assert t["loss_last10"] < t["loss_first"] - 0.5, t  # a few steps already learn byte statistics
-    ppls = {k: r["ppl_" + k] for k in ("exact", "bf16", "fp8", "tensor_fp8")}
-    for k, v in ppls.items():
-        assert math.isfinite(v) and 1.0 < v < mla_lm.Config().vocab, (k, v)
-    # The cached runs and the model's own attention compute the same model: close on a tiny model.
-    assert abs(ppls["exact"] / ppls["bf16"] - 1) < 0.01, ppls
-    assert abs(ppls["fp8"] / ppls["bf16"] - 1) < 0.02, ppls
-    assert r["ppl_fp8_vs_bf16"] == pytest.approx(ppls["fp8"] / ppls["bf16"] - 1)
-    p = r["perplexity"]
-    assert p["tokens"] == tiny["eval_windows"] * tiny["eval_len"]
-    ref = p["by_cache"]["bf16"]
-    assert ref["top1_agreement_bf16"] == 1.0 and ref["kl_from_bf16"] == 0.0
-    for k, v in p["by_cache"].items():
-        assert 0.0 <= v["top1_agreement_bf16"] <= 1.0 and v["kl_from_bf16"] >= -1e-9, (k, v)
-        assert all(math.isfinite(x) and x > 1 for x in v["ppl_by_position"].values()), (k, v)
+    assert r["commit"] and r["date"] and "gpu" in r and r["seed"] == 0
+    for sec in (r, r["outlier"]):
+        ppls = {k: sec["ppl_" + k] for k in ("exact", "bf16", "fp8", "tensor_fp8")}
+        for k, v in ppls.items():
+            assert math.isfinite(v) and 1.0 < v < mla_lm.Config().vocab, (k, v)
+        # The cached runs and the model's own attention compute the same model: close on a tiny model.
+        assert abs(ppls["exact"] / ppls["bf16"] - 1) < 0.01, ppls
+        assert abs(ppls["fp8"] / ppls["bf16"] - 1) < 0.02, ppls
+        assert sec["ppl_fp8_vs_bf16"] == pytest.approx(ppls["fp8"] / ppls["bf16"] - 1)
+        lo, hi = sec["ppl_fp8_rel_ci"]
+        assert lo <= sec["ppl_fp8_vs_bf16"] <= hi and lo < hi
+        p = sec["perplexity"]
+        assert p["tokens"] == tiny["eval_windows"] * tiny["eval_len"] and p["windows"] == tiny["eval_windows"]
+        ex = p["by_cache"]["exact"]
+        # the exact model against itself: top-1 1, KL 0 exactly
+        assert ex["top1_vs_exact"] == 1.0 and ex["kl_vs_exact"] == 0.0 and ex["kl_vs_exact_ci"] == [0.0, 0.0]
+        assert p["by_cache"]["bf16"]["ppl_vs_bf16_ci"] == [0.0, 0.0]
+        for k, v in p["by_cache"].items():
+            assert 0.0 <= v["top1_vs_exact"] <= 1.0 and v["kl_vs_exact"] >= -1e-9, (k, v)
+            for key in ("ppl_vs_bf16", "top1_vs_exact", "kl_vs_exact"):
+                ci = v[key + "_ci"]
+                assert ci[0] - 1e-12 <= v[key] <= ci[1] + 1e-12, (k, key, v[key], ci)
+            assert all(math.isfinite(x) and x > 1 for x in v["ppl_by_position"].values()), (k, v)
+            assert len(p["per_window"]["nll"][k]) == p["windows"]
+        assert set(sec["retrieval"]) == set(quality.KINDS)
+        for k, by_len in sec["retrieval"].items():
+            assert list(by_len) == [str(L) for L in tiny["retrieval_lengths"]]
+            assert all(0.0 <= a <= 1.0 for a in by_len.values())
+        for L, row in sec["retrieval_detail"]["by_length"].items():
+            assert row["samples"] == tiny["retrieval_samples"]
+            assert all(len(v["correct"]) == row["samples"] for v in row["by_cache"].values())
+
+    # The held-out text is evaluated from its start, and what is left out is counted.
+    d = r["data"]
+    assert d["heldout_tokens_evaluated"] == tiny["eval_windows"] * tiny["eval_len"]
+    assert d["overlap"]["kept_max"] <= quality.OVERLAP_MAX
+    # The outlier model: channels far above the median, a large-norm sink, the same function.
+    o = r["outlier"]
+    stats = o["cache_statistics"]["summary"]
+    assert stats["channel_rms_max_over_median"]["min"] > 30 and stats["outlier_channels"]["min"] >= 4
+    assert stats["sink_norm_over_median"]["median"] > 2 * r["cache_statistics"]["summary"]["sink_norm_over_median"]["median"]
+    assert abs(o["ppl_exact"] / r["ppl_exact"] - 1) < 0.002, (o["ppl_exact"], r["ppl_exact"])
 
     g = r["greedy"]["by_cache"]
     n = tiny["new_tokens"]
@@ -68,12 +102,50 @@ def test_study_end_to_end(study):
         assert 1.0 <= layer["effective_tokens_last32"] <= tiny["eval_len"]
 
     on_disk = json.loads((out / "quality.json").read_text())
-    for key in ("ppl_bf16", "ppl_fp8", "ppl_tensor_fp8", "greedy_agreement_fp8"):
+    for key in ("ppl_bf16", "ppl_fp8", "ppl_tensor_fp8", "ppl_fp8_rel_ci", "retrieval", "greedy_agreement_fp8"):
         assert on_disk[key] == r[key]
+    assert on_disk["outlier"]["ppl_fp8_rel_ci"] == r["outlier"]["ppl_fp8_rel_ci"]
     md = (out / "quality.md").read_text()
     for label in quality.KIND_LABEL.values():
         assert label in md
-    assert f"{r['ppl_fp8']:.4f}" in md
+    assert f"{r['ppl_fp8']:.4f}" in md and f"{r['outlier']['ppl_tensor_fp8']:.4f}" in md
+    table = quality.readme_table(r)
+    assert f"{r['ppl_fp8']:.4f}" in table and f"{r['outlier']['ppl_fp8']:.4f}" in table
+    assert len(table.splitlines()) == 2 + 2 * len(quality.KINDS)
+
+
+def test_merge_combines_seeds(study, tmp_path):
+    """--merge: means over the seeds, an interval around the mean, every run kept; the same
+    seed twice is refused."""
+    r, _ = study
+    other = json.loads(json.dumps(r))
+    other["seed"] = 1
+    pw = other["perplexity"]["per_window"]["nll"]
+    pw["fp8"] = [x + 0.01 * other["perplexity"]["context"] for x in pw["fp8"]]  # 1% higher NLL per token
+    m = quality.merge_runs([r, other])
+    assert m["seeds"] == [0, 1] and len(m["runs"]) == 2 and len(m["per_seed"]) == 2
+    assert m["ppl_bf16"] == pytest.approx(r["ppl_bf16"])
+    want = (r["ppl_fp8_vs_bf16"] + math.expm1(math.log1p(r["ppl_fp8_vs_bf16"]) + 0.01)) / 2
+    assert m["ppl_fp8_vs_bf16"] == pytest.approx(want, rel=1e-9)
+    lo, hi = m["ppl_fp8_rel_ci"]
+    assert lo <= m["ppl_fp8_vs_bf16"] <= hi
+    assert m["retrieval"]["fp8"] == r["retrieval"]["fp8"]  # the same samples twice: the same accuracy
+    quality.write_results(m, str(tmp_path))
+    md = (tmp_path / "quality.md").read_text()
+    assert "2 training seeds" in md and md.count("# Quality on a trained MLA model") == 3
+    with pytest.raises(ValueError, match="seeds"):
+        quality.merge_runs([r, r])
+
+
+def test_readme_quality_table_is_the_results_file():
+    """Where README.md carries the quality table, it is readme_table() of docs/results/quality.json."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+    readme = open(os.path.join(root, "README.md")).read()
+    head = "| model / cache | ppl | vs BF16 cache [95% CI] |"
+    if head not in readme:
+        pytest.skip("README.md has no quality table (docs/results/quality.json predates it)")
+    r = json.load(open(os.path.join(root, "docs", "results", "quality.json")))
+    assert quality.readme_table(r) in readme
 
 
 def dense_attention(q, kv, prefix, scale):
@@ -172,3 +244,183 @@ def test_windows_start_with_bos():
     with pytest.raises(ValueError, match="length"):
         quality.heldout_windows(stream, 200, 1)
     assert np.array_equal(quality.bucket_edges(8192), [0, 1024, 2048, 4096, 8192])
+
+
+def _heldout_name(prefix, want_heldout=True):
+    i = 0
+    while quality.is_heldout(f"{prefix}{i}.py") != want_heldout:
+        i += 1
+    return f"{prefix}{i}.py"
+
+
+def test_split_drops_near_duplicates_and_excludes_encodings(tmp_path):
+    """A held-out file whose lines are mostly a training file's is dropped (its overlap reported),
+    a distinct one kept; encodings/ is not read at all; on the interpreter's stdlib, every kept
+    held-out file is at or under the threshold and none is under encodings/."""
+    body = "".join(f"    value_{i} = compute_something({i}, name='line {i}')\n" for i in range(40)).encode()
+    files = {_heldout_name("train_", False): b"def f():\n" + body,
+             _heldout_name("copy_"): b"def g():\n" + body[:-200] + b"    return 'a different last line here'\n",
+             _heldout_name("own_"): "".join(f"print('held-out line number {i} of its own')\n" for i in range(30)).encode(),
+             "encodings/" + _heldout_name("table_"): body}
+    for name, data in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    assert not any(r.startswith("encodings") for r in quality.corpus_files(str(tmp_path)))
+    train, held, info = quality.load_corpus(str(tmp_path))
+    rows = {o["file"]: o for o in info["overlap"]["files"]}
+    copy = next(k for k in rows if k.startswith("copy_"))
+    own = next(k for k in rows if k.startswith("own_"))
+    assert rows[copy]["overlap"] > 0.8 and not rows[copy]["kept"]
+    assert rows[own]["overlap"] == 0.0 and rows[own]["kept"]
+    assert held == files[own] and info["dropped_heldout_files"] == 1 and info["heldout_files"] == 1
+    assert info["overlap"]["kept_max"] == 0.0
+    # Short lines do not count: a file of only generic short lines has no overlap to measure.
+    assert quality.line_overlap(b"pass\n\nreturn x\n", {b"pass"}) == (0.0, 0)
+    assert quality.line_overlap(b"x = long_enough_line(1)\ny = other_long_line(2)\n",
+                                {b"x = long_enough_line(1)"}) == (0.5, 2)
+
+    _, _, info = quality.load_corpus()
+    kept = [o for o in info["overlap"]["files"] if o["kept"]]
+    assert kept and all(o["overlap"] <= quality.OVERLAP_MAX for o in kept)
+    assert info["overlap"]["kept_max"] <= quality.OVERLAP_MAX
+    assert not any(o["file"].startswith("encodings/") for o in info["overlap"]["files"])
+
+
+def test_paired_bootstrap_contains_the_estimate_and_shrinks():
+    rng = np.random.default_rng(5)
+
+    def interval(n):
+        tokens = np.full(n, 1000.0)
+        ref = rng.normal(1300, 60, n)  # per-window NLL sums
+        other = ref + rng.normal(2.0, 3.0, n)  # a small, noisy, paired excess
+        point, lo, hi = quality.paired_bootstrap({"a": other, "b": ref, "tokens": tokens},
+                                                 quality.rel_ppl("a", "b"), seed=1)
+        assert point == pytest.approx(math.expm1((other.sum() - ref.sum()) / tokens.sum()))
+        assert lo < point < hi
+        return hi - lo
+
+    small, large = interval(16), interval(400)
+    assert large < 0.4 * small, (small, large)  # ~ 1 / sqrt(25)
+    same = np.arange(10.0)
+    assert quality.paired_bootstrap({"a": same, "b": same, "tokens": same + 1}, quality.rel_ppl("a", "b")) == (0.0, 0.0, 0.0)
+    # paired: a constant per-window offset has no spread, however noisy the windows are
+    noisy = rng.normal(1000, 300, 50)
+    _, lo, hi = quality.paired_bootstrap({"a": noisy + 5, "b": noisy, "tokens": np.full(50, 500.0)},
+                                         quality.rel_ppl("a", "b"))
+    assert lo == pytest.approx(hi) == pytest.approx(math.expm1(0.01))
+
+
+def test_kl_of_a_distribution_with_itself_is_zero():
+    logp = F.log_softmax(torch.randn(3, 7, 50), dim=-1)
+    assert torch.equal(quality.kl_divergence(logp, logp), torch.zeros(3, 7))
+    other = F.log_softmax(torch.randn(3, 7, 50), dim=-1)
+    assert bool((quality.kl_divergence(logp, other) > 0).all())
+
+
+@pytest.mark.parametrize("length", [256, 8192, 65536])
+def test_retrieval_example_puts_the_answer_far_back(length):
+    rng = np.random.default_rng(length)
+    e = quality.retrieval_example(rng, length)
+    t = e["tokens"]
+    assert len(t) == length + 1 and t[0] == mla_lm.BOS and (t[1:] < 256).all()
+    text = bytes(t[1:].astype(np.uint8))
+    q = e["question"]
+    assert t[q] == ord("?") and text.endswith(b"\n") and q == length + 1 - quality.QUESTION_LEN
+    key = bytes(t[q + 1:q + 1 + quality.KEY_LEN].astype(np.uint8))
+    value = bytes(t[e["answer"]].astype(np.uint8))
+    assert value.isdigit() and len(value) == quality.VALUE_LEN and key.isalpha()
+    # the key occurs once in the haystack, at the target record, whose value is the answer
+    assert text.count(key + b"=") == 2
+    rec = e["record"]
+    assert bytes(t[rec:rec + quality.RECORD_LEN].astype(np.uint8)) == key + b"=" + value + b"\n"
+    # far back: the record is in the first half of the haystack
+    assert q - rec >= (length - quality.QUESTION_LEN) // 2 - quality.RECORD_LEN
+
+
+def test_retrieval_training_sequences_span_far_positions():
+    rng = np.random.default_rng(3)
+    spans, answered = [], 0
+    for _ in range(20):
+        t, pos = quality.retrieval_train_sequence(rng, 1024, 65536)
+        assert len(t) == len(pos) == 1025 and t[0] == mla_lm.BOS and pos[0] == 0
+        steps = np.diff(pos)
+        assert (steps >= 1).all() and pos[-1] <= 65536
+        text = bytes(t[1:].astype(np.uint8))
+        lines = text.split(b"\n")[:-1]  # the last may be cut
+        # inside a line positions step by one; between lines they may jump
+        nl = np.flatnonzero(t[1:] == ord("\n")) + 1
+        inside = np.ones(len(steps), bool)
+        inside[0] = False  # BOS -> the first line
+        inside[nl[nl < len(steps)]] = False
+        assert (steps[inside] == 1).all()
+        records = {}
+        for line in lines:
+            if line.startswith(b"?"):
+                k, v = line[1:].split(b"=")
+                assert records[k] == v  # a question about an earlier record has its value
+                answered += 1
+            elif line:
+                k, v = line.split(b"=")
+                assert k not in records
+                records[k] = v
+        spans.append(pos[-1])
+    assert answered > 100 and min(spans) >= 1024 and max(spans) > 32768
+
+
+def test_outlier_transform_keeps_the_model_and_makes_outliers():
+    cfg = mla_lm.Config(d_model=64, n_layers=2, n_heads=16, d_ff=128)
+    model = mla_lm.MLALM(cfg, seed=4)
+    gen = torch.Generator().manual_seed(2)
+    calib = torch.randint(0, 256, (2, 96), generator=gen)
+    calib[:, 0] = mla_lm.BOS
+    test = torch.randint(0, 256, (2, 80), generator=gen)
+    test[:, 0] = mla_lm.BOS
+    om, info = mla_lm.outlier_transform(model, calib, channels=6, lo=10.0, hi=100.0)
+    with torch.no_grad():
+        want, got = model(test), om(test)
+    assert float((got - want).abs().max()) < 1e-4 * float(want.abs().max()), float((got - want).abs().max())
+    # the original is untouched
+    assert all(float(b.attn.latent_offset.abs().max()) == 0 for b in model.blocks)
+    targets = mla_lm.outlier_targets(6, 10.0, 100.0)
+    assert targets[0] == pytest.approx(100) and targets[-1] == pytest.approx(10)
+    before, after = mla_lm.latent_rows(model, calib), mla_lm.latent_rows(om, calib)
+    for layer, (rb, ra) in enumerate(zip(before, after)):
+        ch = torch.tensor(info["per_layer"][layer]["channels"])
+        c = ra[..., :mla_lm.LATENT]
+        rms = c[:, 1:].reshape(-1, mla_lm.LATENT).double().pow(2).mean(0).sqrt()
+        others = torch.ones(mla_lm.LATENT, dtype=torch.bool)
+        others[ch] = False
+        ratio = rms[ch] / rms[others].median()
+        assert torch.allclose(ratio, targets, rtol=1e-3), (ratio, targets)
+        # rope keys unchanged: exactly in the first layer, to rounding (bf16 rows) after it
+        rope_a, rope_b = ra[..., mla_lm.LATENT:], rb[..., mla_lm.LATENT:]
+        assert torch.equal(rope_a, rope_b) if layer == 0 else float((rope_a - rope_b).norm() / rope_b.norm()) < 1e-2
+        norms = c.norm(dim=-1)  # [B, n]
+        sink_before = float(rb[:, 0, :mla_lm.LATENT].norm(dim=-1).mean() / rb[:, 1:, :mla_lm.LATENT].norm(dim=-1).median())
+        sink_after = float(norms[:, 0].mean() / norms[:, 1:].median())
+        assert sink_after > 2 * sink_before, (sink_before, sink_after)
+    with pytest.raises(ValueError, match="already transformed"):
+        mla_lm.outlier_transform(om, calib)
+
+
+def test_prefill_then_decode_matches_teacher_forced_decoding():
+    """cache.fill(rows of the model's own attention) then decoding the rest through the BF16 cache
+    gives the logits of the whole sequence through the model (a tiny model; bf16 rounding)."""
+    cfg = mla_lm.Config(d_model=64, n_layers=2, n_heads=16, d_ff=128)
+    model = mla_lm.MLALM(cfg, seed=1)
+    e = quality.retrieval_example(np.random.default_rng(0), 128)
+    x = torch.from_numpy(e["tokens"][None, :-1])
+    q = e["question"]
+    rows = []
+    with torch.no_grad():
+        want = model(x, record=rows)[:, q:]
+        cache = mla_lm.PagedMLACache("bf16", cfg.n_layers, 1, x.shape[1], "cpu")
+        cache.fill([r[:, :q] for r in rows])
+        assert cache.length == q
+        got = model(x[:, q:], cache)
+    err = float((got - want).norm() / want.norm())
+    assert err < 0.01, err
+    got_ok = quality.retrieval_batch(model, [e, e])
+    assert set(got_ok) == set(quality.KINDS) and all(len(v) == 2 for v in got_ok.values())
+    with pytest.raises(ValueError, match="max_len"):
+        cache.fill([r for r in rows])

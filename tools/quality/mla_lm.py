@@ -359,7 +359,7 @@ def outlier_transform(model, calib_tokens, channels: int = 8, lo: float = 10.0, 
     for block, r in zip(out.blocks, rows):
         c = r[..., :LATENT].double()
         bos, rest = c[:, 0].mean(0), c[:, 1:].reshape(-1, LATENT)
-        mean, std = rest.mean(0), rest.std(0).clamp_min(1e-12)
+        mean, std = rest.mean(0), rest.std(0, correction=0).clamp_min(1e-12)
         rms = rest.pow(2).mean(0).sqrt()
         z = (bos - mean).abs() / std
         chosen = z.topk(channels).indices
