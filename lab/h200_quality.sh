@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
-# The quality study on the H200 (device tool), in one call of about 5 minutes: `pip install .`
-# (lab/h200_pip_install.sh), the study's CPU test, then tools/quality/quality.py: train the
-# small MLA model (--train-seconds, default 210) and evaluate it through the BF16, SnapMLA FP8
-# and per-tensor FP8 caches. Writes quality.json, quality.md and the logs under $OUT (or
-# /tmp/h200/quality); extra arguments go to quality.py.
+# One training seed of the quality study on the H200 (device tool), in one call of about 7-8
+# minutes: `pip install .` (lab/h200_pip_install.sh, ~20 s), the study's CPU test (~15 s), then
+# tools/quality/quality.py: train the small MLA model with retrieval sequences mixed in
+# (--train-seconds, default 240), then evaluate the trained model and its outlier transform
+# through the BF16, SnapMLA FP8 and per-tensor FP8 caches: perplexity over the whole held-out
+# set (~10 s each), retrieval at 8K / 32K / 64K (~40 s each), greedy generation (~15 s).
+# --budget-seconds (default here 470) keeps the study inside the call: past it, retrieval stops
+# adding samples and greedy generation is left out (the JSON says what ran).
+#
+#   SNAPMLA_COMMIT=<hash> OUT=... lab/h200_quality.sh --seed N [quality.py options]
+#
+# writes quality.json, quality.md and the logs under $OUT (or /tmp/h200/quality); extra
+# arguments go to quality.py. Seeds are separate calls; their JSONs are combined here with
+#   python tools/quality/quality.py --merge docs/results S0/quality.json S1/quality.json S2/quality.json
+# and the README's quality table with --readme-table docs/results/quality.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp/h200/quality}
@@ -16,7 +26,7 @@ repo=$PWD
 cd /tmp  # import the installed package, not the source tree
 python3 -c "import snapmla; print(snapmla.info())"
 python3 -m pytest -q -rs -p no:cacheprovider "$repo/tests/python/test_quality.py" 2>&1 | tee "$out/pytest_quality.log" | tail -3
-python3 "$repo/tools/quality/quality.py" --out "$out" "$@" 2>&1 | tee "$out/quality.log"
+python3 "$repo/tools/quality/quality.py" --out "$out" --budget-seconds 470 "$@" 2>&1 | tee "$out/quality.log"
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 0 ] && python3 "$repo/tools/quality/quality.py" --summary "$out/quality.json"
 exit "$rc"
