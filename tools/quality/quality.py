@@ -930,15 +930,15 @@ def _single_markdown(r):
         f"held out ({d['split']}; {d['dropped_heldout_files']} held-out files dropped). Line overlap of the kept "
         f"held-out files with the training files: max {ov['kept_max']:.1%}, mean {ov['kept_mean']:.1%}, "
         f"{ov['kept_lines_in_train']:.1%} of all their lines of >= {ov['min_chars']} characters. Evaluated: "
-        f"{d['heldout_tokens_evaluated']} tokens, {d['heldout_fraction_evaluated']:.1%} of the held-out text "
-        "(the tail shorter than a window is left out).",
+        f"{p['windows']} windows, {d['heldout_tokens_evaluated']} tokens, {d['heldout_fraction_evaluated']:.1%} of "
+        "the held-out text (windows from its start; the tail shorter than a window is left out).",
         f"**Training**: {t['steps']} steps of {t['batch']} x {t['context']} tokens ({t['tokens'] / 1e6:.1f} M "
         f"tokens, {t['retrieval_sequences_per_batch']} retrieval sequences per batch spanning up to "
         f"{t['retrieval_position_span']} positions) in {t['seconds']} s, AdamW, peak lr {t['peak_lr']}; loss "
         f"{t['loss_first']:.3f} -> {t['loss_last10']:.3f} nats/byte (last 10 steps; retrieval sequences "
         f"{t['retrieval_loss_last10']:.3f}).",
         "",
-        f"## Perplexity: all {p['windows']} held-out windows of {p['context']} tokens ({p['tokens']} predictions)",
+        f"## Perplexity: {p['windows']} held-out windows of {p['context']} tokens ({p['tokens']} predictions)",
         "",
         "Every cache is read by teacher-forced decoding in every layer: each position attends to exactly its "
         "prefix, as token-by-token decoding over that cache would. Intervals: paired bootstrap over windows "
