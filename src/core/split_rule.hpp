@@ -63,16 +63,21 @@ struct PlanTotals {
   int64_t fixed_splits = 0;  // the splits of a batch-invariant plan (split_blocks > 0)
 };
 
-// The extra cost of cutting a sequence, in blocks of one worker's time, for the choice between
-// the balanced division and whole sequences: the cut's fp32 partials (rows x 2 KB per split,
-// written, then read by the combine) and the combine's share of the step. Measured on the H200
-// (h = 128, uniform 8K: b = 128 and 256 ran 3-6% faster with whole sequences, 2 and 4 per
-// worker, than with a cut per worker); the partials scale with the query rows up to a 64-row
-// tile, so fewer rows cost less.
-SNAPMLA_HOST_DEVICE inline int64_t cut_cost_blocks(int query_rows) {
+// The extra cost of cutting the sequences, in blocks of one worker's time, for the choice
+// between the balanced division (a cut at each of `used` worker boundaries) and whole
+// sequences: the cuts' fp32 partials (rows x 2 KB per split, written, then read by the combine)
+// and the combine's share of the step. The partials of all cuts share the device's memory
+// bandwidth, so the cost grows with the number of cuts: 16 blocks with every one of
+// `num_workers` workers cutting, as measured on the H200 (h = 128, uniform 8K: b = 128 and 256
+// ran 3-6% faster with whole sequences, 2 and 4 per worker, than with a cut per worker), and in
+// proportion for fewer (b = 1, h = 128, 1K: 16 one-block splits took 15.4 us, the whole
+// sequence 32.6 us). The partials scale with the query rows up to a 64-row tile, so fewer rows
+// cost less; at least 4 blocks (a split's own fixed cost).
+SNAPMLA_HOST_DEVICE inline int64_t cut_cost_blocks(int query_rows, int64_t used, int num_workers) {
   constexpr int64_t kFullTile = 16;
   const int64_t r = query_rows < 64 ? query_rows : 64;
-  const int64_t c = kFullTile * r / 64;
+  const int64_t w = num_workers > 0 ? num_workers : 1;
+  const int64_t c = kFullTile * r * (used < w ? used : w) / (64 * w);
   return c < 4 ? 4 : c;
 }
 
@@ -100,8 +105,8 @@ SNAPMLA_HOST_DEVICE inline PlanTotals merge(const PlanTotals& a, const PlanTotal
 // How many of num_workers a total of `t.blocks` over `batch` sequences is worth (split_chunk:
 // all of them, or fewer for a small total given query_rows), and the share of each. Given
 // query_rows, whole sequences (n = ceil(batch / workers) each) are chosen instead when even the
-// longest ones make a worker's time no longer than the balanced share plus one cut: on uniform
-// lengths whose count fills the workers (b = 128 on 66 workers: two each), where the balanced
+// longest ones make a worker's time no longer than the balanced share plus the cuts' cost: on
+// uniform lengths whose count fills the workers (b = 128 on 66 workers: two each), where the balanced
 // division would cut a sequence per worker for nothing. split_blocks > 0 asks for a
 // batch-invariant plan, made where the plan's capacity holds its splits (else the default plan:
 // the GPU planner cannot report the overflow, and both planners make the same plan); the
@@ -123,7 +128,7 @@ SNAPMLA_HOST_DEVICE inline WorkerShares worker_shares(const PlanTotals& t, int b
   if (s.share < 1) s.share = 1;
   if (query_rows > 0 && batch > 0) {
     const int64_t n = (batch + used - 1) / used;
-    if (n * t.longest + (n - 1) * kPieceCostBlocks <= s.share + cut_cost_blocks(query_rows)) {
+    if (n * t.longest + (n - 1) * kPieceCostBlocks <= s.share + cut_cost_blocks(query_rows, used, num_workers)) {
       s.whole = int(n);
       s.workers = int((batch + n - 1) / n);
     }
