@@ -114,15 +114,18 @@ Diff compare(const std::vector<float>& got, const std::vector<float>& want) {
 // FlashMLA's lse tolerance (abs 1e-6 or rel 8/65536), with one addition: lse = m + ln(l) is
 // formed in fp32 from the row's max score m, and near lse = 0 that sum cancels, so its rounding
 // is a few ulps of |m| (<= |lse| + ln(tokens)), not of |lse|. Seen on the H200: lse -0.00794
-// off by 1.15e-6 (2.4 ulps of a max score ~5). The extra term allows 4 ulps of that bound.
+// off by 1.15e-6 (2.4 ulps of a max score ~5). The extra term allows 4 ulps of that bound per
+// fp32 formation of m + ln(l) the row's lse passes through: one for a row done in one piece, two
+// for a row of a split sequence (each split's lse, then the combine's M + ln(sum)); seen on the
+// H200: a split row's lse -0.01576 off by 6.27e-6, 4.2 ulps of |lse| + ln(tokens).
 void expect_lse(const std::vector<float>& got, const std::vector<float>& want, double abs_tol,
-                double rel_tol, double max_tokens = 1 << 18) {
+                double rel_tol, int formations = 1, double max_tokens = 1 << 18) {
   for (size_t i = 0; i < got.size(); ++i) {
     if (std::isinf(want[i])) {
       ASSERT_TRUE(std::isinf(got[i]) && got[i] < 0) << "lse " << i << " should be -inf, got " << got[i];
       continue;
     }
-    const double cancel = 4 * std::ldexp(std::fabs(want[i]) + std::log(max_tokens), -23);
+    const double cancel = 4 * formations * std::ldexp(std::fabs(want[i]) + std::log(max_tokens), -23);
     ASSERT_LE(std::fabs(got[i] - want[i]), std::max({abs_tol, rel_tol * std::fabs(want[i]), cancel}))
         << "lse " << i << ": " << got[i] << " vs " << want[i];
   }
@@ -450,7 +453,7 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   std::printf("[ info ] decode_bf16 h=%d s_q=%d: rel-L2 %.2e, max |err| %.2e\n", c.h, c.s_q, d16.rel_l2, d16.max_abs);
   EXPECT_EQ(d16.nonfinite, 0u);
   EXPECT_LE(d16.rel_l2, 2e-3);
-  expect_lse(G.lse.download(), want16.lse, 1e-6, 8.0 / 65536);
+  expect_lse(G.lse.download(), want16.lse, 1e-6, 8.0 / 65536, c.workers ? 2 : 1);
 }
 
 // decode_bf16 rounds P to bf16 for its PV product, as the reference does, but from its own
@@ -599,7 +602,7 @@ TEST(GpuDecodeEdges, QuarterMillionTokensAndBatch1024) {
     const Diff d16 = compare(as_float(G.out.download()), bf16_rounded(want16.out));
     std::printf("[ info ] decode_bf16 same case: rel-L2 %.2e\n", d16.rel_l2);
     EXPECT_LE(d16.rel_l2, 2e-3);
-    expect_lse(G.lse.download(), want16.lse, 1e-6, 8.0 / 65536);
+    expect_lse(G.lse.download(), want16.lse, 1e-6, 8.0 / 65536, 2);  // planned: rows may be split
   }
 }
 
