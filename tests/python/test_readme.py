@@ -69,3 +69,27 @@ def test_readme_results_table_is_the_sweep_file():
                 r["fp8_speedup_vs_pr54_fp8"]]
         assert got == want, (line, want)
         assert re.fullmatch(r"\d+", s_k) or s_k == "U(1..32K)"
+
+
+def test_readme_e2e_table_is_the_e2e_file():
+    """Every row of README.md's end-to-end table is a row of docs/results/e2e_h200.json (same
+    deployment, heads, context, tokens/s, ratios), every row of the file is in the table, the
+    text names the file's commit and date, and the file's BF16 baseline is FlashMLA's kernel."""
+    readme = (ROOT / "README.md").read_text()
+    e2e = json.loads((ROOT / "docs" / "results" / "e2e_h200.json").read_text())
+    assert f"commit {e2e['commit']}, {e2e['date']}" in readme
+    assert e2e["bf16_kernel"] == "flashmla" and all(r["bf16_kernel"] == "flashmla" for r in e2e["results"])
+    head = "| deployment, heads per GPU | context | FP8 tokens/s | BF16 (FlashMLA) tokens/s |"
+    table = readme[readme.index(head):].split("\n\n")[0].splitlines()[2:]
+    want = {}
+    for r in e2e["results"]:
+        want[(r["deployment"], r["heads"], r["context"])] = [
+            round(r["fp8_tokens_per_s"]), round(r["bf16_tokens_per_s"]), round(r["speedup"], 2),
+            round(r["batch_ratio"], 2), round(r["step_ratio"], 2)]
+    got = {}
+    for line in table:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        dep, heads = [c.strip() for c in cells[0].split(",")]
+        key = (dep, int(heads), int(cells[1].rstrip("K")) * 1024)
+        got[key] = [int(cells[2]), int(cells[3]), float(cells[4].rstrip("x")), float(cells[5]), float(cells[6])]
+    assert got == want

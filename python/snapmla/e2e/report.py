@@ -101,7 +101,9 @@ def plot(doc: Dict, path: str) -> bool:
     fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.2), dpi=120, squeeze=False)
     for ax, (title, _, rows) in zip(axes[0], panels):
         ctx = [r["context"] for r in rows]
-        for cache, label, style in (("fp8", "FP8 cache (SnapMLA)", "o-"), ("bf16", "BF16 cache", "s--")):
+        bf16_label = ("BF16 cache (FlashMLA's kernel)" if doc.get("bf16_kernel") == "flashmla"
+                      else "BF16 cache (decode_bf16)")
+        for cache, label, style in (("fp8", "FP8 cache (SnapMLA)", "o-"), ("bf16", bf16_label, "s--")):
             mid = [r[f"{cache}_tokens_per_s"] for r in rows]
             ranges: List[Optional[list]] = [r.get(f"{cache}_tokens_per_s_range") for r in rows]
             if all(ranges):
