@@ -11,7 +11,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-${OUT:-/tmp/h200}}
-commit=${2:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+# The commit: pass it (or SNAPMLA_COMMIT) from this machine; the device's copy of the tree may
+# carry a stale .git, whose HEAD is not the tree that was sent.
+commit=${2:-${SNAPMLA_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
