@@ -8,13 +8,13 @@
 #include <algorithm>
 #include <vector>
 
-#include "../core/validate.hpp"
-#include "../reference/unchecked.hpp"
+#include "core/validate.hpp"
+#include "reference/unchecked.hpp"
 #include "snapmla/snapmla.hpp"
 
 #if SNAPMLA_HAVE_CUDA
-#include "../kernels/kernels.hpp"
-#include "../kernels/sm90/decode/params.hpp"
+#include "kernels/kernels.hpp"
+#include "kernels/sm90/decode/params.hpp"
 #endif
 
 namespace snapmla {

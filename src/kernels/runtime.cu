@@ -4,7 +4,7 @@
 #include <mutex>
 #include <vector>
 
-#include "../core/validate.hpp"
+#include "core/validate.hpp"
 #include "common/check.cuh"
 #include "kernels.hpp"
 

@@ -3,7 +3,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "../core/validate.hpp"
+#include "core/validate.hpp"
 #include "attention_core.hpp"
 #include "snapmla/numeric.hpp"
 #include "snapmla/reference.hpp"

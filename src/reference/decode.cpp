@@ -4,8 +4,8 @@
 #include <limits>
 #include <vector>
 
-#include "../core/split_rule.hpp"
-#include "../core/validate.hpp"
+#include "core/split_rule.hpp"
+#include "core/validate.hpp"
 #include "attention_core.hpp"
 #include "snapmla/numeric.hpp"
 #include "snapmla/reference.hpp"

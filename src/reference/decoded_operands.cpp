@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "../core/validate.hpp"
+#include "core/validate.hpp"
 #include "attention_core.hpp"
 #include "snapmla/reference.hpp"
 

@@ -3,9 +3,9 @@
 // range is skipped too (the kernel never writes outside the cache).
 #include <cuda_runtime.h>
 
-#include "../common/check.cuh"
-#include "../common/quantize_row.cuh"
-#include "../kernels.hpp"
+#include "kernels/common/check.cuh"
+#include "kernels/common/quantize_row.cuh"
+#include "kernels/kernels.hpp"
 
 namespace snapmla::cuda {
 namespace {

@@ -25,10 +25,10 @@
 #include <cstring>
 #include <string>
 
-#include "../common/check.cuh"
-#include "../common/ptx.cuh"
-#include "../common/wgmma.cuh"
-#include "../kernels.hpp"
+#include "kernels/common/check.cuh"
+#include "kernels/common/ptx.cuh"
+#include "kernels/common/wgmma.cuh"
+#include "kernels/kernels.hpp"
 #include "decode/epilogue.cuh"
 #include "decode/fp8_tile.cuh"
 #include "decode/fp8_vregs_tile.cuh"

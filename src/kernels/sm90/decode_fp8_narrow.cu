@@ -21,11 +21,11 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include "../common/check.cuh"
-#include "../common/numeric.cuh"
-#include "../common/ptx.cuh"
-#include "../common/wgmma.cuh"
-#include "../kernels.hpp"
+#include "kernels/common/check.cuh"
+#include "kernels/common/numeric.cuh"
+#include "kernels/common/ptx.cuh"
+#include "kernels/common/wgmma.cuh"
+#include "kernels/kernels.hpp"
 #include "decode/epilogue.cuh"
 #include "decode/launch.hpp"
 #include "decode/narrow.hpp"

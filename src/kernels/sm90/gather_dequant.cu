@@ -3,9 +3,9 @@
 // is visible rather than silently wrong.
 #include <cuda_runtime.h>
 
-#include "../common/check.cuh"
-#include "../common/numeric.cuh"
-#include "../kernels.hpp"
+#include "kernels/common/check.cuh"
+#include "kernels/common/numeric.cuh"
+#include "kernels/kernels.hpp"
 
 namespace snapmla::cuda {
 namespace {

@@ -10,9 +10,9 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
-#include "../../core/split_rule.hpp"
-#include "../common/check.cuh"
-#include "../kernels.hpp"
+#include "core/split_rule.hpp"
+#include "kernels/common/check.cuh"
+#include "kernels/kernels.hpp"
 
 namespace snapmla::cuda {
 namespace {

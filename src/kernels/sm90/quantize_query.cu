@@ -1,9 +1,9 @@
 // quantize_query: per-(token, head) scale, e4m3 nope, pre-scaled bf16 rope; one warp per row.
 #include <cuda_runtime.h>
 
-#include "../common/check.cuh"
-#include "../common/quantize_row.cuh"
-#include "../kernels.hpp"
+#include "kernels/common/check.cuh"
+#include "kernels/common/quantize_row.cuh"
+#include "kernels/kernels.hpp"
 
 namespace snapmla::cuda {
 namespace {

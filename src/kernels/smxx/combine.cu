@@ -9,8 +9,8 @@
 
 #include <algorithm>
 
-#include "../common/check.cuh"
-#include "../common/numeric.cuh"
+#include "kernels/common/check.cuh"
+#include "kernels/common/numeric.cuh"
 #include "combine.hpp"
 
 namespace snapmla::cuda {

@@ -4,8 +4,8 @@
 // writes NaN, so the fault is visible.
 #pragma once
 
-#include "../../common/numeric.cuh"
-#include "../../common/ptx.cuh"
+#include "kernels/common/numeric.cuh"
+#include "kernels/common/ptx.cuh"
 #include "params.hpp"
 #include "scheduler.cuh"
 #include "softmax.cuh"

@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../../common/wgmma.cuh"
+#include "kernels/common/wgmma.cuh"
 #include "params.hpp"
 #include "pipeline.cuh"
 

@@ -17,9 +17,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../../common/numeric.cuh"
-#include "../../common/ptx.cuh"
-#include "../../common/wgmma.cuh"
+#include "kernels/common/numeric.cuh"
+#include "kernels/common/ptx.cuh"
+#include "kernels/common/wgmma.cuh"
 #include "epilogue.cuh"
 #include "fp8_tile.cuh"
 #include "params.hpp"

@@ -8,9 +8,9 @@
 #include <cstdint>
 #include <string>
 
-#include "../../../core/validate.hpp"
-#include "../../common/check.cuh"
-#include "../../smxx/combine.hpp"
+#include "core/validate.hpp"
+#include "kernels/common/check.cuh"
+#include "kernels/smxx/combine.hpp"
 #include "params.hpp"
 #include "snapmla/formats.hpp"
 

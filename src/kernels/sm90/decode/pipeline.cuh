@@ -6,7 +6,7 @@
 
 #include <cuda.h>
 
-#include "../../common/wgmma.cuh"
+#include "kernels/common/wgmma.cuh"
 #include "params.hpp"
 #include "scheduler.cuh"
 #include "tensor_map.hpp"

@@ -5,8 +5,8 @@
 // worker the same work, across sequence boundaries), and exits when it has none.
 #pragma once
 
-#include "../../common/ptx.cuh"
-#include "../../common/wgmma.cuh"
+#include "kernels/common/ptx.cuh"
+#include "kernels/common/wgmma.cuh"
 #include "params.hpp"
 #include "snapmla/types.hpp"
 

@@ -5,8 +5,8 @@
 // quantizes P' per row and block with sigma = max P' / 448.
 #pragma once
 
-#include "../../common/numeric.cuh"
-#include "../../common/ptx.cuh"
+#include "kernels/common/numeric.cuh"
+#include "kernels/common/ptx.cuh"
 #include "params.hpp"
 
 namespace snapmla::cuda {

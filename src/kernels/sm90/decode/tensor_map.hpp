@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "../../common/check.cuh"
+#include "kernels/common/check.cuh"
 #include "snapmla/formats.hpp"
 
 namespace snapmla::cuda {

@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "../../common/ptx.cuh"
+#include "kernels/common/ptx.cuh"
 #include "fp8_tile.cuh"
 
 namespace snapmla::cuda {
