@@ -100,7 +100,11 @@ Exact independent_fp8(Batch& B, bool quantize_p) {
             const double wq = quantize_p ? to_float(to_e4m3(float(448.0 * w / w_max))) * w_max / 448.0 : w;
             const double x = 448.0 * w / w_max, rel = reach(t) + reach(t_max) + 8 * u;
             const double lo = to_float(to_e4m3(float(x * (1 - rel)))), hi = to_float(to_e4m3(float(x * (1 + rel))));
-            const double flip = (hi - lo) * w_max / 448.0;
+            double flip = (hi - lo) * w_max / 448.0;
+            // A block whose max P' (against the running max, >= w_max) may fall below the floor
+            // kMinAmax is quantized on sigma = kMinAmax / 448 there: the emulation's weight is then
+            // within half a subnormal step of that scale, this formulation's within w / 16.
+            if (w_max < kMinAmax) flip += w / 16 + std::ldexp(double(kMinAmax) / 448, -10);
             for (int d = 0; d < kLatentDim; ++d) {
               const double v = to_float(B.latent[slot * kLatentDim + d]);
               o[d] += wq * v / L;
