@@ -1,5 +1,6 @@
-// Thin wrappers over the PTX the kernels use besides wgmma (wgmma.cuh): cp.async with
-// zero-fill, ldmatrix / stmatrix, byte permutes, shared stores and named barriers.
+// Thin wrappers over the PTX the kernels use besides wgmma (wgmma.cuh), the mbarriers
+// (mbarrier.cuh) and the TMA (tma.cuh): cp.async with zero-fill, ldmatrix / stmatrix, byte
+// permutes, shared stores, named barriers and setmaxnreg.
 #pragma once
 
 #include <cstdint>
@@ -68,6 +69,16 @@ __device__ __forceinline__ void bar_sync() {
 template <int kId, int kThreads>
 __device__ __forceinline__ void barrier_sync_unaligned() {
   asm volatile("barrier.sync %0, %1;\n" ::"n"(kId), "n"(kThreads) : "memory");
+}
+
+// Moves registers between the warpgroups of the CTA (within its launch allocation).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 }  // namespace snapmla::cuda::ptx

@@ -1,5 +1,6 @@
-// Warpgroup-level MMA (wgmma) and the async-pipeline primitives the decode kernels use:
-// mbarriers, cp.async and TMA completion on an mbarrier, proxy fences, setmaxnreg.
+// Warpgroup-level MMA (wgmma): operand descriptors, fence / commit / wait, the proxy fence that
+// makes st.shared writes visible to wgmma, and the MMA shapes the decode kernels use. The
+// mbarriers are in mbarrier.cuh, the TMA and bulk copies in tma.cuh, setmaxnreg in ptx.cuh.
 // Shared-memory operands use the no-swizzle ("interleaved") K-major canonical layout: 8 x 16 B
 // core matrices stored as contiguous 128 B blocks; LBO = bytes between core matrices along K,
 // SBO = bytes between core matrices along M/N (PTX ISA, "Matrix Descriptor Format").
@@ -52,64 +53,6 @@ __device__ __forceinline__ void wait() {
 // Makes generic-proxy shared-memory writes (st.shared) visible to the async proxy (wgmma).
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-template <int N>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-template <int N>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(ptx::smem_addr(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(ptx::smem_addr(bar)) : "memory");
-}
-// Arrives on `bar` when all of this thread's earlier cp.async copies have landed.
-__device__ __forceinline__ void cp_async_arrive(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(ptx::smem_addr(bar)) : "memory");
-}
-// Arrive and add `bytes` to the transaction count the current phase waits for (TMA).
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(ptx::smem_addr(bar)), "r"(bytes)
-               : "memory");
-}
-// TMA: a 2-D box of `tmap` at (x, y) into shared memory, completing on `bar`.
-__device__ __forceinline__ void tma_load_2d(void* dst, const void* tmap, int x, int y, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-          ptx::smem_addr(dst)),
-      "l"(tmap), "r"(x), "r"(y), "r"(ptx::smem_addr(bar))
-      : "memory");
-}
-// Fetches a TMA descriptor (a __grid_constant__ kernel parameter) into the descriptor cache, so
-// that the first copy does not wait for it.
-__device__ __forceinline__ void prefetch_tensormap(const void* tmap) {
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
-}
-
-// Bulk copy of `bytes` contiguous bytes (a multiple of 16, both ends 16-byte aligned).
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                   ptx::smem_addr(dst)),
-               "l"(src), "r"(bytes), "r"(ptx::smem_addr(bar))
-               : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(ptx::smem_addr(bar)),
-      "r"(parity)
-      : "memory");
 }
 
 // Pins registers at this point of the instruction stream: the compiler may not move their

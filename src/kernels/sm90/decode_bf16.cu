@@ -31,7 +31,9 @@
 #include <cuda_runtime.h>
 
 #include "kernels/common/check.cuh"
+#include "kernels/common/mbarrier.cuh"
 #include "kernels/common/ptx.cuh"
+#include "kernels/common/tma.cuh"
 #include "kernels/common/wgmma.cuh"
 #include "kernels/kernels.hpp"
 #include "decode/epilogue.cuh"
@@ -78,11 +80,11 @@ struct Smem {
   __device__ uint64_t* empty_of(int j, int g) const { return &empty[(j % 2) * kGroups + g]; }
   __device__ void init() const {
     for (int i = 0; i < 2 * kGroups; ++i) {
-      wg::mbar_init(&full[i], 1);
-      wg::mbar_init(&empty[i], i % kGroups == 0 ? 8 : 4);  // the rope box (then P): both consumers
+      mbar::init(&full[i], 1);
+      mbar::init(&empty[i], i % kGroups == 0 ? 8 : 4);  // the rope box (then P): both consumers
     }
-    wg::mbar_init(qbar, 1);
-    wg::mbar_init(tail, 128);
+    mbar::init(qbar, 1);
+    mbar::init(tail, 128);
   }
 };
 
@@ -95,21 +97,21 @@ __device__ __forceinline__ uint32_t phase(int j) { return (j / 2) & 1; }
 // into NaN.
 __device__ __forceinline__ void load_group(const CUtensorMap* tm, const Smem& sm, int j, int g, int32_t page,
                                            bool ok) {
-  if (j >= 2) wg::mbar_wait(sm.empty_of(j, g), phase(j) ^ 1);
+  if (j >= 2) mbar::wait(sm.empty_of(j, g), phase(j) ^ 1);
   uint64_t* bar = sm.full_of(j, g);
   if (!ok) {
-    wg::mbar_arrive_expect_tx(bar, 0);
+    mbar::arrive_expect_tx(bar, 0);
     return;
   }
   const int y = page * kPageSize;
   if (g == 0) {
-    wg::mbar_arrive_expect_tx(bar, kBoxBytes);
-    wg::tma_load_2d(sm.box(j, kRopeBox), tm, kRopeBox * (kTmaBoxBytes / 2), y, bar);
+    mbar::arrive_expect_tx(bar, kBoxBytes);
+    tma::load_2d(sm.box(j, kRopeBox), tm, kRopeBox * (kTmaBoxBytes / 2), y, bar);
     return;
   }
-  wg::mbar_arrive_expect_tx(bar, 4 * kBoxBytes);
+  mbar::arrive_expect_tx(bar, 4 * kBoxBytes);
 #pragma unroll
-  for (int b = 4 * (g - 1); b < 4 * g; ++b) wg::tma_load_2d(sm.box(j, b), tm, b * (kTmaBoxBytes / 2), y, bar);
+  for (int b = 4 * (g - 1); b < 4 * g; ++b) tma::load_2d(sm.box(j, b), tm, b * (kTmaBoxBytes / 2), y, bar);
 }
 
 // O = O + P V for output half c: P (64 rows x 64 tokens) from a P buffer, V the page's latent
@@ -154,7 +156,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
   __syncthreads();
 
   if (wg == 0) {
-    wg::setmaxnreg_dec<40>();
+    ptx::setmaxnreg_dec<40>();
     for (int item = range.first; item < range.last; ++item) {
       if (item > range.first) split_boundary<kDecodeThreads>(init_barriers);
       const Work w = work_of(p, item);
@@ -187,8 +189,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
       const int last = nblk - 1, ntok = w.end - (w.begin + last * kPageSize);
       if (nblk > 0 && ntok < kPageSize) {
         if (page_ok(p, page_of(p, w, w.begin + last * kPageSize))) {
-          wg::mbar_wait(sm.full_of(last, 1), phase(last));
-          wg::mbar_wait(sm.full_of(last, 2), phase(last));
+          mbar::wait(sm.full_of(last, 1), phase(last));
+          mbar::wait(sm.full_of(last, 2), phase(last));
           const uint4 zero = make_uint4(0, 0, 0, 0);
           const int per_box = (kPageSize - ntok) * (kTmaBoxBytes / 16);
           for (int i = t; i < 8 * per_box; i += 128) {
@@ -197,13 +199,13 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
           }
           wg::fence_proxy_async();  // written with st.shared, read by wgmma
         }
-        wg::mbar_arrive(sm.tail);
+        mbar::arrive(sm.tail);
       }
     }
     return;
   }
 
-  wg::setmaxnreg_inc<232>();
+  ptx::setmaxnreg_inc<232>();
   for (int item = range.first; item < range.last; ++item) {
     if (item > range.first) split_boundary<kDecodeThreads>(NoInit{});
     const Work w = work_of(p, item);
@@ -221,7 +223,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
     float o[32][4];
 #pragma unroll
     for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    wg::mbar_wait(sm.qbar, 0);
+    mbar::wait(sm.qbar, 0);
 
     // S of page j into acc, in two commit groups: the rope box and this consumer's V half (the
     // groups that come free first), then the other half.
@@ -240,8 +242,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
     // consumer's, whose next load waits for this consumer's release).
     auto qk_first = [&](int j, bool real) {
       if (real) {
-        wg::mbar_wait(sm.full_of(j, 0), phase(j));
-        wg::mbar_wait(sm.full_of(j, 1 + c), phase(j));
+        mbar::wait(sm.full_of(j, 0), phase(j));
+        mbar::wait(sm.full_of(j, 1 + c), phase(j));
       }
       wg::fence_operands(acc);
       wg::fence();
@@ -253,7 +255,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
       wg::commit();
     };
     auto qk_second = [&](int j, bool real) {
-      if (real) wg::mbar_wait(sm.full_of(j, 2 - c), phase(j));
+      if (real) mbar::wait(sm.full_of(j, 2 - c), phase(j));
       wg::fence();
       qk_half(j, 1 - c);
       wg::commit();
@@ -326,15 +328,15 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
 #pragma unroll
       for (int ri = 0; ri < 2; ++ri) f[ri] = pair_alpha(st, ri, m_a[ri], c == 0 ? sum[ri] : 0.f);
       scale_rows(o, f);
-      if (partial_last && 2 * k + 2 >= nblk) wg::mbar_wait(sm.tail, 0);
+      if (partial_last && 2 * k + 2 >= nblk) mbar::wait(sm.tail, 0);
       pv_page(o, sm.box(ja, kRopeBox), sm, ja, c);
       // Page B under page A's PV (st.m is m_a now, so m_b = max(m_a, max S_B)).
       hand_off(1, m_b);
       wg::wait<0>();
       wg::fence_operands(o);
       if (lane == 0) {  // page A: this half and this consumer's share of the rope box are read
-        wg::mbar_arrive(sm.empty_of(ja, 1 + c));
-        wg::mbar_arrive(sm.empty_of(ja, 0));
+        mbar::arrive(sm.empty_of(ja, 1 + c));
+        mbar::arrive(sm.empty_of(ja, 0));
       }
 #pragma unroll
       for (int ri = 0; ri < 2; ++ri) f[ri] = pair_alpha(st, ri, m_b[ri], c == 1 ? sum[ri] : 0.f);
@@ -349,10 +351,10 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
       wg::wait<0>();
       wg::fence_operands(o);
       if (has_b && lane == 0) {
-        wg::mbar_arrive(sm.empty_of(jb, 1 + c));
-        wg::mbar_arrive(sm.empty_of(jb, 0));
+        mbar::arrive(sm.empty_of(jb, 1 + c));
+        mbar::arrive(sm.empty_of(jb, 0));
       }
-      if (c == 0 && has_b) wg::mbar_wait(sm.empty_of(jb, 0), phase(jb));
+      if (c == 0 && has_b) mbar::wait(sm.empty_of(jb, 0), phase(jb));
       qk_first(jn, real);
       qk_second(jn, real);
     }

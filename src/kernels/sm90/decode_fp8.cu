@@ -26,7 +26,9 @@
 #include <string>
 
 #include "kernels/common/check.cuh"
+#include "kernels/common/mbarrier.cuh"
 #include "kernels/common/ptx.cuh"
+#include "kernels/common/tma.cuh"
 #include "kernels/common/wgmma.cuh"
 #include "kernels/kernels.hpp"
 #include "decode/epilogue.cuh"
@@ -92,7 +94,7 @@ __device__ __forceinline__ void rescale_accumulate(float (&o)[32][4], const floa
   scale_rows(o, r);
   const uint8_t* pt = sm.p_tile(jj);
   const uint8_t* vt = sm.vt_half(jj, c);
-  wg::mbar_wait(&sm.vt_full[jj % kVtStages], (jj / kVtStages) & 1);
+  mbar::wait(&sm.vt_full[jj % kVtStages], (jj / kVtStages) & 1);
   wg::fence_operands(o);
   wg::fence();
   wg::mma_64x256x32_e4m3_ss(o, wg::desc(pt, 128, 512), wg::desc(vt, 128, 512));
@@ -224,9 +226,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   };
   if (threadIdx.x == 0) {
     if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
-    wg::prefetch_tensormap(&tm_latent);
-    wg::prefetch_tensormap(&tm_rope);
-    wg::prefetch_tensormap(&tm_q);
+    tma::prefetch_map(&tm_latent);
+    tma::prefetch_map(&tm_rope);
+    tma::prefetch_map(&tm_q);
     init_barriers();
   }
   __syncthreads();
@@ -234,7 +236,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   // Each role looks its work up after its register reallocation (values live across setmaxnreg
   // have to fit the producer's budget), and runs the worker's splits in turn.
   if (wg == 0) {
-    wg::setmaxnreg_dec<Cfg::kProducerRegs>();
+    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (t >= Cfg::kLoaderThreads) {
       const int tw = (t - Cfg::kLoaderThreads) / 32;
       const TransposeLanes tl(t % 32);
@@ -262,7 +264,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     return;
   }
 
-  wg::setmaxnreg_inc<Cfg::kConsumerRegs>();
+  ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
   for (int item = range.first; item < range.last; ++item) {
     if (item > range.first) split_boundary<Cfg::kThreads>(NoInit{});
     const Work w = work_of(p, item);
@@ -281,7 +283,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     float o[32][4];
 #pragma unroll
     for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    wg::mbar_wait(sm.ring.qbar, 0);
+    mbar::wait(sm.ring.qbar, 0);
 
     float acc[8][4];  // S of this consumer's page, issued behind the previous iteration's PVs
     const uint64_t qn = wg::desc_sw128(sm.q_latent);
@@ -313,7 +315,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         rescale_accumulate(o, r, sm, jo, c);
         wg::wait<0>();
         wg::fence_operands(o);
-        wg::mbar_arrive(&sm.vt_empty[jo % kVtStages]);
+        mbar::arrive(&sm.vt_empty[jo % kVtStages]);
         if (j + 1 < nblk) hand_arrive<Fp8Barrier::kFree>(1 - c);  // page j + 1's P' may go there
       }
       if (mine) {
@@ -328,7 +330,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       score(acc, sm, qa, qn, min(j + 2, nblk - 1));
       wg::wait<1>();
       wg::fence_operands(o);
-      if (mine) wg::mbar_arrive(&sm.vt_empty[j % kVtStages]);
+      if (mine) mbar::arrive(&sm.vt_empty[j % kVtStages]);
     }
     wg::wait<0>();
     wg::fence_operands(acc);
@@ -428,16 +430,16 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
   const auto init_barriers = [&] { sm.ring.init(VCfg::kStageReaders, 2); };
   if (threadIdx.x == 0) {
     if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
-    wg::prefetch_tensormap(&tm_latent);
-    wg::prefetch_tensormap(&tm_rope);
-    wg::prefetch_tensormap(&tm_q);
-    wg::prefetch_tensormap(&tm_q_rope);
+    tma::prefetch_map(&tm_latent);
+    tma::prefetch_map(&tm_rope);
+    tma::prefetch_map(&tm_q);
+    tma::prefetch_map(&tm_q_rope);
     init_barriers();
   }
   __syncthreads();
 
   if (wg == 0) {
-    wg::setmaxnreg_dec<VCfg::kProducerRegs>();
+    ptx::setmaxnreg_dec<VCfg::kProducerRegs>();
     // Warp 0 looks each split up (work_of is a whole warp's lookup: thread 0 alone would wait in its
     // ballot forever, as the third H200 run did with a plan) and its thread 0 loads; warps 1-3 only
     // keep the split boundaries' count.
@@ -451,15 +453,15 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
       if (t == 0) {
         const int row = int(int64_t(w.seq) * p.rows + row0);
         load_q_tile<kLatentDim, 1>(&tm_q, sm.q_latent, row, sm.ring.qbar);
-        wg::mbar_arrive_expect_tx(sm.ring.qbar, VCfg::kRows * kRopeDim * 2);
-        wg::tma_load_2d(sm.q_rope, &tm_q_rope, 0, row, sm.ring.qbar);
+        mbar::arrive_expect_tx(sm.ring.qbar, VCfg::kRows * kRopeDim * 2);
+        tma::load_2d(sm.q_rope, &tm_q_rope, 0, row, sm.ring.qbar);
         sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, 0, w.pages());
       }
     }
     return;
   }
 
-  wg::setmaxnreg_inc<VCfg::kConsumerRegs>();
+  ptx::setmaxnreg_inc<VCfg::kConsumerRegs>();
   for (int item = range.first; item < range.last; ++item) {
     if (item > range.first) split_boundary<VCfg::kThreads>(NoInit{});
     const Work w = work_of(p, item);
@@ -484,7 +486,7 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
     for (int mt = 0; mt < VCfg::kMTiles; ++mt)
 #pragma unroll
       for (int n = 0; n < 8; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
-    wg::mbar_wait(sm.ring.qbar, 0);
+    mbar::wait(sm.ring.qbar, 0);
 
     float acc[8][4];
     const uint64_t qn = wg::desc_sw128(sm.q_latent), qr = wg::desc_sw128(sm.q_rope);

@@ -22,8 +22,10 @@
 #include <cuda_runtime.h>
 
 #include "kernels/common/check.cuh"
+#include "kernels/common/mbarrier.cuh"
 #include "kernels/common/numeric.cuh"
 #include "kernels/common/ptx.cuh"
+#include "kernels/common/tma.cuh"
 #include "kernels/common/wgmma.cuh"
 #include "kernels/kernels.hpp"
 #include "decode/epilogue.cuh"
@@ -169,8 +171,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
   const auto init_barriers = [&] { sm.ring.init(128, 128); };
   if (threadIdx.x == 0) {
     if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
-    wg::prefetch_tensormap(&tm_latent);
-    wg::prefetch_tensormap(&tm_rope);
+    tma::prefetch_map(&tm_latent);
+    tma::prefetch_map(&tm_rope);
     init_barriers();
   }
   __syncthreads();
@@ -179,7 +181,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
     // The launch gives every thread 168 registers: producer P and consumers C need P + 2 C <= 504.
     // 48 (not 40): the split loop holds its range and lookup across the Q loads without spilling;
     // the consumers need no more than 224.
-    wg::setmaxnreg_dec<48>();
+    ptx::setmaxnreg_dec<48>();
     for (int item = range.first; item < range.last; ++item) {
       if (item > range.first) split_boundary<kDecodeThreads>(init_barriers);
       const Work w = work_of(p, item);
@@ -191,13 +193,13 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
       load_q_latent<kLatentDim, kN>(sm.qn, p.q_nope, kLatentDim, p, w, 0, t, 128);
       load_q_latent<kRopeDim * 2, kN>(sm.qr, reinterpret_cast<const uint8_t*>(p.q_rope), kRopeDim * 2, p, w, 0, t,
                                       128);
-      wg::cp_async_arrive(sm.ring.qbar);
+      mbar::arrive_on_cp_async(sm.ring.qbar);
       if (t == 0) sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, first, nblk);
     }
     return;
   }
 
-  wg::setmaxnreg_inc<224>();
+  ptx::setmaxnreg_inc<224>();
   for (int item = range.first; item < range.last; ++item) {
     if (item > range.first) split_boundary<kDecodeThreads>(NoInit{});
     const Work w = work_of(p, item);
@@ -222,7 +224,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int n = 0; n < 2; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
-    wg::mbar_wait(sm.ring.qbar, 0);
+    mbar::wait(sm.ring.qbar, 0);
     const uint64_t qn = wg::desc(sm.qn, 128, 8 * kLatentDim), qr = wg::desc(sm.qr, 128, 8 * kRopeDim * 2);
 
     const int band = band_start(p, w);  // tokens from here on are not seen by every query row

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/common/mbarrier.cuh"
 #include "kernels/common/wgmma.cuh"
 #include "params.hpp"
 #include "pipeline.cuh"
@@ -151,8 +152,8 @@ struct Fp8TileView : PageTileView<Fp8TileSmem, Fp8TileConfig::kStages> {
   // One thread, before a __syncthreads.
   __device__ void init_vt() const {
     for (int v = 0; v < C::kVtStages; ++v) {
-      wg::mbar_init(&vt_full[v], C::kTransposers);
-      wg::mbar_init(&vt_empty[v], 128 * C::kConsumers);
+      mbar::init(&vt_full[v], C::kTransposers);
+      mbar::init(&vt_empty[v], 128 * C::kConsumers);
     }
   }
 };

@@ -6,6 +6,8 @@
 
 #include <cuda.h>
 
+#include "kernels/common/mbarrier.cuh"
+#include "kernels/common/tma.cuh"
 #include "kernels/common/wgmma.cuh"
 #include "params.hpp"
 #include "scheduler.cuh"
@@ -27,7 +29,7 @@ __device__ __forceinline__ bool page_ok(const DecodeParams& p, int32_t page) {
 }
 
 // A Q tile of kRows rows (kRowBytes each), K-major no swizzle, by `threads` threads from
-// thread t with cp.async (completion: cp_async_arrive); rows past the query rows are zero.
+// thread t with cp.async (completion: mbar::arrive_on_cp_async); rows past the query rows are zero.
 // src: the batch's first query row, rows `stride` bytes apart.
 template <int kRowBytes, int kRows = kTileRows>
 __device__ __forceinline__ void load_q_latent(uint8_t* dst, const uint8_t* src, int64_t stride, const DecodeParams& p,
@@ -78,16 +80,16 @@ __device__ __forceinline__ void load_fp8_page(const DecodeParams& p, const CUten
   constexpr int kScaleBytes = kPageSize * 4;
   if (!page_ok(p, page)) {  // nothing to copy: complete the phase with the arrival alone
     *bad = 1u;
-    wg::mbar_arrive_expect_tx(bar, 0);
+    mbar::arrive_expect_tx(bar, 0);
     return;
   }
   const int y = page * kPageSize;
-  wg::mbar_arrive_expect_tx(bar, kLatentBytes + kRopeBytes + kScaleBytes);
+  mbar::arrive_expect_tx(bar, kLatentBytes + kRopeBytes + kScaleBytes);
 #pragma unroll
   for (int b = 0; b < kLatentDim / kTmaBoxBytes; ++b)
-    wg::tma_load_2d(kl + b * (kPageSize * kTmaBoxBytes), tm_latent, b * kTmaBoxBytes, y, bar);
-  wg::tma_load_2d(kr, tm_rope, 0, y, bar);
-  wg::bulk_load(scales, p.k_scale + int64_t(page) * kPageSize, kScaleBytes, bar);
+    tma::load_2d(kl + b * (kPageSize * kTmaBoxBytes), tm_latent, b * kTmaBoxBytes, y, bar);
+  tma::load_2d(kr, tm_rope, 0, y, bar);
+  tma::bulk_load(scales, p.k_scale + int64_t(page) * kPageSize, kScaleBytes, bar);
 }
 
 // A 64-row tile's Q latent by one thread: kLatentBytes / 128 TMA boxes of 64 rows x 128 bytes with
@@ -98,10 +100,10 @@ __device__ __forceinline__ void load_fp8_page(const DecodeParams& p, const CUten
 // scores are masked).
 template <int kLatentBytes, int kElemBytes>
 __device__ __forceinline__ void load_q_tile(const CUtensorMap* tm_q, uint8_t* dst, int row, uint64_t* bar) {
-  wg::mbar_arrive_expect_tx(bar, kTileRows * kLatentBytes);
+  mbar::arrive_expect_tx(bar, kTileRows * kLatentBytes);
 #pragma unroll
   for (int b = 0; b < kLatentBytes / kTmaBoxBytes; ++b)
-    wg::tma_load_2d(dst + b * (kTileRows * kTmaBoxBytes), tm_q, b * (kTmaBoxBytes / kElemBytes), row, bar);
+    tma::load_2d(dst + b * (kTileRows * kTmaBoxBytes), tm_q, b * (kTmaBoxBytes / kElemBytes), row, bar);
 }
 
 // Whether any page index of the split is out of range (its stage was never filled: the rows
@@ -132,10 +134,10 @@ struct PageRing {
   // One thread, before a __syncthreads.
   __device__ void init(uint32_t readers, uint32_t q_loaders) const {
     for (int s = 0; s < kStages; ++s) {
-      wg::mbar_init(&full[s], 1);
-      wg::mbar_init(&empty[s], readers);
+      mbar::init(&full[s], 1);
+      mbar::init(&empty[s], readers);
     }
-    wg::mbar_init(qbar, q_loaders);
+    mbar::init(qbar, q_loaders);
     *bad = 0u;
   }
   // Whether the split met an out-of-range page index (warp-uniform). Call after a barrier that
@@ -143,12 +145,12 @@ struct PageRing {
   __device__ bool faulted() const { return *static_cast<volatile uint32_t*>(bad) != 0u; }
   // Producer: wait until page j's stage is free.
   __device__ void acquire(int j) const {
-    if (j >= kStages) wg::mbar_wait(&empty[j % kStages], ((j / kStages) & 1) ^ 1);
+    if (j >= kStages) mbar::wait(&empty[j % kStages], ((j / kStages) & 1) ^ 1);
   }
   // Consumers: wait until page j is in its stage.
-  __device__ void wait(int j) const { wg::mbar_wait(&full[j % kStages], (j / kStages) & 1); }
+  __device__ void wait(int j) const { mbar::wait(&full[j % kStages], (j / kStages) & 1); }
   // Readers: done reading page j's stage.
-  __device__ void release(int j) const { wg::mbar_arrive(&empty[j % kStages]); }
+  __device__ void release(int j) const { mbar::arrive(&empty[j % kStages]); }
 
   // The loader thread: pages [from, to) of the split, each as soon as its stage is free (the
   // first kStages need no wait), the indices read two pages ahead, so that the first requests

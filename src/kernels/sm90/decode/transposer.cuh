@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/mbarrier.cuh"
 #include "kernels/common/ptx.cuh"
 #include "fp8_tile.cuh"
 
@@ -106,7 +107,7 @@ __device__ __forceinline__ void transpose_page(const Fp8TileView& sm, int i, int
                                                int band) {
   using C = Fp8TileConfig;
   sm.ring.wait(i);
-  if (i >= C::kVtStages) wg::mbar_wait(&sm.vt_empty[i % C::kVtStages], ((i / C::kVtStages) - 1) & 1);
+  if (i >= C::kVtStages) mbar::wait(&sm.vt_empty[i % C::kVtStages], ((i / C::kVtStages) - 1) & 1);
   const uint8_t* kl = sm.kl(i % C::kStages);
   uint8_t* vt = sm.vt_half(i, 0);  // the halves are contiguous: unit offsets span both
   if (ntok == C::kPageTokens && band >= C::kPageTokens) {  // a whole page seen by every row: no masks
@@ -126,7 +127,7 @@ __device__ __forceinline__ void transpose_page(const Fp8TileView& sm, int i, int
     if (band < ntok) zero_nan_tokens(vt, max(band, 0), ntok);
   }
   wg::fence_proxy_async();  // V^T written with st.shared, read by wgmma (async proxy)
-  wg::mbar_arrive(&sm.vt_full[i % C::kVtStages]);
+  mbar::arrive(&sm.vt_full[i % C::kVtStages]);
   sm.ring.release(i);          // done reading the stage's latent
 }
 
