@@ -47,6 +47,16 @@ namespace snapmla::cuda {
 namespace {
 
 constexpr int kRows = kTileRows;
+// Named barrier ids (id 0 is __syncthreads'). The page hand-off of consumer `owner` takes
+// kHandOff + 2 owner (both consumers: the owner's P and max are written) and kOwnerWarps +
+// 2 owner (the owner's own warps); kTailZero is the producer's (a partial last page's zeroing).
+// add_other_sums runs after the page loop, when no hand-off is pending, on kHandOff's first id.
+enum class Bf16Barrier : int {
+  kHandOff = 1,    // 1, 3
+  kOwnerWarps = 2, // 2, 4
+  kTailZero = 5,
+  kAddSums = 1,
+};
 constexpr int kBoxBytes = kPageSize * kTmaBoxBytes;  // 8 KB: 64 tokens x 64 dims
 constexpr int kBoxes = kHeadDim * 2 / kTmaBoxBytes;  // 9: latent dims 64 b .. 64 b + 63, then rope
 constexpr int kRopeBox = kBoxes - 1;
@@ -185,7 +195,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
       // Waited for only after its loads were issued: the stage's full barriers have then completed
       // every earlier phase, so the parity names this page's.
       __syncwarp();
-      ptx::named_barrier(5, 128);
+      ptx::named_barrier(int(Bf16Barrier::kTailZero), 128);
       const int last = nblk - 1, ntok = w.end - (w.begin + last * kPageSize);
       if (nblk > 0 && ntok < kPageSize) {
         if (page_ok(p, page_of(p, w, w.begin + last * kPageSize))) {
@@ -309,17 +319,17 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
         }
       };
       // The page of consumer `owner` (0: A, 1: B): the owner turns it into P at m = max(running
-      // max, the page's max) and hands P and m over (named barrier 1 + 2 owner, then 2 + 2 owner
+      // max, the page's max) and hands P and m over (Bf16Barrier::kHandOff + 2 owner, then kOwnerWarps + 2 owner
       // for its own warps: all of P is written); the other consumer takes m.
       auto hand_off = [&](int owner, float (&m)[2]) {
         if (c == owner) {
 #pragma unroll
           for (int ri = 0; ri < 2; ++ri) m[ri] = fmaxf(st.m[ri], mx[ri]);
           write_p(m);
-          ptx::named_barrier_arrive(1 + 2 * owner, 256);
-          ptx::named_barrier(2 + 2 * owner, 128);
+          ptx::named_barrier_arrive(int(Bf16Barrier::kHandOff) + 2 * owner, 256);
+          ptx::named_barrier(int(Bf16Barrier::kOwnerWarps) + 2 * owner, 128);
         } else {
-          ptx::named_barrier(1 + 2 * owner, 256);
+          ptx::named_barrier(int(Bf16Barrier::kHandOff) + 2 * owner, 256);
 #pragma unroll
           for (int ri = 0; ri < 2; ++ri) m[ri] = sm.xmax[owner * kRows + r0 + 8 * ri];
         }
@@ -363,7 +373,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
     wg::fence_operands(o);
     const bool fault = split_has_bad_page(p, w, nblk, lane) || w.bad_len;
     // (In a separate area: the other consumer may still be reading this one's last max.)
-    add_other_sums(st, sm.xmax + 2 * kRows, c, r0, q);
+    add_other_sums(st, sm.xmax + 2 * kRows, c, r0, q, int(Bf16Barrier::kAddSums));
     // Past add_other_sums' barrier no wgmma is in flight: each warp stages its 8 KB of output in
     // the Q tile.
     if (w.single) write_rows_staged(p, w, st, o, sm.qn + (4 * c + warp) * 8192, row0 + 16 * warp, 256 * c, lane, c == 0, fault);

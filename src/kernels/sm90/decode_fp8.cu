@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     wg::wait<0>();
     wg::fence_operands(acc);
-    add_other_sums(st, sm.xl, c, rv.r0, rv.q);
+    add_other_sums(st, sm.xl, c, rv.r0, rv.q, int(Fp8Barrier::kAddSums));
     // Every page was acquired before add_other_sums' barrier; a bad length faults the whole sequence.
     const bool fault = sm.ring.faulted() || w.bad_len;
     // l was kept over sigma; the running max after the last page (lse) is in its xmax slot (the
@@ -538,7 +538,7 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
     }
     wg::wait<0>();
     wg::fence_operands(acc);
-    add_other_sums(st, sm.xl, c, rv.r0, rv.q);  // its barrier also publishes split_flags
+    add_other_sums(st, sm.xl, c, rv.r0, rv.q, int(Fp8Barrier::kAddSums));  // its barrier also publishes split_flags
     const uint32_t flags = *static_cast<volatile uint32_t*>(sm.split_flags);
     const bool fault = sm.ring.faulted() || (flags & 2u) != 0u;
     Work wo = w;

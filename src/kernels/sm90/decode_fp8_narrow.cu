@@ -59,9 +59,12 @@ constexpr int kSmemBytes = kStages * kStageBytes + kQnBytes + kQrBytes + 4 * kPB
                            kRedBytes + kXferBytes + kStatBytes + Ring::kBytes;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 
-// Named barriers: 1 + c among consumer c's warps (the reductions and its P' tile), kBarMerge
-// over both consumers at the end.
-constexpr int kBarMerge = 3;
+// Named barrier ids (id 0 is __syncthreads'): kConsumerWarps + c among consumer c's warps (the
+// reductions and its P' tile), kMerge over both consumers at the end.
+enum class NarrowBarrier : int {
+  kConsumerWarps = 1,  // 1, 2
+  kMerge = 3,
+};
 
 struct Smem {
   uint8_t* stage;
@@ -103,7 +106,7 @@ __device__ __forceinline__ void rows_max(float (&v)[kCols], const Smem& sm, int 
   if (lane < 4)
 #pragma unroll
     for (int i = 0; i < kCols; ++i) sm.red_at(c, kind, warp)[col_of(i, lane)] = v[i];
-  ptx::named_barrier(1 + c, 128);
+  ptx::named_barrier(int(NarrowBarrier::kConsumerWarps) + c, 128);
   const int q = lane % 4;
 #pragma unroll
   for (int i = 0; i < kCols; ++i) {
@@ -331,7 +334,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
       load_v(a, sm.kl(s), warp, lane, ntok, band - blk);
       sm.ring.release(j);  // the QK retired and V is in registers
       wg::fence_proxy_async();  // P' written with st.shared, read by wgmma
-      ptx::named_barrier(1 + c, 128);
+      ptx::named_barrier(int(NarrowBarrier::kConsumerWarps) + c, 128);
       wg::fence();
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)
@@ -351,7 +354,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
     if (lane < 4)
 #pragma unroll
       for (int i = 0; i < kCols; ++i) sm.red_at(c, 0, warp)[col_of(i, lane)] = l[i];
-    ptx::named_barrier(1 + c, 128);
+    ptx::named_barrier(int(NarrowBarrier::kConsumerWarps) + c, 128);
 #pragma unroll
     for (int i = 0; i < kCols; ++i) {
       const int col = col_of(i, q);
@@ -373,10 +376,10 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
         for (int n = 0; n < 2; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) sm.xfer[((mt * 2 + n) * 4 + e) * 128 + t] = o[mt][n][e];
-      ptx::named_barrier(kBarMerge, 256);
+      ptx::named_barrier(int(NarrowBarrier::kMerge), 256);
       continue;  // consumer 0 writes the result
     }
-    ptx::named_barrier(kBarMerge, 256);
+    ptx::named_barrier(int(NarrowBarrier::kMerge), 256);
     // Every page was acquired before the merge barrier; a bad length faults the whole sequence.
     const bool fault = sm.ring.faulted() || w.bad_len;
     // Both parts in the domain of the larger max: weight_c = sigma_c exp(m_c - M) (l_c and O^T_c

@@ -146,13 +146,14 @@ __device__ __forceinline__ float pair_alpha(SoftmaxState& st, int ri, float m_ne
 }
 
 // After the pages: each consumer summed P over the pages whose P it computed; add the other's
-// part of l through `xchg` ([2][kTileRows] floats, free to overwrite).
-__device__ __forceinline__ void add_other_sums(SoftmaxState& st, float* xchg, int c, int r0, int q) {
+// part of l through `xchg` ([2][kTileRows] floats, free to overwrite). `barrier`: the named
+// barrier id over both consumers (256 threads) that the calling kernel reserves for it.
+__device__ __forceinline__ void add_other_sums(SoftmaxState& st, float* xchg, int c, int r0, int q, int barrier) {
   if (q == 0) {
     xchg[c * kTileRows + r0] = st.l[0];
     xchg[c * kTileRows + r0 + 8] = st.l[1];
   }
-  ptx::named_barrier(1, 256);
+  ptx::named_barrier(barrier, 256);
   st.l[0] += xchg[(1 - c) * kTileRows + r0];
   st.l[1] += xchg[(1 - c) * kTileRows + r0 + 8];
 }
