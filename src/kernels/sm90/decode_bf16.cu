@@ -47,6 +47,15 @@ namespace snapmla::cuda {
 namespace {
 
 constexpr int kRows = kTileRows;
+// The CTA: a producer warpgroup (loads) and two consumer warpgroups (a page each, in turn).
+struct Bf16Config {
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kProducerRegs = 40;   // setmaxnreg of the producer warpgroup
+  static constexpr int kConsumerRegs = 232;  // setmaxnreg of each consumer warpgroup
+  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 65536 / kThreads / 8 * 8 * (1 + kConsumers),
+                "setmaxnreg moves registers within the CTA's launch allocation");
+};
 // Named barrier ids (id 0 is __syncthreads'). The page hand-off of consumer `owner` takes
 // kHandOff + 2 owner (both consumers: the owner's P and max are written) and kOwnerWarps +
 // 2 owner (the owner's own warps); kTailZero is the producer's (a partial last page's zeroing).
@@ -148,7 +157,7 @@ __device__ __forceinline__ void zero_nonfinite_tokens(const Smem& sm, int j, int
     }
 }
 
-__global__ void __launch_bounds__(kDecodeThreads, 1)
+__global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     decode_bf16_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_kv,
                        const __grid_constant__ CUtensorMap tm_q) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -166,9 +175,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
   __syncthreads();
 
   if (wg == 0) {
-    ptx::setmaxnreg_dec<40>();
+    ptx::setmaxnreg_dec<Bf16Config::kProducerRegs>();
     for (int item = range.first; item < range.last; ++item) {
-      if (item > range.first) split_boundary<kDecodeThreads>(init_barriers);
+      if (item > range.first) split_boundary<Bf16Config::kThreads>(init_barriers);
       const Work w = work_of(p, item);
       const int nblk = w.pages();
       if (t == 0) {
@@ -215,9 +224,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
     return;
   }
 
-  ptx::setmaxnreg_inc<232>();
+  ptx::setmaxnreg_inc<Bf16Config::kConsumerRegs>();
   for (int item = range.first; item < range.last; ++item) {
-    if (item > range.first) split_boundary<kDecodeThreads>(NoInit{});
+    if (item > range.first) split_boundary<Bf16Config::kThreads>(NoInit{});
     const Work w = work_of(p, item);
     const int nblk = w.pages();
     const bool partial_last = nblk > 0 && w.end - (w.begin + (nblk - 1) * kPageSize) < kPageSize;
@@ -392,7 +401,7 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
   const CUtensorMap tm_kv =
       plane_map(cache.data, cache.num_pages * kPageSize, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
   const CUtensorMap tm_q = plane_map(q.data, int64_t(q.batch) * p.rows, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
-  launch_decode<decode_bf16_kernel>("decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
+  launch_decode<Bf16Config, decode_bf16_kernel>("decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
 }
 
 }  // namespace snapmla::cuda

@@ -615,10 +615,10 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
   if (tile == Fp8Tile::kRows64VRegs) {
     const CUtensorMap tm_q_rope =
         plane_map(q.rope, int64_t(q.batch) * p.rows, kRopeDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
-    launch_decode<decode_fp8_vregs_kernel>("decode_fp8", int(sizeof(Fp8VRegsSmem)), p, options, tm_latent, tm_rope,
+    launch_decode<Fp8VRegsConfig, decode_fp8_vregs_kernel>("decode_fp8", int(sizeof(Fp8VRegsSmem)), p, options, tm_latent, tm_rope,
                                            tm_q, tm_q_rope);
   } else {
-    launch_decode<decode_fp8_kernel>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent, tm_rope, tm_q);
+    launch_decode<Fp8TileConfig, decode_fp8_kernel>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent, tm_rope, tm_q);
   }
 }
 

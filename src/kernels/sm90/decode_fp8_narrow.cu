@@ -39,6 +39,15 @@
 namespace snapmla::cuda {
 namespace {
 
+// The CTA: a producer warpgroup (loads) and two consumer warpgroups (the pages of their stage parity).
+struct NarrowConfig {
+  static constexpr int kConsumers = 2;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kProducerRegs = 48;   // setmaxnreg of the producer warpgroup
+  static constexpr int kConsumerRegs = 224;  // setmaxnreg of each consumer warpgroup
+  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 65536 / kThreads / 8 * 8 * (1 + kConsumers),
+                "setmaxnreg moves registers within the CTA's launch allocation");
+};
 constexpr int kN = kNarrowTileRows;  // query rows per CTA: the wgmma N
 constexpr int kCols = kN / 4;        // rows (S^T / O^T columns) per thread: 8 n + 2 q + e
 constexpr int kStages = 4;           // page stages; consumer c owns the stages s = c (mod 2)
@@ -161,7 +170,7 @@ __device__ __forceinline__ void load_v(uint32_t (&a)[kMTiles][2][4], const uint8
   }
 }
 
-__global__ void __launch_bounds__(kDecodeThreads, 1)
+__global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
     decode_fp8_narrow_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                              const __grid_constant__ CUtensorMap tm_rope) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -184,9 +193,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
     // The launch gives every thread 168 registers: producer P and consumers C need P + 2 C <= 504.
     // 48 (not 40): the split loop holds its range and lookup across the Q loads without spilling;
     // the consumers need no more than 224.
-    ptx::setmaxnreg_dec<48>();
+    ptx::setmaxnreg_dec<NarrowConfig::kProducerRegs>();
     for (int item = range.first; item < range.last; ++item) {
-      if (item > range.first) split_boundary<kDecodeThreads>(init_barriers);
+      if (item > range.first) split_boundary<NarrowConfig::kThreads>(init_barriers);
       const Work w = work_of(p, item);
       const int nblk = w.pages();
       // The first pages are requested before anything else, then the whole warpgroup loads the Q
@@ -202,9 +211,9 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
     return;
   }
 
-  ptx::setmaxnreg_inc<224>();
+  ptx::setmaxnreg_inc<NarrowConfig::kConsumerRegs>();
   for (int item = range.first; item < range.last; ++item) {
-    if (item > range.first) split_boundary<kDecodeThreads>(NoInit{});
+    if (item > range.first) split_boundary<NarrowConfig::kThreads>(NoInit{});
     const Work w = work_of(p, item);
     const int nblk = w.pages();
     const int c = wg - 1;
@@ -427,7 +436,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 1)
 
 void launch_decode_fp8_narrow(const DecodeParams& p, const CUtensorMap& tm_latent, const CUtensorMap& tm_rope,
                               const DecodeOptions& options) {
-  launch_decode<decode_fp8_narrow_kernel>("decode_fp8", kSmemBytes, p, options, tm_latent, tm_rope);
+  launch_decode<NarrowConfig, decode_fp8_narrow_kernel>("decode_fp8", kSmemBytes, p, options, tm_latent, tm_rope);
 }
 
 }  // namespace snapmla::cuda

@@ -36,7 +36,6 @@ struct Fp8TileConfig {
   // two rows per thread), two k32 steps of PV per page, m64n256 output halves, the consumers'
   // page parity (j % 2) and the two P buffers, and the register file (64K registers per SM).
   static_assert(kRows == 64, "wgmma M tile: the S and O fragments assume 64 rows");
-  static_assert(kThreads == kDecodeThreads, "launch_decode launches kDecodeThreads per CTA");
   static_assert(kPageTokens == 64, "S fragment m64n64 and two PV k-steps of 32 per page");
   static_assert(kConsumers == 2, "page ownership by parity, two P buffers, two output halves");
   static_assert(kOutHalf == 256, "one m64n256 accumulator per consumer");

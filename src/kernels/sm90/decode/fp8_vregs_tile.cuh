@@ -41,7 +41,6 @@ struct Fp8VRegsConfig {
   static constexpr int kStageReaders = 128 * kConsumers;  // every consumer thread reads V of every page
 
   static_assert(kRows == 64 && kPageTokens == 64, "m64n64 S and O^T fragments, two k32 PV steps per page");
-  static_assert(kThreads == kDecodeThreads, "launch_decode launches kDecodeThreads per CTA");
   static_assert(kConsumers == 2 && kOutHalf == 256 && kMTiles == 4, "vregs_layout.hpp's row_dim");
   // setmaxnreg moves registers within the CTA's launch allocation (168 per thread at 384 threads),
   // not the SM's: a larger sum leaves the consumers waiting in setmaxnreg.inc forever.

@@ -79,15 +79,15 @@ void allow_dynamic_smem(int smem) {
   done.fetch_or(bit, std::memory_order_release);
 }
 
-// A decode kernel (384 threads, `smem` bytes of dynamic shared memory, arguments p and then
-// `extra`) over the decode grid, then the combine of split sequences.
-template <auto Kernel, typename... Extra>
+// A decode kernel (Config::kThreads per CTA, `smem` bytes of dynamic shared memory, arguments p
+// and then `extra`) over the decode grid, then the combine of split sequences.
+template <typename Config, auto Kernel, typename... Extra>
 void launch_decode(const char* op, int smem, const DecodeParams& p, const DecodeOptions& options,
                    const Extra&... extra) {
   const cudaStream_t stream = as_stream(options.stream);
   const dim3 grid = decode_grid(op, p, options);
   allow_dynamic_smem<Kernel>(smem);
-  Kernel<<<grid, kDecodeThreads, smem, stream>>>(p, extra...);
+  Kernel<<<grid, Config::kThreads, smem, stream>>>(p, extra...);
   check_launch(op);
   if (options.plan) combine(combine_params(p), stream);
 }

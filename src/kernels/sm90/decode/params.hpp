@@ -7,8 +7,6 @@ namespace snapmla::cuda {
 
 // Query rows per CTA: one wgmma M tile.
 inline constexpr int kTileRows = 64;
-// Threads of every decode kernel's CTA: three warpgroups (a producer and two consumers).
-inline constexpr int kDecodeThreads = 384;
 
 struct DecodeParams {
   // Queries: FP8 (nope, rope, scale) or BF16 ([rows, 576]).
