@@ -30,6 +30,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
+
 #include "kernels/common/check.cuh"
 #include "kernels/common/mbarrier.cuh"
 #include "kernels/common/ptx.cuh"
@@ -73,27 +75,40 @@ constexpr int kStageBytes = kBoxes * kBoxBytes;      // 72 KB
 constexpr int kQnBytes = kRows * kLatentDim * 2;     // 64 KB: 8 boxes of 64 rows x 64 dims, as a page's
 // Load groups of a stage: 0 the rope box, 1 + h the latent boxes 4 h .. 4 h + 3 (V half h).
 constexpr int kGroups = 3;
-constexpr int kBarBytes = (2 * 2 * kGroups + 2) * 8;  // full, empty per stage and group; Q; tail
-constexpr int kXchgBytes = 4 * kRows * 4;
-constexpr int kSmemBytes = kQnBytes + 2 * kStageBytes + kBarBytes + kXchgBytes;
+// The shared-memory plan: offsets and size from this struct, not from hand-kept sums. The Q tile
+// and the stages come by TMA with the 128-byte swizzle (1024-byte alignment, given by the
+// dynamic shared memory's base).
+struct Bf16SmemLayout {
+  uint8_t qn[kQnBytes];
+  uint8_t stages[2][kStageBytes];
+  uint64_t full[2][kGroups];   // the producer's arrival with the group's bytes
+  uint64_t empty[2][kGroups];  // one arrival per warp of its readers (rope box and P: both)
+  uint64_t qbar;               // one arrival with the Q tile's bytes
+  uint64_t tail;               // 128 arrivals: the partial last page's excess tokens are zero
+  float xmax[4 * kRows];       // [2][64]: each consumer's running max after its page; [2][64]: row sums
+};
+static_assert(offsetof(Bf16SmemLayout, stages) % 1024 == 0, "TMA boxes with the 128-byte swizzle");
+static_assert(offsetof(Bf16SmemLayout, full) % 8 == 0, "mbarriers are 8-byte aligned");
+constexpr int kSmemBytes = int(sizeof(Bf16SmemLayout));
 static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 
+// The kernel's view of the plan: pointers into it, with the stages' and barriers' addressing.
 struct Smem {
   uint8_t* qn;
   uint8_t* stages;
-  uint64_t* full;   // [2][kGroups]: the producer's arrival with the group's bytes
-  uint64_t* empty;  // [2][kGroups]: one arrival per warp of its readers (rope box and P: both)
-  uint64_t* qbar;   // one arrival with the Q tile's bytes
-  uint64_t* tail;   // 128 arrivals: the partial last page's excess tokens are zero
-  float* xmax;      // [2][64]: each consumer's running max after its page; [2][64]: row sums
+  uint64_t* full;   // [2][kGroups]
+  uint64_t* empty;  // [2][kGroups]
+  uint64_t* qbar;
+  uint64_t* tail;
+  float* xmax;      // [4][64]
   __device__ explicit Smem(uint8_t* base)
-      : qn(base),
-        stages(base + kQnBytes),
-        full(reinterpret_cast<uint64_t*>(stages + 2 * kStageBytes)),
-        empty(full + 2 * kGroups),
-        qbar(empty + 2 * kGroups),
-        tail(qbar + 1),
-        xmax(reinterpret_cast<float*>(tail + 1)) {}
+      : qn(reinterpret_cast<Bf16SmemLayout*>(base)->qn),
+        stages(&reinterpret_cast<Bf16SmemLayout*>(base)->stages[0][0]),
+        full(&reinterpret_cast<Bf16SmemLayout*>(base)->full[0][0]),
+        empty(&reinterpret_cast<Bf16SmemLayout*>(base)->empty[0][0]),
+        qbar(&reinterpret_cast<Bf16SmemLayout*>(base)->qbar),
+        tail(&reinterpret_cast<Bf16SmemLayout*>(base)->tail),
+        xmax(reinterpret_cast<Bf16SmemLayout*>(base)->xmax) {}
   __device__ uint8_t* box(int j, int b) const { return stages + (j % 2) * kStageBytes + b * kBoxBytes; }
   __device__ uint64_t* full_of(int j, int g) const { return &full[(j % 2) * kGroups + g]; }
   __device__ uint64_t* empty_of(int j, int g) const { return &empty[(j % 2) * kGroups + g]; }

@@ -59,13 +59,25 @@ constexpr int kStageBytes = kKlBytes + kKrBytes;    // 1024-aligned (128-byte sw
 constexpr int kQnBytes = kN * kLatentDim;           // K-major no swizzle, SBO 8 x 512
 constexpr int kQrBytes = kN * kRopeDim * 2;         // K-major no swizzle, SBO 8 x 128
 constexpr int kPBytes = kN * kPageSize;             // P' of one page, K-major, SBO 8 x 64
-constexpr int kScaleBytes = kPageSize * 4;
 constexpr int kRedBytes = 2 * 2 * 4 * kN * 4;           // [consumer][max, P' max][warp][row]
 constexpr int kXferBytes = 128 * kMTiles * 2 * 4 * 4;   // consumer 1's O^T, thread-major
 constexpr int kStatBytes = 3 * kN * 4;                  // consumer 1's m, l, sigma per row
 using Ring = PageRing<kStages>;
-constexpr int kSmemBytes = kStages * kStageBytes + kQnBytes + kQrBytes + 4 * kPBytes + kStages * kScaleBytes +
-                           kRedBytes + kXferBytes + kStatBytes + Ring::kBytes;
+// The shared-memory plan: offsets and size from this struct, not from hand-kept sums (the page
+// stages first, at the dynamic shared memory's 1024-byte aligned base, for the TMA's swizzle).
+struct NarrowSmemLayout {
+  uint8_t stage[kStages][kStageBytes];
+  uint8_t qn[kQnBytes];
+  uint8_t qr[kQrBytes];
+  uint8_t pbuf[4][kPBytes];  // [consumer][2]: P' / sigma of the consumer's current and previous page
+  float scales[kStages][kPageSize];
+  float red[kRedBytes / 4];  // [consumer][2][warp][kN]
+  float xfer[kXferBytes / 4];  // [kMTiles * 8][128]
+  float stat[kStatBytes / 4];  // [3][kN]
+  alignas(8) uint8_t ring[Ring::kBytes];
+};
+static_assert(kStageBytes % 1024 == 0, "each stage's boxes keep the 128-byte swizzle's alignment");
+constexpr int kSmemBytes = int(sizeof(NarrowSmemLayout));
 static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 
 // Named barrier ids (id 0 is __syncthreads'): kConsumerWarps + c among consumer c's warps (the
@@ -86,15 +98,15 @@ struct Smem {
   float* stat;    // [3][kN]
   Ring ring;
   __device__ explicit Smem(uint8_t* base)
-      : stage(base),
-        qn(stage + kStages * kStageBytes),
-        qr(qn + kQnBytes),
-        pbuf(qr + kQrBytes),
-        scales(reinterpret_cast<float*>(pbuf + 4 * kPBytes)),
-        red(scales + kStages * kPageSize),
-        xfer(red + kRedBytes / 4),
-        stat(xfer + kXferBytes / 4),
-        ring(stat + 3 * kN) {}
+      : stage(&reinterpret_cast<NarrowSmemLayout*>(base)->stage[0][0]),
+        qn(reinterpret_cast<NarrowSmemLayout*>(base)->qn),
+        qr(reinterpret_cast<NarrowSmemLayout*>(base)->qr),
+        pbuf(&reinterpret_cast<NarrowSmemLayout*>(base)->pbuf[0][0]),
+        scales(&reinterpret_cast<NarrowSmemLayout*>(base)->scales[0][0]),
+        red(reinterpret_cast<NarrowSmemLayout*>(base)->red),
+        xfer(reinterpret_cast<NarrowSmemLayout*>(base)->xfer),
+        stat(reinterpret_cast<NarrowSmemLayout*>(base)->stat),
+        ring(reinterpret_cast<NarrowSmemLayout*>(base)->ring) {}
   __device__ uint8_t* kl(int s) const { return stage + s * kStageBytes; }
   __device__ uint8_t* kr(int s) const { return stage + s * kStageBytes + kKlBytes; }
   __device__ float* scale(int s) const { return scales + s * kPageSize; }
