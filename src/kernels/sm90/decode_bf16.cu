@@ -24,7 +24,7 @@
 // to load into while a pair is computed; a group is loaded again as soon as its last reader is
 // done (page A's halves after the first PVs), and the QK takes the rope and its own half first.
 // Page B's cycle (load, QK, softmax, PVs) sets the pace, so consumer 0 issues its next QK only
-// once B is released (v4b), leaving the tensor cores to PV(B).
+// once B is released, leaving the tensor cores to PV(B).
 // Design: docs/design.md; measurements: docs/kernels.md.
 #include <cuda.h>
 #include <cuda_bf16.h>
