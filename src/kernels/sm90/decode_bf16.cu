@@ -50,14 +50,7 @@ namespace {
 
 constexpr int kRows = kTileRows;
 // The CTA: a producer warpgroup (loads) and two consumer warpgroups (a page each, in turn).
-struct Bf16Config {
-  static constexpr int kConsumers = 2;
-  static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kProducerRegs = 40;   // setmaxnreg of the producer warpgroup
-  static constexpr int kConsumerRegs = 232;  // setmaxnreg of each consumer warpgroup
-  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 65536 / kThreads / 8 * 8 * (1 + kConsumers),
-                "setmaxnreg moves registers within the CTA's launch allocation");
-};
+struct Bf16Config : WarpgroupRoles<2, 40, 232> {};
 // Named barrier ids (id 0 is __syncthreads'). The page hand-off of consumer `owner` takes
 // kHandOff + 2 owner (both consumers: the owner's P and max are written) and kOwnerWarps +
 // 2 owner (the owner's own warps); kTailZero is the producer's (a partial last page's zeroing).

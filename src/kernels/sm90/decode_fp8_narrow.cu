@@ -40,14 +40,7 @@ namespace snapmla::cuda {
 namespace {
 
 // The CTA: a producer warpgroup (loads) and two consumer warpgroups (the pages of their stage parity).
-struct NarrowConfig {
-  static constexpr int kConsumers = 2;
-  static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kProducerRegs = 48;   // setmaxnreg of the producer warpgroup
-  static constexpr int kConsumerRegs = 224;  // setmaxnreg of each consumer warpgroup
-  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 65536 / kThreads / 8 * 8 * (1 + kConsumers),
-                "setmaxnreg moves registers within the CTA's launch allocation");
-};
+struct NarrowConfig : WarpgroupRoles<2, 48, 224> {};
 constexpr int kN = kNarrowTileRows;  // query rows per CTA: the wgmma N
 constexpr int kCols = kN / 4;        // rows (S^T / O^T columns) per thread: 8 n + 2 q + e
 constexpr int kStages = 4;           // page stages; consumer c owns the stages s = c (mod 2)

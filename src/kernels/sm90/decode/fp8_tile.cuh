@@ -18,29 +18,25 @@
 
 namespace snapmla::cuda {
 
-struct Fp8TileConfig {
+// Warpgroups: a producer (a loading warp and three transposer warps, 56 registers) and two
+// consumers (one output half each, 224 registers).
+struct Fp8TileConfig : WarpgroupRoles<2, 56, 224> {
   static constexpr int kRows = kTileRows;     // query rows per CTA: one wgmma M tile
   static constexpr int kPageTokens = kPageSize;  // tokens per page, per softmax step and per P' block
   static constexpr int kStages = 3;           // pages in flight (latent, rope, scales)
   static constexpr int kVtStages = 2;         // transposed latents (V^T) ready for PV
-  static constexpr int kConsumers = 2;        // consumer warpgroups, one output half each
-  static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kLoaderThreads = 32;   // warp 0 of the producer
   static constexpr int kTransposerWarps = 3;  // warps 1-3 of the producer
   static constexpr int kTransposers = 32 * kTransposerWarps;
-  static constexpr int kProducerRegs = 56;    // setmaxnreg of the producer warpgroup
-  static constexpr int kConsumerRegs = 224;   // setmaxnreg of each consumer warpgroup
   static constexpr int kOutHalf = kLatentDim / kConsumers;  // output dims per consumer
 
   // The fragments below hard-wire these: an m64n64 S fragment per page (8 n-tiles of 8 tokens,
   // two rows per thread), two k32 steps of PV per page, m64n256 output halves, the consumers'
-  // page parity (j % 2) and the two P buffers, and the register file (64K registers per SM).
+  // page parity (j % 2) and the two P buffers (the registers: WarpgroupRoles).
   static_assert(kRows == 64, "wgmma M tile: the S and O fragments assume 64 rows");
   static_assert(kPageTokens == 64, "S fragment m64n64 and two PV k-steps of 32 per page");
   static_assert(kConsumers == 2, "page ownership by parity, two P buffers, two output halves");
   static_assert(kOutHalf == 256, "one m64n256 accumulator per consumer");
-  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 65536 / 128, "register file per SM");
-  static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg takes multiples of 8");
   static_assert(kStages >= 2 && kVtStages == 2, "V^T slots indexed by page parity in the consumers");
 };
 

@@ -28,24 +28,17 @@
 
 namespace snapmla::cuda {
 
-struct Fp8VRegsConfig {
+// Registers: 40 for the producer (one loading thread), 232 for each consumer.
+struct Fp8VRegsConfig : WarpgroupRoles<2, 40, 232> {
   static constexpr int kRows = kTileRows;
   static constexpr int kPageTokens = kPageSize;
   static constexpr int kStages = 4;           // a stage is freed after both consumers' PV of its page
-  static constexpr int kConsumers = 2;
-  static constexpr int kThreads = 128 * (1 + kConsumers);
-  static constexpr int kProducerRegs = 40;    // one loading thread
-  static constexpr int kConsumerRegs = 232;
   static constexpr int kOutHalf = kLatentDim / kConsumers;
   static constexpr int kMTiles = kOutHalf / 64;  // O^T's m64 tiles per consumer
   static constexpr int kStageReaders = 128 * kConsumers;  // every consumer thread reads V of every page
 
   static_assert(kRows == 64 && kPageTokens == 64, "m64n64 S and O^T fragments, two k32 PV steps per page");
   static_assert(kConsumers == 2 && kOutHalf == 256 && kMTiles == 4, "vregs_layout.hpp's row_dim");
-  // setmaxnreg moves registers within the CTA's launch allocation (168 per thread at 384 threads),
-  // not the SM's: a larger sum leaves the consumers waiting in setmaxnreg.inc forever.
-  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 3 * 168, "the CTA's registers at launch");
-  static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg takes multiples of 8");
   // The consumers issue page j + 2's QK while the other's PV of page j - 1 and their own of page
   // j may still read their stages: four stages keep one page in flight beyond those three.
   static_assert(kStages == 4, "pages j - 1 .. j + 2 resident and one more loading");

@@ -8,6 +8,21 @@ namespace snapmla::cuda {
 // Query rows per CTA: one wgmma M tile.
 inline constexpr int kTileRows = 64;
 
+// The warpgroups of a decode CTA: one producer and `Consumers` consumers, with the registers
+// setmaxnreg gives each role. setmaxnreg moves registers within the CTA's launch allocation
+// (65536 / threads per thread, in multiples of 8: 168 at 384 threads), not the SM's file: a larger
+// sum leaves the consumers waiting in setmaxnreg.inc forever.
+template <int Consumers, int ProducerRegs, int ConsumerRegs>
+struct WarpgroupRoles {
+  static constexpr int kConsumers = Consumers;
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kProducerRegs = ProducerRegs;  // setmaxnreg of the producer warpgroup
+  static constexpr int kConsumerRegs = ConsumerRegs;  // setmaxnreg of each consumer warpgroup
+  static_assert(kProducerRegs + kConsumers * kConsumerRegs <= 65536 / kThreads / 8 * 8 * (1 + kConsumers),
+                "the CTA's registers at launch");
+  static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg takes multiples of 8");
+};
+
 struct DecodeParams {
   // Queries: FP8 (nope, rope, scale) or BF16 ([rows, 576]).
   const uint8_t* q_nope = nullptr;
