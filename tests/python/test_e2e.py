@@ -506,12 +506,19 @@ def test_flashmla_bf16_kernel_needs_the_peers_and_a_gpu(capsys):
 def test_the_bf16_baseline_is_flashmla_wherever_it_is_given():
     """--bf16-kernel auto (the default): FlashMLA's kernel when --peers names it and the run may use
     a GPU, our decode_bf16 otherwise; an explicit choice stays as given."""
-    from snapmla.e2e.bench import parse_args
-    assert parse_args([]).bf16_kernel == "snapmla"
-    assert parse_args(["--peers", "."]).bf16_kernel == "flashmla"
-    assert parse_args(["--peers", ".", "--device", "cpu"]).bf16_kernel == "snapmla"
-    assert parse_args(["--peers", ".", "--bf16-kernel", "snapmla"]).bf16_kernel == "snapmla"
-    assert parse_args(["--peers", ".", "--bf16-kernel", "snapmla"]).bf16_kernel_auto is False
+    from snapmla.e2e.bench import parse_args, resolve_bf16_kernel
+
+    def kernel(argv, device):
+        args = parse_args(argv)
+        assert args.bf16_kernel in ("auto", "snapmla")  # resolved only once the device is known
+        args.device = device
+        resolve_bf16_kernel(args)
+        return args.bf16_kernel
+
+    assert kernel([], "cuda") == "snapmla"
+    assert kernel(["--peers", "."], "cuda") == "flashmla"
+    assert kernel(["--peers", "."], "cpu") == "snapmla"
+    assert kernel(["--peers", ".", "--bf16-kernel", "snapmla"], "cuda") == "snapmla"
 
 
 def test_a_model_larger_than_the_memory_stops_before_allocating():

@@ -198,16 +198,18 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
             ap.error(f"--deployments: {e}")
     if args.moe_standin and not args.mlp_intermediate:
         args.mlp_intermediate = 9 * 2048
-    if args.bf16_kernel == "auto":
-        args.bf16_kernel = "flashmla" if args.peers and args.device != "cpu" else "snapmla"
-        args.bf16_kernel_auto = True
-    else:
-        args.bf16_kernel_auto = False
     if args.bf16_kernel == "flashmla" and not args.peers:
         ap.error("--bf16-kernel flashmla: expected --peers DIR, a folder with peers.py (FlashMLA's loader)")
     if args.bf16_kernel == "flashmla" and args.device == "cpu":
         ap.error("--bf16-kernel flashmla: FlashMLA's kernel runs on an sm_90 GPU, not --device cpu")
     return args
+
+
+def resolve_bf16_kernel(args: argparse.Namespace) -> None:
+    """--bf16-kernel auto, once the device is known (args.device cuda or cpu): FlashMLA's kernel
+    where --peers names it on a GPU, else decode_bf16; an explicit choice stays."""
+    if args.bf16_kernel == "auto":
+        args.bf16_kernel = "flashmla" if args.peers and args.device == "cuda" else "snapmla"
 
 
 class Progress:
@@ -348,6 +350,7 @@ class Run:
         queue = self.eng.queue
         for k, req in enumerate(queue):
             queue[k] = self.source.fresh.get(req.id, req)
+        self.source.fresh.clear()  # the admitted ones' prompts are not kept twice
 
     def advance(self) -> bool:
         """Feeds and admits, then one decode step; False when no request is left to run."""
@@ -591,6 +594,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.device == "cuda" and not cuda_device_available():
         raise SystemExit("--device cuda: this snapmla build has no CUDA kernels or there is no sm_90 GPU "
                          "(snapmla.info() says which)")
+    resolve_bf16_kernel(args)
     tp = init_distributed(args)
     if tp.size == 1:
         return _run(args, tp)
@@ -642,8 +646,6 @@ def _run(args, tp: TensorParallel) -> int:
                  force=True)
         t0 = time.perf_counter()
         flashmla = None
-        if args.bf16_kernel == "flashmla" and device.type != "cuda" and args.bf16_kernel_auto:
-            args.bf16_kernel = "snapmla"
         if args.bf16_kernel == "flashmla":
             if device.type != "cuda":
                 raise SystemExit("--bf16-kernel flashmla: FlashMLA's kernel needs an sm_90 GPU")
