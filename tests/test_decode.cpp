@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <bit>
@@ -31,6 +32,9 @@ struct Exact {
   // sum_t (P'_t / 16 + sigma_b / 1024) |v_t,d| / L: the most e4m3 rounding of P' can move an
   // element (half an ulp: 2^-4 relative for normals, 2^-10 * sigma absolute for subnormals).
   std::vector<double> p_quant_bound;
+  // The same under Fp8PScale::kCarried, whose sigma may be as large as max P' / (448 / kCarryFall):
+  // sum_t (P'_t / 16 + kCarryFall max P'_b / (448 x 1024)) |v_t,d| / L.
+  std::vector<double> p_quant_bound_carried;
   // sum over the tokens whose 448 P' / max P' lies within fp32's reach of an e4m3 rounding
   // boundary of (the gap between the two e4m3 values) * sigma_b |v_t,d| / L: what the emulation
   // (fp32 scores and exponentials) may round the other way than this double formulation.
@@ -50,6 +54,7 @@ Exact independent_fp8(Batch& B, bool quantize_p) {
   E.lse.assign(size_t(B.batch) * rows, -kInf);
   E.abs_weighted.assign(E.out.size(), 0.0);
   E.p_quant_bound.assign(E.out.size(), 0.0);
+  E.p_quant_bound_carried.assign(E.out.size(), 0.0);
   E.flip_bound.assign(E.out.size(), 0.0);
   for (int b = 0; b < B.batch; ++b)
     for (int i = 0; i < B.s_q; ++i)
@@ -110,6 +115,7 @@ Exact independent_fp8(Batch& B, bool quantize_p) {
               o[d] += wq * v / L;
               aw[d] += std::fabs(w * v) / L;
               E.p_quant_bound[r * kLatentDim + d] += (w / 16 + w_max / 448 / 1024) * std::fabs(v) / L;
+              E.p_quant_bound_carried[r * kLatentDim + d] += (w / 16 + kCarryFall * w_max / 448 / 1024) * std::fabs(v) / L;
               E.flip_bound[r * kLatentDim + d] += flip * std::fabs(v) / L;
             }
           }
@@ -218,6 +224,86 @@ INSTANTIATE_TEST_SUITE_P(
       std::snprintf(name, sizeof name, "h%d_sq%d_%zu", info.param.h, info.param.s_q, info.index);
       return std::string(name);
     });
+
+// Fp8PScale::kCarried: P' quantized on a sigma carried from page to page while it fits (max P' /
+// sigma in [448 / kCarryFall, 448]), so the output is rescaled only on pages that take a new one.
+// Against exact softmax without P quantization each element is within what e4m3 rounding of P'
+// can do under such a sigma (p_quant_bound_carried: the subnormal step of a sigma up to kCarryFall
+// times the per-page one) plus fp32 rounding; the lse does not depend on P' at all. One sequence
+// has a sink (a token whose score dominates: later pages' max P' is far below the first page's),
+// where carrying the sink's sigma to every page would flush the tail's weights.
+TEST(DecodeFp8Carried, WithinE4m3RoundingOfPUnderTheCarriedScale) {
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  Batch B = make_batch(rng, {1000, 0, 1, 64, 65, 700, 2000}, 2, 16);
+  // The sink: token 0 of the last sequence with 8x its per-token scale (score and P' x 8).
+  B.scale[B.slot(B.batch - 1, 0)] *= 8.0f;
+  DecodeOptions per_page = options(B), carried = options(B);
+  per_page.p_scale = Fp8PScale::kPerPage;
+  carried.p_scale = Fp8PScale::kCarried;
+  const ref::DecodeResultF32 c = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), carried);
+  const ref::DecodeResultF32 pp = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), per_page);
+  const Exact E = independent_fp8(B, true);
+  const Exact X = independent_fp8(B, false);
+  std::vector<double> cd(c.out.begin(), c.out.end()), ppd(pp.out.begin(), pp.out.end());
+  std::printf("[ info ] against exact P: rel-L2 carried %.3e, per page %.3e; carried vs per page %.3e\n",
+              test::rel_l2(c.out, X.out), test::rel_l2(pp.out, X.out), test::rel_l2(c.out, ppd));
+  for (size_t i = 0; i < c.out.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(c.out[i])) << i;
+    ASSERT_LE(std::fabs(c.out[i] - X.out[i]), E.p_quant_bound_carried[i] + 1e-5 * X.abs_weighted[i] + 1e-30)
+        << "element " << i;
+  }
+  expect_lse_close(c.lse, E.lse, 2e-6);
+  // It is another rule: on these pages some P' lands on other e4m3 values than per page.
+  ASSERT_GT(test::rel_l2(c.out, ppd), 0.0);
+  // Split and combined, each split starts its own carried sigma: within twice the bound.
+  OwnedPlan P(B.pages(), 24);
+  DecodeOptions carried_split = options(B, &P.plan);
+  carried_split.p_scale = Fp8PScale::kCarried;
+  const ref::DecodeResultF32 cs = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), carried_split);
+  for (size_t i = 0; i < cs.out.size(); ++i)
+    ASSERT_LE(std::fabs(cs.out[i] - c.out[i]), 2 * (E.p_quant_bound_carried[i] + 1e-5 * X.abs_weighted[i]) + 1e-30)
+        << "element " << i;
+}
+
+// The environment's SNAPMLA_FP8_P_SCALE picks the rule under kAuto, on the CPU path as on the GPU;
+// a value it does not know is an error naming it; an explicit option wins over it.
+TEST(DecodeFp8Carried, EnvironmentPicksTheRuleUnderAuto) {
+  auto rng = make_rng();
+  Batch B = make_batch(rng, {300}, 1, 16);
+  DecodeOptions carried = options(B);
+  carried.p_scale = Fp8PScale::kCarried;
+  const auto want = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), carried);
+  const auto per_page = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
+  const char* old = std::getenv("SNAPMLA_FP8_P_SCALE");
+  const std::string saved = old ? old : "";
+  ::setenv("SNAPMLA_FP8_P_SCALE", "carried", 1);
+  const auto got = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
+  DecodeOptions forced = options(B);
+  forced.p_scale = Fp8PScale::kPerPage;
+  const auto forced_out = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), forced);
+  ::setenv("SNAPMLA_FP8_P_SCALE", "sometimes", 1);
+  bool named = false;
+  try {
+    ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
+  } catch (const Error& e) {
+    named = e.argument() == "SNAPMLA_FP8_P_SCALE";
+  }
+  if (old) ::setenv("SNAPMLA_FP8_P_SCALE", saved.c_str(), 1);
+  else ::unsetenv("SNAPMLA_FP8_P_SCALE");
+  EXPECT_TRUE(named);
+  EXPECT_EQ(got.out, want.out);
+  EXPECT_EQ(forced_out.out, per_page.out);
+  EXPECT_NE(got.out, per_page.out);
+  DecodeOptions bad = options(B);
+  bad.p_scale = static_cast<Fp8PScale>(7);
+  try {
+    ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), bad);
+    ADD_FAILURE() << "p_scale 7 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.argument(), "options.p_scale");
+  }
+}
 
 TEST(DecodeBf16, WithinBf16RoundingOfPOfExactSoftmax) {
   auto rng = make_rng();

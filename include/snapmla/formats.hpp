@@ -140,6 +140,24 @@ int split_plan_capacity(int batch, int num_workers);
 // (docs/reference.md); the CPU path ignores it.
 enum class Fp8Tile { kAuto, kRows64, kNarrow16, kRows64VRegs };
 
+// How decode_fp8 picks the e4m3 scale sigma of P' = P * s_t per row and 64-token page (both paths
+// compute the same rule; docs/reference.md).
+//   kPerPage: sigma = max P' / 448 on every page, the paper's rule; the output accumulator is
+//             rescaled on every page.
+//   kCarried: the previous page's sigma (moved into this page's running max) is kept while the
+//             page's max P' quantizes to [448 / 32, 448] under it; otherwise a new sigma puts
+//             max P' at 448 / 4. The accumulator is rescaled only on the pages that take a new
+//             sigma. A lab option until the H200 shows it faster; the 64-row tile only (kAuto
+//             runs it for every call, the narrow and V^T-register tiles are errors).
+//   kAuto:    kPerPage, unless the environment's SNAPMLA_FP8_P_SCALE says `carried` (read per
+//             call: for trying it in an engine without code changes).
+enum class Fp8PScale { kAuto, kPerPage, kCarried };
+
+// P' quantized under a carried sigma: kept while max P' / sigma lies in [448 / kCarryFall, 448];
+// a new sigma puts max P' at 448 / kCarryHeadroom.
+inline constexpr float kCarryFall = 32.0f;
+inline constexpr float kCarryHeadroom = 4.0f;
+
 struct DecodeOptions {
   float softmax_scale = 0.0f;  // required, > 0 (DeepSeek-V3: 1/sqrt(192) times yarn mscale^2)
   bool causal = true;          // only matters for seqlen_q > 1
@@ -153,6 +171,7 @@ struct DecodeOptions {
   size_t workspace_bytes = 0;
   Stream stream = nullptr;
   Fp8Tile fp8_tile = Fp8Tile::kAuto;  // decode_fp8 on the GPU only
+  Fp8PScale p_scale = Fp8PScale::kAuto;  // decode_fp8, both paths
 };
 
 size_t decode_workspace_bytes(int split_capacity, int seqlen_q, int num_heads);

@@ -145,11 +145,12 @@ def time_interleaved(torch, graphs, calls, rounds, each=None):
     return times
 
 
-def case_inputs(torch, snapmla, case, calls):
+def case_inputs(torch, snapmla, case, calls, q_gain=1.0):
     """The arrays a timed case decodes, on the GPU: lengths (uniform, or U(1..32K) seeded by the
     case), one randn / 10 cache in both formats, enough permuted page tables that one graph's
     calls read well past the L2 (256 MB of BF16 cache; at most 32, and the graph holds at least one
-    call per table), the query and its quantization."""
+    call per table), the query (randn / 10 x q_gain: q_gain > 1 makes the attention peakier, scores
+    spread over q_gain x ~0.1) and its quantization."""
     b, h, s_q, s_k = case
     dev = torch.device("cuda")
     gen = torch.Generator(device="cpu").manual_seed(zlib.crc32(repr(case).encode()))
@@ -165,7 +166,7 @@ def case_inputs(torch, snapmla, case, calls):
     fp8_cache = snapmla.alloc_fp8_cache(num_pages, kv)
     snapmla.append(fp8_cache, kv, torch.arange(num_pages * PAGE, device=dev, dtype=torch.int32))
     perm = torch.randperm(num_pages, generator=gen).to(dev, torch.int32)
-    q = (torch.randn(b, s_q, h, 576, device=dev) / 10).to(torch.bfloat16)
+    q = (torch.randn(b, s_q, h, 576, device=dev) * (q_gain / 10)).to(torch.bfloat16)
     return types.SimpleNamespace(
         lens=lens, seqlens=lens.to(dev), num_pages=num_pages, bf_cache=kv.view(num_pages, PAGE, 576),
         fp8_cache=fp8_cache, q=q, qq=snapmla.quantize_query(q), scale=1.0 / math.sqrt(192.0),
@@ -182,19 +183,20 @@ def peer_kernels(torch, peers, x, s_q, h):
             "pr54_fp8": lambda t: f8(q8, cache8, t, x.seqlens, x.scale, True)}
 
 
-def with_tile(call, tile):
-    """`call` with SNAPMLA_FP8_TILE=tile around it (decode_fp8's 64-row tile under kAuto; read per
-    call, so a graph captured inside keeps that tile)."""
+def with_env(call, name, value):
+    """`call` with the environment's `name` = value around it (SNAPMLA_FP8_TILE: decode_fp8's
+    64-row tile under kAuto; SNAPMLA_FP8_P_SCALE: its P' scale rule under kAuto; both read per
+    call, so a graph captured inside keeps them)."""
     def run(t):
-        old = os.environ.get("SNAPMLA_FP8_TILE")
-        os.environ["SNAPMLA_FP8_TILE"] = tile
+        old = os.environ.get(name)
+        os.environ[name] = value
         try:
             return call(t)
         finally:
             if old is None:
-                del os.environ["SNAPMLA_FP8_TILE"]
+                del os.environ[name]
             else:
-                os.environ["SNAPMLA_FP8_TILE"] = old
+                os.environ[name] = old
     return run
 
 
@@ -207,9 +209,14 @@ def fixed_split_plan(snapmla, lens, seqlens, workers, query_rows, split_blocks):
                                capacity=need + workers)
 
 
+def variants(args):
+    """The lab variants of decode_fp8 timed beside the default (--vregs, --carried)."""
+    return [v for v in ("vregs", "carried") if getattr(args, v, False)]
+
+
 def run_case(case, args, peers, torch, snapmla, nvml, sms):
     b, h, s_q, s_k = case
-    x = case_inputs(torch, snapmla, case, args.calls)
+    x = case_inputs(torch, snapmla, case, args.calls, getattr(args, "q_gain", 1.0))
     lens, seqlens, tables, calls, scale = x.lens, x.seqlens, x.tables, x.calls, x.scale
     q, qq, fp8_cache, bf_cache = x.q, x.qq, x.fp8_cache, x.bf_cache
     workers = snapmla.recommended_num_workers(q, s_q, h)
@@ -220,7 +227,9 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
         "bf16": lambda t: snapmla.decode_bf16(q, bf_cache, t, seqlens, softmax_scale=scale, plan=plan),
     }
     if args.vregs:
-        kernels["fp8_vregs"] = with_tile(kernels["fp8"], "vregs")
+        kernels["fp8_vregs"] = with_env(kernels["fp8"], "SNAPMLA_FP8_TILE", "vregs")
+    if args.carried:
+        kernels["fp8_carried"] = with_env(kernels["fp8"], "SNAPMLA_FP8_P_SCALE", "carried")
     if args.split_blocks:
         fixed = fixed_split_plan(snapmla, lens, seqlens, workers, s_q * h, args.split_blocks)
         kernels["fp8_fixed"] = lambda t: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=fixed)
@@ -246,8 +255,8 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
     tile_pages = tiles * int(((lens + PAGE - 1) // PAGE).sum())
     if row["sm_mhz"]:
         row["fp8_cycles_per_tile_page"] = round(row["fp8_us"] * row["sm_mhz"] * sms / tile_pages)
-        if args.vregs:
-            row["fp8_vregs_cycles_per_tile_page"] = round(row["fp8_vregs_us"] * row["sm_mhz"] * sms / tile_pages)
+        for v in variants(args):
+            row[f"fp8_{v}_cycles_per_tile_page"] = round(row[f"fp8_{v}_us"] * row["sm_mhz"] * sms / tile_pages)
     if args.split_blocks:
         row["split_blocks"] = args.split_blocks
         row["fp8_fixed_over_default"] = round(row["fp8_fixed_us"] / row["fp8_us"], 3)
@@ -257,9 +266,11 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
         row["fp8_speedup_vs_flashmla_bf16"] = round(row["flashmla_bf16_us"] / row["fp8_us"], 3)
         row["fp8_speedup_vs_pr54_fp8"] = round(row["pr54_fp8_us"] / row["fp8_us"], 3)
         row["bf16_over_flashmla_bf16"] = round(row["bf16_us"] / row["flashmla_bf16_us"], 3)
-        if args.vregs:
-            row["fp8_vregs_speedup_vs_flashmla_bf16"] = round(row["flashmla_bf16_us"] / row["fp8_vregs_us"], 3)
-            row["fp8_vregs_speedup_vs_pr54_fp8"] = round(row["pr54_fp8_us"] / row["fp8_vregs_us"], 3)
+        for v in variants(args):
+            row[f"fp8_{v}_speedup_vs_flashmla_bf16"] = round(row["flashmla_bf16_us"] / row[f"fp8_{v}_us"], 3)
+            row[f"fp8_{v}_speedup_vs_pr54_fp8"] = round(row["pr54_fp8_us"] / row[f"fp8_{v}_us"], 3)
+    for v in variants(args):
+        row[f"fp8_{v}_over_fp8"] = round(row[f"fp8_{v}_us"] / row["fp8_us"], 3)
     del graphs
     torch.cuda.empty_cache()
     return row
@@ -371,6 +382,12 @@ def main(argv=None):
                     help="the batch sweep (SWEEP) instead of --cases; writes h200_sweep.{json,md,png}")
     ap.add_argument("--vregs", action="store_true",
                     help="also time decode_fp8's V^T-register 64-row tile (fp8_vregs_us; not yet the default)")
+    ap.add_argument("--carried", action="store_true",
+                    help="also time decode_fp8 with the carried P' scales (SNAPMLA_FP8_P_SCALE=carried: "
+                         "fp8_carried_us; a lab option, not yet the default)")
+    ap.add_argument("--q-gain", type=float, default=1.0, metavar="G",
+                    help="the query is randn / 10 x G (default 1; larger: peakier attention, scores spread "
+                         "G x ~0.1; the carried P' scales' gain depends on it)")
     ap.add_argument("--split-blocks", type=int, default=0, metavar="L",
                     help="also time decode_fp8 on the batch-invariant plan of L-block splits (fp8_fixed_us, "
                          "fp8_fixed_over_default: the option's cost)")
@@ -411,9 +428,9 @@ def main(argv=None):
         if peers is not None:
             msg += f", FlashMLA {row['flashmla_bf16_us']}, FP8 peer {row['pr54_fp8_us']} -> " \
                    f"{row['fp8_speedup_vs_flashmla_bf16']}x / {row['fp8_speedup_vs_pr54_fp8']}x"
-            if args.vregs:
-                msg += f"; vregs {row['fp8_vregs_us']} us -> {row['fp8_vregs_speedup_vs_flashmla_bf16']}x / " \
-                       f"{row['fp8_vregs_speedup_vs_pr54_fp8']}x"
+            for v in variants(args):
+                msg += f"; {v} {row[f'fp8_{v}_us']} us -> {row[f'fp8_{v}_speedup_vs_flashmla_bf16']}x / " \
+                       f"{row[f'fp8_{v}_speedup_vs_pr54_fp8']}x ({row[f'fp8_{v}_over_fp8']}x fp8's time)"
         if args.split_blocks:
             msg += f"; batch-invariant (L={args.split_blocks}) {row['fp8_fixed_us']} us, " \
                    f"{row['fp8_fixed_over_default']}x the default plan's time"

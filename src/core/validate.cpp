@@ -1,6 +1,8 @@
 #include "validate.hpp"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
@@ -156,6 +158,8 @@ static void validate(const char* op, const DecodeOptions& o, int batch) {
          "expected a finite value > 0, got " + std::to_string(o.softmax_scale));
   if (!std::isinf(o.empty_lse))
     fail(op, "options.empty_lse", "expected -inf or +inf, got " + std::to_string(o.empty_lse));
+  if (o.p_scale != Fp8PScale::kAuto && o.p_scale != Fp8PScale::kPerPage && o.p_scale != Fp8PScale::kCarried)
+    fail(op, "options.p_scale", "expected kAuto, kPerPage or kCarried, got " + std::to_string(int(o.p_scale)));
   if (o.plan != nullptr) {
     validate(op, *o.plan, "options.plan");
     if (o.plan->batch != batch)
@@ -365,6 +369,16 @@ void check_decode(const char* op, const QuantizedQuery& q, const PagedFp8Cache& 
 void check_decode(const char* op, const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
                   const DecodeOutput* out, const DecodeOptions& options, TableFaults faults) {
   check_decode_args(op, q, cache, pages, out, options, faults);
+}
+
+Fp8PScale resolved_p_scale(const char* op, Fp8PScale p_scale) {
+  if (p_scale != Fp8PScale::kAuto) return p_scale;
+  const char* v = std::getenv("SNAPMLA_FP8_P_SCALE");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0 || std::strcmp(v, "per_page") == 0)
+    return Fp8PScale::kPerPage;
+  if (std::strcmp(v, "carried") == 0) return Fp8PScale::kCarried;
+  fail(op, "SNAPMLA_FP8_P_SCALE",
+       std::string("expected unset, 'auto', 'per_page' or 'carried' in the environment, got '") + v + "'");
 }
 
 }  // namespace detail

@@ -45,6 +45,10 @@ void check_decode(const char* op, const QuantizedQuery& q, const PagedFp8Cache& 
 void check_decode(const char* op, const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
                   const DecodeOutput* out, const DecodeOptions& options, TableFaults faults);
 
+// decode_fp8's P' scale rule for a call: options.p_scale, where kAuto is kPerPage unless the
+// environment's SNAPMLA_FP8_P_SCALE says `carried` (a bad value is an error naming it).
+Fp8PScale resolved_p_scale(const char* op, Fp8PScale p_scale);
+
 // The debug checks' tables (check_page_table, check_slot_mapping): the view, then its contents
 // where they are host memory (the caller copies device tables to the host first).
 void validate(const char* op, const PageTable& pages, const char* name = "pages");

@@ -103,16 +103,26 @@ void attend_rows(const QueryRow* rows, int count, const KeySet& keys, int begin,
       st.l = st.l * alpha + row_sum;
 
       float rescale = alpha;
-      if (mode == PvMode::kFp8) {
+      if (mode == PvMode::kFp8 || mode == PvMode::kFp8Carried) {
         // P' = P * s_t, one e4m3 scale per row and block: sigma = max P' / 448.
         float p_max = 0.0f;
         for (int j = 0; j < nt; ++j) {
           pv_weight[j] = p[j] * keys.scale[blk + j];
           p_max = std::max(p_max, pv_weight[j]);
         }
-        const TokenScale sig = token_scale(p_max);
+        TokenScale sig = token_scale(p_max);
+        bool kept = false;
+        if (mode == PvMode::kFp8Carried) {
+          // The previous block's sigma in this block's max (0 on the row's first block) is kept
+          // while max P' quantizes to [448 / kCarryFall, 448] under it; else max P' goes to
+          // 448 / kCarryHeadroom. Kept, the accumulator is not rescaled at all (factor 1).
+          const float carried = st.sigma * alpha;
+          kept = sig.scale <= carried && sig.scale * kCarryFall >= carried;
+          sig = kept ? TokenScale{carried, 1.0f / carried}
+                     : TokenScale{sig.scale * kCarryHeadroom, sig.inv_scale / kCarryHeadroom};
+        }
         for (int j = 0; j < nt; ++j) pv_weight[j] = to_float(to_e4m3(pv_weight[j] * sig.inv_scale));
-        rescale = alpha * (st.sigma / sig.scale);
+        rescale = kept ? 1.0f : alpha * (st.sigma / sig.scale);
         st.sigma = sig.scale;
       } else {
         for (int j = 0; j < nt; ++j) pv_weight[j] = to_float(to_bf16(p[j]));
@@ -146,7 +156,7 @@ void attend_rows(const QueryRow* rows, int count, const KeySet& keys, int begin,
       lse[r] = kNegInf;
       continue;
     }
-    const float out_scale = (mode == PvMode::kFp8 ? st.sigma : 1.0f) / st.l;
+    const float out_scale = (mode == PvMode::kBf16 ? 1.0f : st.sigma) / st.l;
     for (int d = 0; d < kLatentDim; ++d) o[d] = st.acc[d] * out_scale;
     lse[r] = st.m + std::log(st.l);
   }

@@ -11,8 +11,9 @@
 namespace snapmla::detail {
 
 enum class PvMode {
-  kFp8,   // P' = P * s_t, quantized to e4m3 per row and block, sigma-domain output
-  kBf16,  // P rounded to bf16 (the FlashMLA BF16 kernel), V unscaled
+  kFp8,         // P' = P * s_t, quantized to e4m3 per row and block, sigma-domain output
+  kFp8Carried,  // kFp8 with the previous block's sigma kept while P' fits it (Fp8PScale::kCarried)
+  kBf16,        // P rounded to bf16 (the FlashMLA BF16 kernel), V unscaled
 };
 
 // One sequence's keys: values [n, 576] (the first 512 are also V), scale [n] (s_t, applied to

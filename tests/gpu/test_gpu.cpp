@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <tuple>
 
 #include "../test_util.hpp"
@@ -402,7 +403,7 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
     gpu_opt = plan->options(B.softmax_scale);
     cpu_opt.plan = &host_plan.plan;
   }
-  const auto want = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), cpu_opt);
+  const auto want_per_page = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), cpu_opt);
   const Fp8RowStats stats = fp8_row_stats(B);
   // Rows that fit the narrow tile run it by default; the 64-row tile is checked on the same inputs
   // too (DecodeOptions::fp8_tile), and the V^T-register 64-row tile (not yet the default) where
@@ -421,9 +422,29 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
     else if (o == "16" && narrow) tiles = {Fp8Tile::kNarrow16};
     else if (o == "16") tiles = {};
   }
-  for (const Fp8Tile tile_kind : tiles) {
-    const char* tile = tile_kind == Fp8Tile::kNarrow16 ? "16" : tile_kind == Fp8Tile::kRows64 ? "64" : "64v";
+  // Each tile with the per-page P' scales, and the 64-row tile with the carried ones
+  // (Fp8PScale::kCarried, a lab option) against the reference's carried rule.
+  struct Run {
+    Fp8Tile tile;
+    Fp8PScale p_scale;
+  };
+  std::vector<Run> runs;
+  for (const Fp8Tile tile_kind : tiles) runs.push_back({tile_kind, Fp8PScale::kPerPage});
+  if (std::find(tiles.begin(), tiles.end(), Fp8Tile::kRows64) != tiles.end())
+    runs.push_back({Fp8Tile::kRows64, Fp8PScale::kCarried});
+  std::optional<ref::DecodeResultF32> want_carried;
+  for (const Run& run : runs) {
+    const Fp8Tile tile_kind = run.tile;
+    const bool carried = run.p_scale == Fp8PScale::kCarried;
+    const char* tile = carried ? "64c" : tile_kind == Fp8Tile::kNarrow16 ? "16" : tile_kind == Fp8Tile::kRows64 ? "64" : "64v";
+    if (carried && !want_carried) {
+      DecodeOptions o = cpu_opt;
+      o.p_scale = Fp8PScale::kCarried;
+      want_carried = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), o);
+    }
+    const ref::DecodeResultF32& want = carried ? *want_carried : want_per_page;
     gpu_opt.fp8_tile = tile_kind;
+    gpu_opt.p_scale = run.p_scale;
     G.out.poison();
     G.lse.poison();
     decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), gpu_opt);
@@ -818,6 +839,15 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
     DecodeOptions forced = test::options(B2);
     forced.fp8_tile = Fp8Tile::kNarrow16;
     EXPECT_ARG_ERROR(decode_fp8(G2.qq(), G2.fp8(), G2.pages(), G2.output(), forced), "options.fp8_tile");
+  }
+  {
+    // The carried P' scales run on the 64-row tile only: a forced other tile names p_scale.
+    DecodeOptions forced = test::options(B);
+    forced.p_scale = Fp8PScale::kCarried;
+    forced.fp8_tile = Fp8Tile::kNarrow16;
+    EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), forced), "options.p_scale");
+    forced.fp8_tile = Fp8Tile::kRows64VRegs;
+    EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), forced), "options.p_scale");
   }
   {
     DecodeOptions forced = test::options(B);

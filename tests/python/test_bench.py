@@ -4,9 +4,9 @@ import os
 from snapmla import bench
 
 
-def test_with_tile_sets_the_tile_for_the_call_and_puts_the_environment_back():
+def test_with_env_sets_the_variable_for_the_call_and_puts_the_environment_back():
     seen = []
-    call = bench.with_tile(lambda t: seen.append((t, os.environ.get("SNAPMLA_FP8_TILE"))) or t, "vregs")
+    call = bench.with_env(lambda t: seen.append((t, os.environ.get("SNAPMLA_FP8_TILE"))) or t, "SNAPMLA_FP8_TILE", "vregs")
     old = os.environ.pop("SNAPMLA_FP8_TILE", None)
     try:
         assert call(3) == 3
@@ -22,19 +22,27 @@ def test_with_tile_sets_the_tile_for_the_call_and_puts_the_environment_back():
             os.environ["SNAPMLA_FP8_TILE"] = old
 
 
-def test_with_tile_restores_the_environment_when_the_call_raises():
+def test_with_env_restores_the_environment_when_the_call_raises():
     def boom(t):
         raise RuntimeError("x")
     old = os.environ.pop("SNAPMLA_FP8_TILE", None)
     try:
         try:
-            bench.with_tile(boom, "vregs")(0)
+            bench.with_env(boom, "SNAPMLA_FP8_TILE", "vregs")(0)
         except RuntimeError:
             pass
         assert "SNAPMLA_FP8_TILE" not in os.environ
     finally:
         if old is not None:
             os.environ["SNAPMLA_FP8_TILE"] = old
+
+
+def test_variants_are_the_lab_options_asked_for():
+    args = bench.argparse.Namespace(vregs=False, carried=True)
+    assert bench.variants(args) == ["carried"]
+    args.vregs = True
+    assert bench.variants(args) == ["vregs", "carried"]
+    assert bench.variants(bench.argparse.Namespace()) == []
 
 
 def test_parse_case_reads_uniform_lengths():

@@ -89,9 +89,11 @@ __device__ __forceinline__ void score(float (&acc)[8][4], const Smem& sm, const 
 }
 
 // rescale_accumulate: o = o * r (per row) + P' V^T of page jj for output half c (issued and
-// committed, not waited for); page jj's P' is in P buffer jj % 2.
+// committed, not waited for); page jj's P' is in P buffer jj % 2. kCarried: most pages keep their
+// sigma and have r = 1 on every row, so a warp whose rows all have r = 1 skips the 128 multiplies.
+template <bool kCarried = false>
 __device__ __forceinline__ void rescale_accumulate(float (&o)[32][4], const float (&r)[2], const Smem& sm, int jj, int c) {
-  scale_rows(o, r);
+  if (!kCarried || __any_sync(0xffffffffu, r[0] != 1.f || r[1] != 1.f)) scale_rows(o, r);
   const uint8_t* pt = sm.p_tile(jj);
   const uint8_t* vt = sm.vt_half(jj, c);
   mbar::wait(&sm.vt_full[jj % kVtStages], (jj / kVtStages) & 1);
@@ -103,9 +105,33 @@ __device__ __forceinline__ void rescale_accumulate(float (&o)[32][4], const floa
 }
 
 // What softmax_and_publish leaves the owner's own PV of the page: per row, sigma_j (0: nothing
-// visible), rho_j = alpha_j / sigma_j and the page's row sum over sigma_j.
+// visible), rho_j = alpha_j / sigma_j and the page's row sum over sigma_j. Under CarriedScale:
+// sigma_j, the output's factor r_j itself in rho, and lsum (already applied to l).
 struct PageFactors {
   float sig[2] = {0.f, 0.f}, rho[2] = {0.f, 0.f}, lsum[2] = {0.f, 0.f};
+};
+
+// The rule of P's scale per row and page (Fp8PScale), given the page's running max, its row max,
+// max P' and row sum: the page's factors and the multiplier of P' (inv). PerPageScale: sigma_j =
+// max P' / 448 from the page alone (the reference's kFp8 step), applied by both consumers later.
+struct PerPageScale {
+  __device__ __forceinline__ void none(PageFactors&) const {}
+  __device__ __forceinline__ void operator()(PageFactors& f, float (&inv)[2], const float (&mx)[2],
+                                             const float (&pmax)[2], const float (&sum)[2],
+                                             const float (&m_prev)[2], const float (&m_cur)[2]) const {
+    // sigma = max(max P', 1e-10) / 448 and its inverse without branches, the inverse as MUFU.RCP
+    // and a multiply (2 ulp; the reference divides exactly - see docs/reference.md). Rows that
+    // saw nothing in this page: P' = 0, sigma 0.
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const bool seen = mx[ri] != -INFINITY;
+      const float a = fmaxf(pmax[ri], kMinAmax);
+      inv[ri] = seen ? __fdividef(kE4m3Max, a) : 0.f;
+      f.sig[ri] = seen ? a * (1.f / kE4m3Max) : 0.f;
+      f.rho[ri] = fast_exp(m_prev[ri] - m_cur[ri]) * inv[ri];  // alpha_j / sigma_j (0 on a row's first page)
+      f.lsum[ri] = sum[ri] * inv[ri];
+    }
+  }
 };
 
 // The consumer thread's fixed view of its rows: the two rows it holds (r0, r0 + 8), their
@@ -121,10 +147,10 @@ struct RowView {
 // page's stage where the view says the owner does, and signals the other consumer's next page
 // (Max, after the running max). The P hand-off is the caller's (softmax_and_publish below, or the
 // V^T-register tile's, which publishes other factors).
-template <typename View>
+template <typename View, typename PageScale = PerPageScale>
 __device__ __forceinline__ PageFactors softmax_page(float (&acc)[8][4], const View& sm,
                                                            const RowView& rv, const Work& w, int j, int c,
-                                                           int nblk) {
+                                                           int nblk, const PageScale& page_scale = {}) {
   PageFactors f;
   const int s = j % View::kStages;
   const int blk = w.begin + j * Cfg::kPageTokens;
@@ -158,6 +184,7 @@ __device__ __forceinline__ PageFactors softmax_page(float (&acc)[8][4], const Vi
   auto p_word = [&](int ri, int hh) { return pt + km_offset(r0 + 8 * ri, 16 * hh + 4 * q, Cfg::kPageTokens); };
   if (none) {
     if constexpr (View::kOwnerReleasesStage) sm.ring.release(j);
+    page_scale.none(f);
     if (j >= 2) hand_sync<Fp8Barrier::kFree>(c);  // the other's PV of page j - 2 is done
 #pragma unroll
     for (int ri = 0; ri < 2; ++ri)
@@ -169,19 +196,8 @@ __device__ __forceinline__ PageFactors softmax_page(float (&acc)[8][4], const Vi
     else page_probs<true>(acc, m_cur, sm.scale(s), q, sum, pmax);
     // QK operands and scales are read: the loader may refill the stage (unless V is still read there)
     if constexpr (View::kOwnerReleasesStage) sm.ring.release(j);
-    // sigma = max(max P', 1e-10) / 448 and its inverse without branches, the inverse as MUFU.RCP
-    // and a multiply (2 ulp; the reference divides exactly - see docs/reference.md). Rows that
-    // saw nothing in this page: P' = 0, sigma 0.
     float inv[2];
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      const bool seen = mx[ri] != -INFINITY;
-      const float a = fmaxf(pmax[ri], kMinAmax);
-      inv[ri] = seen ? __fdividef(kE4m3Max, a) : 0.f;
-      f.sig[ri] = seen ? a * (1.f / kE4m3Max) : 0.f;
-      f.rho[ri] = fast_exp(m_prev[ri] - m_cur[ri]) * inv[ri];  // alpha_j / sigma_j (0 on a row's first page)
-      f.lsum[ri] = sum[ri] * inv[ri];
-    }
+    page_scale(f, inv, mx, pmax, sum, m_prev, m_cur);
     if (j >= 2) hand_sync<Fp8Barrier::kFree>(c);  // the other's PV of page j - 2 is done
 #pragma unroll
     for (int ri = 0; ri < 2; ++ri)
@@ -209,6 +225,66 @@ __device__ __forceinline__ PageFactors softmax_and_publish(float (&acc)[8][4], c
   return f;
 }
 
+// Fp8PScale::kCarried's step per page. The owner of page j decides its sigma from the state after
+// page j - 1, so it first takes page j - 1's (sigma, r) from the other consumer (the P hand-off,
+// before its own P' instead of after) and applies them to its l and sigma; then page j's, which
+// it publishes as (sigma_j, r_j) for the other consumer to apply as they are.
+__device__ __forceinline__ void take_previous_page(SoftmaxState& st, const Smem& sm, int r0, int j, int c,
+                                                   float (&r)[2]) {
+  r[0] = r[1] = 1.f;
+  if (j == 0) return;
+  hand_sync<Fp8Barrier::kP>(1 - c);  // page j - 1's P' and (sigma, r), from its owner
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const float2 x = sm.factors_of(j - 1, r0 + 8 * ri);
+    st.l[ri] *= x.y;
+    st.sigma[ri] = x.x;
+    r[ri] = x.y;
+  }
+}
+
+// The reference's kFp8Carried step (docs/reference.md): the previous sigma moved into page j's
+// running max, `carried`, is kept while max P' / carried lies in [448 / kCarryFall, 448] (r = 1:
+// the output is not rescaled); else sigma_j = max P' kCarryHeadroom / 448 and r = carried / sigma_j.
+struct CarriedScale {
+  SoftmaxState& st;
+  const Smem& sm;
+  int r0, j, c;
+  float (&r_prev)[2];  // the output's factor for page j - 1 (1 where j = 0)
+
+  __device__ __forceinline__ void none(PageFactors& f) const {
+    take_previous_page(st, sm, r0, j, c, r_prev);
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      f.sig[ri] = st.sigma[ri];
+      f.rho[ri] = 1.f;
+      f.lsum[ri] = 0.f;
+    }
+  }
+  __device__ __forceinline__ void operator()(PageFactors& f, float (&inv)[2], const float (&mx)[2],
+                                             const float (&pmax)[2], const float (&sum)[2],
+                                             const float (&m_prev)[2], const float (&m_cur)[2]) const {
+    take_previous_page(st, sm, r0, j, c, r_prev);
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const bool seen = mx[ri] != -INFINITY;
+      const float a = fmaxf(pmax[ri], kMinAmax);
+      const float ideal = a * (1.f / kE4m3Max);
+      const float carried = st.sigma[ri] * fast_exp(m_prev[ri] - m_cur[ri]);  // 0 on a row's first page
+      const bool kept = ideal <= carried && ideal * kCarryFall >= carried;
+      const float iv = kept ? __fdividef(1.f, carried) : __fdividef(kE4m3Max / kCarryHeadroom, a);
+      inv[ri] = seen ? iv : 0.f;
+      f.sig[ri] = seen ? (kept ? carried : ideal * kCarryHeadroom) : st.sigma[ri];
+      f.rho[ri] = seen && !kept ? carried * iv : 1.f;
+      f.lsum[ri] = seen ? sum[ri] * iv : 0.f;
+      st.l[ri] = st.l[ri] * f.rho[ri] + f.lsum[ri];
+      st.sigma[ri] = f.sig[ri];
+    }
+  }
+};
+
+// kCarried: Fp8PScale::kCarried's P' scales (CarriedScale) instead of the per-page ones.
+template <bool kCarried>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     decode_fp8_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                       const __grid_constant__ CUtensorMap tm_rope, const __grid_constant__ CUtensorMap tm_q) {
@@ -301,18 +377,37 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wg::wait<0>();
       wg::fence_operands(acc);
       PageFactors f;
-      if (mine) f = softmax_and_publish(acc, sm, rv, w, j, c, nblk);
+      float r_prev[2];  // kCarried: page j - 1's factor, taken before page j's P'
+      if constexpr (kCarried) {
+        if (mine) {
+          f = softmax_page(acc, sm, rv, w, j, c, nblk, CarriedScale{st, sm, rv.r0, j, c, r_prev});
+          if (rv.q == 0) {
+            sm.factors_of(j, rv.r0) = make_float2(f.sig[0], f.rho[0]);
+            sm.factors_of(j, rv.r0 + 8) = make_float2(f.sig[1], f.rho[1]);
+          }
+          hand_arrive<Fp8Barrier::kP>(c);
+        } else {
+          take_previous_page(st, sm, rv.r0, j, c, r_prev);
+        }
+      } else if (mine) {
+        f = softmax_and_publish(acc, sm, rv, w, j, c, nblk);
+      }
       // PV of page j - 1 (the other's P', in place once its owner arrived), then of page j.
       if (j > 0) {
         const int jo = j - 1;
-        hand_sync<Fp8Barrier::kP>(1 - c);
         float r[2];
+        if constexpr (kCarried) {
+          r[0] = r_prev[0];
+          r[1] = r_prev[1];
+        } else {
+          hand_sync<Fp8Barrier::kP>(1 - c);
 #pragma unroll
-        for (int ri = 0; ri < 2; ++ri) {
-          const float2 x = sm.factors_of(jo, rv.r0 + 8 * ri);
-          r[ri] = apply_page(st, ri, x.x, x.y, 0.f);
+          for (int ri = 0; ri < 2; ++ri) {
+            const float2 x = sm.factors_of(jo, rv.r0 + 8 * ri);
+            r[ri] = apply_page(st, ri, x.x, x.y, 0.f);
+          }
         }
-        rescale_accumulate(o, r, sm, jo, c);
+        rescale_accumulate<kCarried>(o, r, sm, jo, c);
         wg::wait<0>();
         wg::fence_operands(o);
         mbar::arrive(&sm.vt_empty[jo % kVtStages]);
@@ -320,12 +415,19 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       }
       if (mine) {
         float r[2];
+        if constexpr (kCarried) {
+          r[0] = f.rho[0];  // applied to l and sigma already
+          r[1] = f.rho[1];
+          // All of this page's P' is written (the P(j - 1) sync came before the writes).
+          ptx::named_barrier(int(Fp8Barrier::kOwnPageCarried) + c, 128);
+        } else {
 #pragma unroll
-        for (int ri = 0; ri < 2; ++ri) r[ri] = apply_page(st, ri, f.sig[ri], f.rho[ri], f.lsum[ri]);
-        // All of this page's P' is written: for j > 0 the P(j - 1) sync above ordered this
-        // consumer's warps; page 0 has none before it.
-        if (j == 0) ptx::bar_sync<int(Fp8Barrier::kOwnPage0), 128>();
-        rescale_accumulate(o, r, sm, j, c);
+          for (int ri = 0; ri < 2; ++ri) r[ri] = apply_page(st, ri, f.sig[ri], f.rho[ri], f.lsum[ri]);
+          // All of this page's P' is written: for j > 0 the P(j - 1) sync above ordered this
+          // consumer's warps; page 0 has none before it.
+          if (j == 0) ptx::bar_sync<int(Fp8Barrier::kOwnPage0), 128>();
+        }
+        rescale_accumulate<kCarried>(o, r, sm, j, c);
       }
       score(acc, sm, qa, qn, min(j + 2, nblk - 1));
       wg::wait<1>();
@@ -576,7 +678,15 @@ Fp8Tile wide_tile_of_environment() {
                std::string("expected unset, 'auto', 'rows64' or 'vregs' in the environment, got '") + v + "'");
 }
 
-Fp8Tile tile_of_call(int rows, Fp8Tile tile) {
+// Fp8PScale::kCarried runs on the 64-row tile only: kAuto picks it for every call, and the other
+// tiles are errors naming options.p_scale.
+Fp8Tile tile_of_call(int rows, Fp8Tile tile, Fp8PScale p_scale) {
+  if (p_scale == Fp8PScale::kCarried) {
+    if (tile == Fp8Tile::kAuto || tile == Fp8Tile::kRows64) return Fp8Tile::kRows64;
+    detail::fail("decode_fp8", "options.p_scale",
+                 "expected kAuto or kPerPage with options.fp8_tile kNarrow16 or kRows64VRegs (kCarried runs on the "
+                 "64-row tile only), got kCarried");
+  }
   switch (tile) {
     case Fp8Tile::kAuto: return rows <= kNarrowTileRows ? Fp8Tile::kNarrow16 : wide_tile_of_environment();
     case Fp8Tile::kRows64:
@@ -596,7 +706,8 @@ Fp8Tile tile_of_call(int rows, Fp8Tile tile) {
 void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
                 const DecodeOutput& out, const DecodeOptions& options) {
   DecodeParams p = make_params(q.batch, q.seqlen_q, q.num_heads, pages, out, options);
-  const Fp8Tile tile = tile_of_call(p.rows, options.fp8_tile);
+  const Fp8PScale p_scale = detail::resolved_p_scale("decode_fp8", options.p_scale);
+  const Fp8Tile tile = tile_of_call(p.rows, options.fp8_tile, p_scale);
   if (q.batch == 0) return;
   p.q_nope = reinterpret_cast<const uint8_t*>(q.nope);
   p.q_rope = reinterpret_cast<const uint16_t*>(q.rope);
@@ -617,8 +728,12 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
         plane_map(q.rope, int64_t(q.batch) * p.rows, kRopeDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
     launch_decode<Fp8VRegsConfig, decode_fp8_vregs_kernel>("decode_fp8", int(sizeof(Fp8VRegsSmem)), p, options, tm_latent, tm_rope,
                                            tm_q, tm_q_rope);
+  } else if (p_scale == Fp8PScale::kCarried) {
+    launch_decode<Fp8TileConfig, decode_fp8_kernel<true>>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent,
+                                                          tm_rope, tm_q);
   } else {
-    launch_decode<Fp8TileConfig, decode_fp8_kernel>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent, tm_rope, tm_q);
+    launch_decode<Fp8TileConfig, decode_fp8_kernel<false>>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent,
+                                                           tm_rope, tm_q);
   }
 }
 

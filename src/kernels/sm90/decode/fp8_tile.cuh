@@ -51,7 +51,11 @@ enum class Fp8Barrier : int {
   kFree = 6,     // 6, 7
   kOwnPage0 = 8, // consumer 0's warps among themselves after page 0's P' (no hand-off before it)
   kTransposers = 9,  // the transposer warps among themselves (a page's V^T fix-up)
-  // The V^T-register tile (fp8_vregs_tile.cuh) uses the ids above but kOwnPage0 and kTransposers, and:
+  // Under Fp8PScale::kCarried (10, 11): consumer c's warps among themselves after each page's P'
+  // (the hand-off of page j - 1 comes before the P' writes there, so it cannot order them).
+  kOwnPageCarried = 10,
+  // The V^T-register tile (fp8_vregs_tile.cuh, its own kernel) uses the ids above but kOwnPage0,
+  // kTransposers and kOwnPageCarried, and:
   kRowTotals = 10,   // the rows' output scales written for the accumulator columns (both consumers)
   kOwnRows = 11,     // 11, 12: consumer c's warps among themselves after publishing its page's factors
 };
