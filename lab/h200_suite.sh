@@ -5,6 +5,7 @@
 # snapmla_tests and snapmla_gpu_tests, build/snapmla), unfiltered; `pip install .` from the wheels
 # in .whl/; then the whole pytest suite in one interpreter (the PyTorch GPU tests run there).
 #   lab/h200_suite.sh [OUT_DIR]     (default $OUT or /tmp/h200); its logs come back as OUT_DIR/h200_suite.tgz
+# HOST_COST=1 adds the eager host cost per call against FlashMLA's extensions (lab/py_call_overhead.py, .peers/).
 # Exit status: the number of parts that failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -43,6 +44,11 @@ if python3 -m pip install --no-build-isolation --no-index --no-deps . > "$out/pi
   # A skip on this machine is a GPU test that did not run: list them.
   grep -E "^SKIPPED" "$out/pytest.log" | head -10
   [ $rc -eq 0 ] || failed=$((failed + 1))
+  # HOST_COST=1: the eager host cost per call beside FlashMLA's extensions, same process.
+  if [ -n "${HOST_COST:-}" ] && [ -f "$repo/.peers/peers.py" ]; then
+    stamp "host cost per call, with the peers"
+    timeout 90 python3 "$repo/lab/py_call_overhead.py" --peers "$repo/.peers/peers.py" 2>&1 | tee "$out/call_overhead.log" | tail -14
+  fi
 else
   tail -30 "$out/pip_install.log"
   failed=$((failed + 1))
