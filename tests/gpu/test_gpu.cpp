@@ -458,7 +458,12 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
                 "%.2e\n",
                 tile, c.h, c.s_q, B.batch, c.workers, d.rel_l2, d.max_abs, lse_err);
     EXPECT_EQ(d.nonfinite, 0u);
-    EXPECT_LE(d.rel_l2, 1e-2);
+    // The carried scales' gross bound is 2e-2: the GPU and the reference may decide a page's
+    // sigma differently where its max P' lies within the scores' error (~2^-12 of their
+    // magnitude) of a decision edge, and that page's P' then sit on two e4m3 grids, each within
+    // 2^-4 of exact P' (H200, 1168514: 1.07e-2 on h=3 s_q=4 plan=16 beside 3.2e-3 per page, the
+    // rows within 0.06 of their bound). The per-row bounds below are the same for both rules.
+    EXPECT_LE(d.rel_l2, carried ? 2e-2 : 1e-2);
     const double lse_ratio = expect_fp8_lse(stats, got_lse, want.lse);
     const double row_ratio = expect_fp8_rows(B, stats, as_float(G.out.download()), bf16_rounded(want.out));
     std::printf("[ info ]   fp8 max |lse err| / score magnitude = 2^%.1f, worst row error / bound = %.2f\n",
