@@ -214,14 +214,19 @@ __device__ __forceinline__ PageFactors softmax_page(float (&acc)[8][4], const Vi
 
 // softmax_and_publish: softmax_page, then (sigma, rho) per row into the page's xsig slot and the
 // P hand-off (the other consumer applies every page).
-__device__ __forceinline__ PageFactors softmax_and_publish(float (&acc)[8][4], const Smem& sm, const RowView& rv,
-                                                           const Work& w, int j, int c, int nblk) {
-  const PageFactors f = softmax_page(acc, sm, rv, w, j, c, nblk);
+// publish_page: page j's per-row factors (sigma, rho) into its xsig slot and the P hand-off.
+__device__ __forceinline__ void publish_page(const Smem& sm, const RowView& rv, const PageFactors& f, int j, int c) {
   if (rv.q == 0) {
     sm.factors_of(j, rv.r0) = make_float2(f.sig[0], f.rho[0]);
     sm.factors_of(j, rv.r0 + 8) = make_float2(f.sig[1], f.rho[1]);
   }
   hand_arrive<Fp8Barrier::kP>(c);
+}
+
+__device__ __forceinline__ PageFactors softmax_and_publish(float (&acc)[8][4], const Smem& sm, const RowView& rv,
+                                                           const Work& w, int j, int c, int nblk) {
+  const PageFactors f = softmax_page(acc, sm, rv, w, j, c, nblk);
+  publish_page(sm, rv, f, j, c);
   return f;
 }
 
@@ -381,11 +386,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if constexpr (kCarried) {
         if (mine) {
           f = softmax_page(acc, sm, rv, w, j, c, nblk, CarriedScale{st, sm, rv.r0, j, c, r_prev});
-          if (rv.q == 0) {
-            sm.factors_of(j, rv.r0) = make_float2(f.sig[0], f.rho[0]);
-            sm.factors_of(j, rv.r0 + 8) = make_float2(f.sig[1], f.rho[1]);
-          }
-          hand_arrive<Fp8Barrier::kP>(c);
+          publish_page(sm, rv, f, j, c);
         } else {
           take_previous_page(st, sm, rv.r0, j, c, r_prev);
         }
