@@ -30,8 +30,10 @@ VARIANTS = [(0, 0), (4, 0), (8, 0), (16, 0), (4, 8), (4, 32), (8, 32)]
 
 def split_chunk(total, workers, rows):
     chunk = max(1, -(-total // workers))
-    while rows > 0 and (2 * chunk + 1) ** 2 * 256 <= total * rows:
-        chunk += 1
+    if rows > 0:
+        chunk = max(chunk, 2)
+        while (chunk + 1) ** 2 * 1024 <= total * rows:
+            chunk += 1
     return chunk
 
 

@@ -581,7 +581,7 @@ TEST(SplitKv, QueryRowsKeepSmallTotalsFromShortSplits) {
   for (int w = 0; w <= 32; ++w) EXPECT_EQ(costed.worker_splits[size_t(w)], w) << "one split per worker";
   for (int w = 33; w <= 66; ++w) EXPECT_EQ(costed.worker_splits[size_t(w)], 32) << "idle worker " << w;
   OwnedPlan narrow(single, 132, 16);
-  EXPECT_EQ(narrow.offsets[1], 128) << "16 rows: sqrt(128 x 16 / 1024) rounds to 1 block";
+  EXPECT_EQ(narrow.offsets[1], 64) << "16 rows: sqrt(128 x 16 / 1024) is below 2 blocks, the shortest split";
 
   std::vector<int32_t> many(128, 8192), tab(128, 0);
   PageTable big{tab.data(), many.data(), 128, 128, Device::cpu()};
@@ -600,11 +600,12 @@ TEST(SplitKv, QueryRowsKeepSmallTotalsFromShortSplits) {
   EXPECT_EQ(mixed_equal.worker_splits, mixed_costed.worker_splits);
 
   // Few cuts cost little: a short sequence alone is cut, not dealt whole (one 16-block sequence
-  // as one split took 2.1x the time of 16 one-block splits on the H200).
+  // as one split took 2.1x the time of 16 one-block splits on the H200), into splits of two
+  // blocks, the shortest the rule makes.
   std::vector<int32_t> short_one = {1024}, tab0 = {0};
   PageTable short_single{tab0.data(), short_one.data(), 1, 16, Device::cpu()};
   OwnedPlan short_costed(short_single, 66, 128);
-  EXPECT_EQ(short_costed.offsets[1], 16) << "b = 1, 1K, h = 128: 16 splits of one block";
+  EXPECT_EQ(short_costed.offsets[1], 8) << "b = 1, 1K, h = 128: 8 splits of two blocks";
   std::vector<int32_t> four(4, 1024), tab4(4, 0);
   PageTable short_four{tab4.data(), four.data(), 4, 16, Device::cpu()};
   OwnedPlan four_costed(short_four, 66, 128);
@@ -624,10 +625,13 @@ TEST(SplitKv, QueryRowsKeepSmallTotalsFromShortSplits) {
     const int64_t chunk = detail::split_chunk(total, w, r);
     const int64_t equal_share = std::max<int64_t>(1, (total + w - 1) / w);
     ASSERT_GE(chunk, equal_share);
-    if (chunk > equal_share) {  // then the nearest integer to sqrt(total x rows / 1024)
+    if (chunk > equal_share) {  // then floor(sqrt(total x rows / 1024)), at least 2
       const int64_t x = total * r;
-      ASSERT_LE((2 * chunk - 1) * (2 * chunk - 1) * 256, x);
-      ASSERT_GT((2 * chunk + 1) * (2 * chunk + 1) * 256, x);
+      ASSERT_GE(chunk, 2);
+      if (chunk > 2) {
+        ASSERT_LE(chunk * chunk * 1024, x);
+      }
+      ASSERT_GT((chunk + 1) * (chunk + 1) * 1024, x);
     }
     PageTable pages{table.data(), seqlens.data(), b, 400, Device::cpu()};
     OwnedPlan P(pages, w, r);

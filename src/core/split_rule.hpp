@@ -18,18 +18,21 @@ namespace snapmla::detail {
 // no shorter than a split is worth: each split costs its fp32 partials (rows x 2 KB, written by
 // the decode and read back by the combine) and a CTA's start, so for a small total the time
 //   chunk x t_page + (total / chunk) x rows x c_row
-// is least at chunk^2 = total x rows x c_row / t_page. The ratio c_row / t_page = 1 / 1024 is
-// what one H200 measurement gives (b = 1, h = 128, 8K: 24.1 us with 2-block splits, 20.6 us with
-// 4, so the 4 blocks this rule picks there); the result is rounded to the nearest integer, and
-// a total large enough that equal shares are longer is left alone.
+// is least at chunk^2 = total x rows x c_row / t_page, with c_row / t_page = 1 / 1024, rounded
+// down, and never below two blocks: a one-block split's page pipeline never overlaps a page's
+// load with another's math. What the H200 measured at b = 1, 8K (a split per worker): h = 128
+// 20.6 us with 4-block splits (the rule's), 22.3 with 2; h = 64 18.0 us with 2 (the rule's),
+// 19.4 with 3; h = 16 14.5 us with 2 (the rule's), 16.6 with 1, 15.6 with 4; h = 8 13.7 us
+// with 2, 15.0 with 1. A total large enough that equal shares are longer is left alone.
 SNAPMLA_HOST_DEVICE inline int64_t split_chunk(int64_t total_blocks, int num_workers, int query_rows) {
   int64_t chunk = (total_blocks + num_workers - 1) / num_workers;
   if (chunk < 1) chunk = 1;
   if (query_rows > 0) {
-    // The largest c with (c - 1/2)^2 <= total x rows / 1024, i.e. (2c - 1)^2 x 256 <= x, from
-    // the equal share up (no iteration once the equal share is longer).
+    // The largest c >= 2 with c^2 <= total x rows / 1024, from the equal share up (no iteration
+    // once the equal share is longer).
     const int64_t x = total_blocks * query_rows;
-    while ((2 * chunk + 1) * (2 * chunk + 1) * 256 <= x) ++chunk;
+    if (chunk < 2) chunk = 2;
+    while ((chunk + 1) * (chunk + 1) * 1024 <= x) ++chunk;
   }
   return chunk;
 }

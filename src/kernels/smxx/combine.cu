@@ -1,10 +1,15 @@
 // combine: merge the fp32 partial results of split sequences (docs/reference.md, "Splits and
-// combine"). One warp per query row and quarter of the 512 dims (a lane takes 4 dims, one 16-byte
-// load per split): a sequence split over the whole GPU (b = 1: ~66 splits per row tile) has few
-// rows, and a warp per whole row left most SMs idle while each warp walked its splits one load
-// latency at a time. The splits' lse are reduced across the lanes, and the partial rows are
-// loaded kUnroll splits at a time before they are summed. Sequences with a single split were
-// written directly by the decode kernel and are skipped here.
+// combine"). A task is one query row and quarter of the 512 dims (a lane takes 4 dims, one 16-byte
+// load per split), done by W warps of one block (1, 2, 4 or 8). The splits are summed in groups
+// of kGroup, each group's partial rows loaded at once and summed in split order, and the groups'
+// sums are added in group order; the W warps of a task take the groups in turn, so W changes
+// which warp sums a group but not the order of the additions: a row's bits do not depend on W,
+// which each block picks from its own sequence's split count and the grid, nor so on the batch
+// (the batch-invariant plans). Why W > 1: a sequence split over the whole GPU (b = 1: up to one
+// split per worker) has few rows, and one warp per task walked its groups one load latency at a
+// time (H200, b = 1, h = 16, 8K: 128 one-block splits, 16 groups in a row; the decode took 31.3
+// us with W = 1 and 16.6 us with W = 8). Sequences with a single split were written directly by
+// the decode kernel and are skipped here.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -17,78 +22,119 @@ namespace snapmla::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
-constexpr int kQuarters = 4;  // warps per row: 128 dims each
-constexpr int kUnroll = 8;    // splits whose partial rows are in flight at once
+constexpr int kQuarters = 4;     // tasks per row: 128 dims each
+constexpr int kGroup = 8;        // splits whose partial rows are in flight at once in one warp
 constexpr int kBlocksPerSm = 8;  // 8-warp blocks that fill an SM (64 warps)
+constexpr int kMaxWarpsPerTask = kWarpsPerBlock;
 
-// Row r, dims [128 quarter, + 128) of sequence b, whose splits are lo .. hi - 1 (at least two), by
-// one warp.
-__device__ __forceinline__ void combine_row_quarter(const CombineParams& p, int b, int lo, int hi, int r, int quarter,
-                                                    int lane) {
-  const float* lse_of = p.partial_lse + r;  // split k's at k * rows
+__device__ __forceinline__ void add(float4& a, const float4& b) {
+  a.x += b.x;
+  a.y += b.y;
+  a.z += b.z;
+  a.w += b.w;
+}
+
+// The row's lse over splits lo .. hi - 1 (each warp of a task forms it alike): NaN where a split
+// faulted (a bad page or length, a non-finite score: the row is NaN), -inf where every split is
+// empty.
+__device__ __forceinline__ float combined_lse(const float* lse_of, int rows, int lo, int hi, int lane) {
   float m = -INFINITY;
-  bool faulted = false;  // a split wrote NaN (bad page, bad length, non-finite score): so does the row
+  bool faulted = false;
   for (int k = lo + lane; k < hi; k += 32) {
-    const float v = lse_of[int64_t(k) * p.rows];
+    const float v = lse_of[int64_t(k) * rows];
     faulted |= isnan(v);
     m = fmaxf(m, v);
   }
   m = warp_max(m);
-  const int i = r / p.num_heads, h = r % p.num_heads;
-  float* lse_out = p.lse + (int64_t(b) * p.num_heads + h) * p.seqlen_q + i;
-  const int d0 = quarter * (kLatentDim / kQuarters) + 4 * lane;
-  uint2* out = reinterpret_cast<uint2*>(p.out + (int64_t(b) * p.rows + r) * kLatentDim + d0);
-  if (__any_sync(0xffffffffu, faulted)) {
-    *out = make_uint2(bf16x2_bits(NAN, NAN), bf16x2_bits(NAN, NAN));
-    if (quarter == 0 && lane == 0) *lse_out = NAN;
-    return;
-  }
-  if (m == -INFINITY) {
-    *out = make_uint2(0u, 0u);
-    if (quarter == 0 && lane == 0) *lse_out = p.empty_lse;
-    return;
-  }
+  if (__any_sync(0xffffffffu, faulted)) return NAN;
+  if (m == -INFINITY) return m;
   float sum = 0.f;
-  for (int k = lo + lane; k < hi; k += 32) sum += expf(lse_of[int64_t(k) * p.rows] - m);
-  const float total = m + logf(warp_sum(sum));
-  const float* src = p.partial_out + int64_t(r) * kLatentDim + d0;  // split k's at k * rows * 512
-  const int64_t split_stride = int64_t(p.rows) * kLatentDim;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int k0 = lo; k0 < hi; k0 += kUnroll) {
-    float w[kUnroll];
-    float4 v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int k = k0 + u;
-      w[u] = k < hi ? expf(lse_of[int64_t(k) * p.rows] - total) : 0.f;
-      v[u] = k < hi ? *reinterpret_cast<const float4*>(src + k * split_stride) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (w[u] == 0.f) continue;  // an empty split (lse -inf) adds nothing
-      acc.x += w[u] * v[u].x;
-      acc.y += w[u] * v[u].y;
-      acc.z += w[u] * v[u].z;
-      acc.w += w[u] * v[u].w;
-    }
-  }
-  *out = make_uint2(bf16x2_bits(acc.x, acc.y), bf16x2_bits(acc.z, acc.w));
-  if (quarter == 0 && lane == 0) *lse_out = total;
+  for (int k = lo + lane; k < hi; k += 32) sum += expf(lse_of[int64_t(k) * rows] - m);
+  return m + logf(warp_sum(sum));
 }
 
-// Block (b, y) merges sequence b's (row, quarter) tasks y * 8 + warp, + gridDim.y * 8, ... The grid is
-// at most about one wave of blocks (combine below): a block of a sequence with one split exits at
-// once, but the GPU still launches it, and one block per 8 tasks (b = 128, h = 128: 8192 blocks
-// where no sequence is split) cost ~4 us per call; split sequences keep a warp per task where the
-// batch is small and share warps where a wave holds fewer warps than tasks.
+// One group's weighted sum, splits g0 .. min(g0 + kGroup, hi) - 1 in order (zero past hi).
+__device__ __forceinline__ float4 group_sum(const float* lse_of, const float* src, int rows, int64_t split_stride,
+                                            int g0, int hi, float total) {
+  float w[kGroup];
+  float4 v[kGroup];
+#pragma unroll
+  for (int u = 0; u < kGroup; ++u) {
+    const int k = g0 + u;
+    w[u] = k < hi ? expf(lse_of[int64_t(k) * rows] - total) : 0.f;
+    v[u] = k < hi ? *reinterpret_cast<const float4*>(src + k * split_stride) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int u = 0; u < kGroup; ++u) {
+    if (w[u] == 0.f) continue;  // an empty split (lse -inf) adds nothing
+    s.x += w[u] * v[u].x;
+    s.y += w[u] * v[u].y;
+    s.z += w[u] * v[u].z;
+    s.w += w[u] * v[u].w;
+  }
+  return s;
+}
+
+// Warps per task for a sequence of `splits` splits and `tasks` tasks on `blocks` blocks: one per
+// group (rounded down to a power of two, at most 8), as long as the tasks still fit the
+// sequence's blocks.
+__device__ __forceinline__ int warps_per_task(int splits, int tasks, int blocks) {
+  const int groups = (splits + kGroup - 1) / kGroup;
+  int w = 1;
+  while (w < kMaxWarpsPerTask && 2 * w <= groups && int64_t(tasks) * 2 * w <= int64_t(blocks) * kWarpsPerBlock) w *= 2;
+  return w;
+}
+
+// Block (b, y) merges sequence b's tasks y * T + t, + gridDim.y * T, ... (T = 8 / W tasks per block
+// pass, warp w on task w / W as its part w % W). Every thread of a block makes the same passes
+// and rounds (the block is one sequence's, so W and the split count are the block's), which the
+// block barriers between the W warps' group sums need. The grid is at most about one wave of
+// blocks (combine below): a block of a sequence with one split exits at once, but the GPU still
+// launches it, and one block per 8 tasks (b = 128, h = 128: 8192 blocks where no sequence is
+// split) cost ~4 us per call.
 __global__ void combine_kernel(CombineParams p) {
   const int b = blockIdx.x;
   const int lo = p.split_offsets[b], hi = p.split_offsets[b + 1];
   if (hi - lo <= 1) return;
-  const int lane = threadIdx.x % 32;
-  for (int wq = blockIdx.y * kWarpsPerBlock + threadIdx.x / 32; wq < p.rows * kQuarters;
-       wq += gridDim.y * kWarpsPerBlock)
-    combine_row_quarter(p, b, lo, hi, wq / kQuarters, wq % kQuarters, lane);
+  __shared__ float4 group_sums[kWarpsPerBlock][32];
+  const int tasks = p.rows * kQuarters;
+  const int W = warps_per_task(hi - lo, tasks, gridDim.y), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int part = warp % W, per_pass = kWarpsPerBlock / W;
+  const int64_t split_stride = int64_t(p.rows) * kLatentDim;
+  for (int t0 = blockIdx.y * per_pass; t0 < tasks; t0 += gridDim.y * per_pass) {
+    const int task = t0 + warp / W;
+    const bool active = task < tasks;
+    const int r = active ? task / kQuarters : 0, quarter = task % kQuarters;
+    const float* lse_of = p.partial_lse + r;  // split k's at k * rows
+    const float total = active ? combined_lse(lse_of, p.rows, lo, hi, lane) : NAN;
+    const bool sums = active && total > -INFINITY;  // false for NaN too
+    const int d0 = quarter * (kLatentDim / kQuarters) + 4 * lane;
+    const float* src = p.partial_out + int64_t(r) * kLatentDim + d0;  // split k's at k * rows * 512
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int g0 = lo; g0 < hi; g0 += W * kGroup) {  // a round: W groups, one per part
+      const int mine = g0 + part * kGroup;
+      const float4 s = sums && mine < hi ? group_sum(lse_of, src, p.rows, split_stride, mine, hi, total)
+                                         : make_float4(0.f, 0.f, 0.f, 0.f);
+      if (W == 1) {
+        add(acc, s);
+        continue;
+      }
+      group_sums[warp][lane] = s;
+      __syncthreads();
+      if (part == 0)
+        for (int j = 0; j < W && g0 + j * kGroup < hi; ++j) add(acc, group_sums[warp + j][lane]);
+      __syncthreads();
+    }
+    if (!active || part != 0) continue;
+    uint2* out = reinterpret_cast<uint2*>(p.out + (int64_t(b) * p.rows + r) * kLatentDim + d0);
+    *out = sums ? make_uint2(bf16x2_bits(acc.x, acc.y), bf16x2_bits(acc.z, acc.w))
+                : isnan(total) ? make_uint2(bf16x2_bits(NAN, NAN), bf16x2_bits(NAN, NAN)) : make_uint2(0u, 0u);
+    if (quarter == 0 && lane == 0) {
+      const int i = r / p.num_heads, h = r % p.num_heads;
+      p.lse[(int64_t(b) * p.num_heads + h) * p.seqlen_q + i] = sums || isnan(total) ? total : p.empty_lse;
+    }
+  }
 }
 
 }  // namespace
@@ -103,7 +149,10 @@ void combine(const CombineParams& p, cudaStream_t stream) {
     cudaGetLastError();
     sms = 132;
   }
-  const int per_seq = (p.rows * kQuarters + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  // Blocks per sequence: enough for 8 warps per task (a block per task) where one wave of blocks
+  // holds them, else that wave's share; a block whose sequence has fewer groups takes more tasks,
+  // and those past its tasks exit at once.
+  const int per_seq = p.rows * kQuarters * kMaxWarpsPerTask / kWarpsPerBlock;
   const int wave = (sms * kBlocksPerSm + p.batch - 1) / p.batch;
   const dim3 grid(p.batch, std::min(per_seq, std::max(1, wave)));
   combine_kernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
