@@ -24,7 +24,7 @@ namespace {
 constexpr int kWarpsPerBlock = 8;
 constexpr int kQuarters = 4;     // tasks per row: 128 dims each
 constexpr int kGroup = 8;        // splits whose partial rows are in flight at once in one warp
-constexpr int kBlocksPerSm = 8;  // 8-warp blocks that fill an SM (64 warps)
+constexpr int kBlocksPerSm = 4;  // 8-warp blocks resident per SM (at most 64 registers a thread)
 constexpr int kMaxWarpsPerTask = kWarpsPerBlock;
 
 __device__ __forceinline__ void add(float4& a, const float4& b) {
@@ -90,10 +90,11 @@ __device__ __forceinline__ int warps_per_task(int splits, int tasks, int blocks)
 // pass, warp w on task w / W as its part w % W). Every thread of a block makes the same passes
 // and rounds (the block is one sequence's, so W and the split count are the block's), which the
 // block barriers between the W warps' group sums need. The grid is at most about one wave of
-// blocks (combine below): a block of a sequence with one split exits at once, but the GPU still
-// launches it, and one block per 8 tasks (b = 128, h = 128: 8192 blocks where no sequence is
-// split) cost ~4 us per call.
-__global__ void combine_kernel(CombineParams p) {
+// blocks (combine below; a wave that assumed 8 resident blocks where registers allow 5 ran two
+// waves at b = 8, h = 128, 8K: +3.4 us on a 47 us decode): a block of a sequence with one split
+// exits at once, but the GPU still launches it, and one block per 8 tasks (b = 128, h = 128: 8192
+// blocks where no sequence is split) cost ~4 us per call.
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_kernel(CombineParams p) {
   const int b = blockIdx.x;
   const int lo = p.split_offsets[b], hi = p.split_offsets[b + 1];
   if (hi - lo <= 1) return;
