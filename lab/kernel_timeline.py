@@ -1,5 +1,6 @@
 """Where a decode call's time goes at small batches: the device time of each kernel of one call
 (the decode, the combine; the peers' decode and combine) beside the call's graph-replayed time,
+decode_fp8 also with its combine launched as a programmatic dependent (SNAPMLA_COMBINE_PDL=1),
 so the difference is what the GPU spends between kernels (launch, ramp-up, tail).
 
     python lab/kernel_timeline.py [--peers DIR] [--cases b,h,s_q,s_k ...] [--replays N]
@@ -64,6 +65,8 @@ def main(argv=None):
             "fp8": lambda t: snapmla.decode_fp8(x.qq, x.fp8_cache, t, x.seqlens, softmax_scale=x.scale, plan=plan),
             "bf16": lambda t: snapmla.decode_bf16(x.q, x.bf_cache, t, x.seqlens, softmax_scale=x.scale, plan=plan),
         }
+        # The lab option SNAPMLA_COMBINE_PDL=1: the combine as a programmatic dependent launch.
+        kernels["fp8_pdl"] = bench.with_env(kernels["fp8"], "SNAPMLA_COMBINE_PDL", "1")
         if peers is not None:
             kernels.update(bench.peer_kernels(torch, peers, x, s_q, h))
         graphs = bench.capture_graphs(torch, kernels, x.tables, x.calls)

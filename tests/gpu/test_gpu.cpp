@@ -677,6 +677,42 @@ TEST(GpuDecode, LongSequenceAgainstFloat64Truth) {
   EXPECT_GT(rel, 0.005);
 }
 
+// SNAPMLA_COMBINE_PDL=1 (the combine launched as a programmatic dependent of the decode, a lab
+// option) changes only when the combine's blocks start, so both decodes give the same bits as
+// with the ordinary launch, on sequences split over many workers (the combine's waits matter).
+TEST(GpuDecode, ProgrammaticCombineGivesTheSameBits) {
+  REQUIRE_GPU();
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  const char* was = std::getenv("SNAPMLA_COMBINE_PDL");
+  const std::string saved = was ? was : "";
+  for (const int h : {16, 128}) {
+    SCOPED_TRACE("h=" + std::to_string(h));
+    Batch B = make_batch(rng, {3000, 9000, 1, 64, 700}, 1, h);
+    GpuBatch G(B);
+    GpuPlan plan(G.pages(), recommended_num_workers(kGpu, 1, h), 1, h);
+    auto run = [&](bool fp8, const char* pdl) {
+      setenv("SNAPMLA_COMBINE_PDL", pdl, 1);
+      G.out.poison();
+      G.lse.poison();
+      if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), plan.options(B.softmax_scale));
+      else decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), plan.options(B.softmax_scale));
+      device_memory::cuda_ok(cudaDeviceSynchronize(), "decode");
+      return std::make_pair(G.out.download(), G.lse.download());
+    };
+    for (const bool fp8 : {true, false}) {
+      const auto ordinary = run(fp8, "0"), programmatic = run(fp8, "1");
+      EXPECT_EQ(std::memcmp(ordinary.first.data(), programmatic.first.data(), ordinary.first.size() * 2), 0)
+          << (fp8 ? "decode_fp8" : "decode_bf16") << " out";
+      EXPECT_EQ(std::memcmp(ordinary.second.data(), programmatic.second.data(), ordinary.second.size() * 4), 0)
+          << (fp8 ? "decode_fp8" : "decode_bf16") << " lse";
+      for (const bf16 v : programmatic.first) ASSERT_TRUE(std::isfinite(to_float(v)));
+    }
+  }
+  if (was) setenv("SNAPMLA_COMBINE_PDL", saved.c_str(), 1);
+  else unsetenv("SNAPMLA_COMBINE_PDL");
+}
+
 // plan_splits(split_blocks = L) on the GPU: a row gives the same bits decoded alone, in a batch,
 // and in the batch with another row's length gone bad (which changes the default plan: the
 // bad row has no splits), for both decodes and the narrow and 64-row tiles. The default plan
@@ -872,6 +908,16 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
     EXPECT_NO_THROW(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)));
     if (was) setenv("SNAPMLA_FP8_TILE", saved.c_str(), 1);
     else unsetenv("SNAPMLA_FP8_TILE");
+  }
+  {
+    // The lab option SNAPMLA_COMBINE_PDL, checked where it is read, before anything is launched.
+    const char* was = std::getenv("SNAPMLA_COMBINE_PDL");
+    const std::string saved = was ? was : "";
+    setenv("SNAPMLA_COMBINE_PDL", "yes", 1);
+    EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), "SNAPMLA_COMBINE_PDL");
+    EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), "SNAPMLA_COMBINE_PDL");
+    if (was) setenv("SNAPMLA_COMBINE_PDL", saved.c_str(), 1);
+    else unsetenv("SNAPMLA_COMBINE_PDL");
   }
   // The debug checks read the device tables and name the bad entry.
   EXPECT_NO_THROW(check_page_table(G.pages(), B.num_pages));

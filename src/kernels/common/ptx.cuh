@@ -1,6 +1,6 @@
 // Thin wrappers over the PTX the kernels use besides wgmma (wgmma.cuh), the mbarriers
 // (mbarrier.cuh) and the TMA (tma.cuh): cp.async with zero-fill, ldmatrix / stmatrix, byte
-// permutes, shared stores, named barriers and setmaxnreg.
+// permutes, shared stores, named barriers, setmaxnreg and the grid dependency wait.
 #pragma once
 
 #include <cstdint>
@@ -79,6 +79,15 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// A grid launched as a programmatic dependent (cudaLaunchAttributeProgrammaticStreamSerialization)
+// may start before the grid it follows has finished: this waits until that grid has completed and
+// its memory is visible. A no-op for a grid launched the ordinary way.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
 }
 
 }  // namespace snapmla::cuda::ptx

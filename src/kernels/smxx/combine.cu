@@ -16,6 +16,7 @@
 
 #include "kernels/common/check.cuh"
 #include "kernels/common/numeric.cuh"
+#include "kernels/common/ptx.cuh"
 #include "combine.hpp"
 
 namespace snapmla::cuda {
@@ -95,6 +96,7 @@ __device__ __forceinline__ int warps_per_task(int splits, int tasks, int blocks)
 // exits at once, but the GPU still launches it, and one block per 8 tasks (b = 128, h = 128: 8192
 // blocks where no sequence is split) cost ~4 us per call.
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_kernel(CombineParams p) {
+  ptx::grid_dependency_wait();  // the decode's partials (launched as its programmatic dependent)
   const int b = blockIdx.x;
   const int lo = p.split_offsets[b], hi = p.split_offsets[b + 1];
   if (hi - lo <= 1) return;
@@ -140,7 +142,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_ker
 
 }  // namespace
 
-void combine(const CombineParams& p, cudaStream_t stream) {
+void combine(const CombineParams& p, cudaStream_t stream, bool programmatic) {
   if (p.batch == 0) return;
   // The current device's SM count (the dispatch made the output's device current): a grid-size
   // heuristic only, so a failed query falls back to the H200's.
@@ -156,8 +158,16 @@ void combine(const CombineParams& p, cudaStream_t stream) {
   const int per_seq = p.rows * kQuarters * kMaxWarpsPerTask / kWarpsPerBlock;
   const int wave = (sms * kBlocksPerSm + p.batch - 1) / p.batch;
   const dim3 grid(p.batch, std::min(per_seq, std::max(1, wave)));
-  combine_kernel<<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
-  check_launch("combine_kernel");
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kWarpsPerBlock * 32);
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = programmatic ? 1 : 0;
+  check(cudaLaunchKernelEx(&config, combine_kernel, p), "combine_kernel");
 }
 
 }  // namespace snapmla::cuda

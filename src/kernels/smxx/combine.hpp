@@ -17,6 +17,8 @@ struct CombineParams {
   float empty_lse;  // the lse of a row that sees no token (-inf or +inf)
 };
 
-void combine(const CombineParams& p, cudaStream_t stream);
+// programmatic: launch as a programmatic dependent of the kernel before it on the stream (its
+// blocks wait for that kernel's results at their start), so the launch overlaps its tail.
+void combine(const CombineParams& p, cudaStream_t stream, bool programmatic = false);
 
 }  // namespace snapmla::cuda

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <cstdint>
 #include <string>
 
@@ -79,6 +81,16 @@ void allow_dynamic_smem(int smem) {
   done.fetch_or(bit, std::memory_order_release);
 }
 
+// SNAPMLA_COMBINE_PDL=1 in the environment (a lab option, read per call like SNAPMLA_FP8_TILE, so
+// a CUDA graph keeps what was set at its capture): the combine launched as a programmatic
+// dependent of the decode kernel. Unset or 0: the ordinary launch.
+inline bool programmatic_combine(const char* op) {
+  const char* v = std::getenv("SNAPMLA_COMBINE_PDL");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "0") == 0) return false;
+  if (std::strcmp(v, "1") == 0) return true;
+  detail::fail(op, "SNAPMLA_COMBINE_PDL", std::string("expected unset, '0' or '1' in the environment, got '") + v + "'");
+}
+
 // A decode kernel (Config::kThreads per CTA, `smem` bytes of dynamic shared memory, arguments p
 // and then `extra`) over the decode grid, then the combine of split sequences.
 template <typename Config, auto Kernel, typename... Extra>
@@ -86,10 +98,11 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
                    const Extra&... extra) {
   const cudaStream_t stream = as_stream(options.stream);
   const dim3 grid = decode_grid(op, p, options);
+  const bool programmatic = programmatic_combine(op);  // read (and checked) before anything runs
   allow_dynamic_smem<Kernel>(smem);
   Kernel<<<grid, Config::kThreads, smem, stream>>>(p, extra...);
   check_launch(op);
-  if (options.plan) combine(combine_params(p), stream);
+  if (options.plan) combine(combine_params(p), stream, programmatic);
 }
 
 }  // namespace snapmla::cuda
