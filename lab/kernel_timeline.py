@@ -37,7 +37,8 @@ def kernel_times(torch, graph, replays):
 
 def short(name: str) -> str:
     """A kernel's name without its template arguments and namespaces."""
-    base = name.split("(")[0].split("<")[0]
+    base = name.replace("(anonymous namespace)::", "").removeprefix("void ")
+    base = base.split("(")[0].split("<")[0]
     return base.split("::")[-1] or name[:40]
 
 
