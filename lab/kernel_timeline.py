@@ -1,9 +1,10 @@
 """Where a decode call's time goes at small batches: the device time of each kernel of one call
 (the decode, the combine; the peers' decode and combine) beside the call's graph-replayed time,
-decode_fp8 also with its combine launched as a programmatic dependent (SNAPMLA_COMBINE_PDL=1),
-so the difference is what the GPU spends between kernels (launch, ramp-up, tail).
+so the difference is what the GPU spends between kernels (launch, ramp-up, tail). decode_fp8 is
+also timed under lab settings of the environment (--env; default SNAPMLA_COMBINE_PDL=1), in the
+same interleaved rounds, for a same-run A/B of a lab option.
 
-    python lab/kernel_timeline.py [--peers DIR] [--cases b,h,s_q,s_k ...] [--replays N]
+    python lab/kernel_timeline.py [--peers DIR] [--cases b,h,s_q,s_k ...] [--replays N] [--env NAME=VALUE ...]
 
 Every kernel runs on the bench's inputs (snapmla.bench.case_inputs: randn / 10, permuted pages),
 as a CUDA graph of --calls calls; the per-call time is the median of 5 interleaved rounds (as the
@@ -49,6 +50,9 @@ def main(argv=None):
                                                     "1,128,1,1024", "8,128,1,8192"])
     ap.add_argument("--calls", type=int, default=10, help="decode calls per CUDA graph")
     ap.add_argument("--replays", type=int, default=20, help="graph replays under the profiler")
+    ap.add_argument("--env", nargs="*", default=["SNAPMLA_COMBINE_PDL=1"], metavar="NAME=VALUE",
+                    help="also time decode_fp8 with each of these environment settings (read per call, kept "
+                         "by the graph captured under it); default: SNAPMLA_COMBINE_PDL=1")
     args = ap.parse_args(argv)
     import torch
 
@@ -66,8 +70,10 @@ def main(argv=None):
             "fp8": lambda t: snapmla.decode_fp8(x.qq, x.fp8_cache, t, x.seqlens, softmax_scale=x.scale, plan=plan),
             "bf16": lambda t: snapmla.decode_bf16(x.q, x.bf_cache, t, x.seqlens, softmax_scale=x.scale, plan=plan),
         }
-        # The lab option SNAPMLA_COMBINE_PDL=1: the combine as a programmatic dependent launch.
-        kernels["fp8_pdl"] = bench.with_env(kernels["fp8"], "SNAPMLA_COMBINE_PDL", "1")
+        # decode_fp8 under each lab setting of --env (default: the programmatic combine).
+        for setting in args.env:
+            name, _, value = setting.partition("=")
+            kernels[f"fp8 {setting}"] = bench.with_env(kernels["fp8"], name, value)
         if peers is not None:
             kernels.update(bench.peer_kernels(torch, peers, x, s_q, h))
         graphs = bench.capture_graphs(torch, kernels, x.tables, x.calls)
@@ -80,7 +86,7 @@ def main(argv=None):
             call_us = statistics.median(times[name])
             busy = sum(totals.values()) / calls
             parts = ", ".join(f"{short(k)} {v / calls:.2f}" for k, v in sorted(totals.items(), key=lambda kv: -kv[1]))
-            print(f"  {name:14s} call {call_us:7.2f} us, kernels {busy:7.2f} us ({count / calls:.1f} per call), "
+            print(f"  {name:28s} call {call_us:7.2f} us, kernels {busy:7.2f} us ({count / calls:.1f} per call), "
                   f"between {call_us - busy:6.2f} us: {parts}", flush=True)
         del graphs
         torch.cuda.empty_cache()
