@@ -212,9 +212,8 @@ __device__ __forceinline__ PageFactors softmax_page(float (&acc)[8][4], const Vi
   return f;
 }
 
-// softmax_and_publish: softmax_page, then (sigma, rho) per row into the page's xsig slot and the
-// P hand-off (the other consumer applies every page).
-// publish_page: page j's per-row factors (sigma, rho) into its xsig slot and the P hand-off.
+// publish_page: page j's per-row factors (sigma, rho) into its xsig slot and the P hand-off (the
+// other consumer applies every page).
 __device__ __forceinline__ void publish_page(const Smem& sm, const RowView& rv, const PageFactors& f, int j, int c) {
   if (rv.q == 0) {
     sm.factors_of(j, rv.r0) = make_float2(f.sig[0], f.rho[0]);
@@ -223,6 +222,7 @@ __device__ __forceinline__ void publish_page(const Smem& sm, const RowView& rv, 
   hand_arrive<Fp8Barrier::kP>(c);
 }
 
+// softmax_and_publish: softmax_page, then publish_page (the per-page P' scales).
 __device__ __forceinline__ PageFactors softmax_and_publish(float (&acc)[8][4], const Smem& sm, const RowView& rv,
                                                            const Work& w, int j, int c, int nblk) {
   const PageFactors f = softmax_page(acc, sm, rv, w, j, c, nblk);

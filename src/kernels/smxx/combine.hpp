@@ -19,6 +19,6 @@ struct CombineParams {
 
 // programmatic: launch as a programmatic dependent of the kernel before it on the stream (its
 // blocks wait for that kernel's results at their start), so the launch overlaps its tail.
-void combine(const CombineParams& p, cudaStream_t stream, bool programmatic = false);
+void combine(const CombineParams& p, cudaStream_t stream, bool programmatic);
 
 }  // namespace snapmla::cuda
