@@ -6,7 +6,9 @@
 #   lab/h200_check.sh [OUT_DIR]     (default $OUT or /tmp/h200); SKIP=tests,sanitize,py,probe,bench skips parts
 # PYTEST=files limits pytest to some files (e.g. "test_fastpath test_torch"); GDB_TEST=file runs that
 # file under gdb for a backtrace of a crash; SWEEP=1 runs the bench's --sweep into OUT_DIR/results.
-# GTEST_FILTER limits the C++ GPU suite; TEST_TIMEOUT / BENCH_TIMEOUT (s) bound it and the bench.
+# GTEST_FILTER limits the C++ GPU suite; TEST_TIMEOUT / BENCH_TIMEOUT / SWEEP_TIMEOUT (s) bound it,
+# the bench and the sweep. BENCH_ARGS go to the bench and the sweep (e.g. lab variants timed beside
+# the default: "--carried --env wave:SNAPMLA_COMBINE_WAVE=batch").
 # VREGS=1 also runs the V^T-register tile through the GPU tests that take the default tile
 # (SNAPMLA_FP8_TILE=vregs), under memcheck and racecheck (SNAPMLA_TEST_FP8_TILE=v), and in the bench.
 # The logs go to a work folder and come back as one archive, OUT_DIR/h200_logs.tgz (the device
@@ -64,7 +66,7 @@ if [[ $skip != *sanitize* ]]; then
     done
   done
 fi
-if [[ $skip != *py* || $skip != *bench* ]]; then
+if [[ $skip != *py* || $skip != *bench* || -n "${SWEEP:-}" ]]; then
   stamp "pip install ."
   ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps .whl/*.whl
   python3 -m pip install --no-build-isolation --no-index --no-deps . > "$out/pip_install.log" 2>&1 ||
@@ -102,13 +104,15 @@ fi
 if [[ $skip != *bench* ]]; then
   stamp "bench"
   # shellcheck disable=SC2086
-  timeout ${BENCH_TIMEOUT:-300} python3 -m snapmla.bench --peers "$repo/.peers" ${VREGS:+--vregs} --cases ${CASES:-82,128,1,32768 46,128,1,32768 46,16,1,32768 1,128,1,8192 1,16,1,8192 8,128,1,8192 128,128,1,8192 20,128,1,8192 160,64,1,8192} \
+  timeout ${BENCH_TIMEOUT:-300} python3 -m snapmla.bench --peers "$repo/.peers" ${VREGS:+--vregs} ${BENCH_ARGS:-} --cases ${CASES:-82,128,1,32768 46,128,1,32768 46,16,1,32768 1,128,1,8192 1,16,1,8192 8,128,1,8192 128,128,1,8192 20,128,1,8192 160,64,1,8192} \
     > "$out/bench.log" 2>&1
   echo "bench exit: $?"; grep -E "^b=" "$out/bench.log"
 fi
 if [ -n "${SWEEP:-}" ]; then
   stamp "sweep"
-  python3 -m snapmla.bench --peers "$repo/.peers" ${VREGS:+--vregs} --sweep --out "$dest/results" > "$out/sweep.log" 2>&1
+  # shellcheck disable=SC2086
+  timeout ${SWEEP_TIMEOUT:-400} python3 -m snapmla.bench --peers "$repo/.peers" ${VREGS:+--vregs} ${BENCH_ARGS:-} --sweep \
+    --out "$dest/results" > "$out/sweep.log" 2>&1
   echo "sweep exit: $?"; grep -vE "^b=" "$out/sweep.log" | tail -25
 fi
 stamp done

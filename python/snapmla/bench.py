@@ -209,9 +209,30 @@ def fixed_split_plan(snapmla, lens, seqlens, workers, query_rows, split_blocks):
                                capacity=need + workers)
 
 
+def parse_env_variant(text: str):
+    """--env LABEL:NAME=VALUE -> (label, name, value)."""
+    label, sep, setting = text.partition(":")
+    name, eq, value = setting.partition("=")
+    if not (sep and eq and label.isidentifier() and name):
+        raise SystemExit(f"--env: expected LABEL:NAME=VALUE (LABEL a Python identifier), got '{text}'")
+    return (label, name, value)
+
+
+def env_variants(args):
+    """The lab variants of decode_fp8 timed beside the default, each as (label, environment
+    variable, value): --vregs, --carried and every --env."""
+    out = []
+    if getattr(args, "vregs", False):
+        out.append(("vregs", "SNAPMLA_FP8_TILE", "vregs"))
+    if getattr(args, "carried", False):
+        out.append(("carried", "SNAPMLA_FP8_P_SCALE", "carried"))
+    out += [parse_env_variant(t) for t in (getattr(args, "env", None) or [])]
+    return out
+
+
 def variants(args):
-    """The lab variants of decode_fp8 timed beside the default (--vregs, --carried)."""
-    return [v for v in ("vregs", "carried") if getattr(args, v, False)]
+    """The labels of the lab variants (env_variants)."""
+    return [label for label, _, _ in env_variants(args)]
 
 
 def run_case(case, args, peers, torch, snapmla, nvml, sms):
@@ -226,10 +247,8 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
         "fp8": lambda t: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=plan),
         "bf16": lambda t: snapmla.decode_bf16(q, bf_cache, t, seqlens, softmax_scale=scale, plan=plan),
     }
-    if args.vregs:
-        kernels["fp8_vregs"] = with_env(kernels["fp8"], "SNAPMLA_FP8_TILE", "vregs")
-    if args.carried:
-        kernels["fp8_carried"] = with_env(kernels["fp8"], "SNAPMLA_FP8_P_SCALE", "carried")
+    for label, name, value in env_variants(args):
+        kernels[f"fp8_{label}"] = with_env(kernels["fp8"], name, value)
     if args.split_blocks:
         fixed = fixed_split_plan(snapmla, lens, seqlens, workers, s_q * h, args.split_blocks)
         kernels["fp8_fixed"] = lambda t: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=fixed)
@@ -303,10 +322,22 @@ def markdown(meta, rows, peers):
     return "\n".join(lines) + "\n"
 
 
-def sweep_summary(rows, peers):
+def sweep_summary(rows, peers, labels=()):
     """The sweep's checks as lines: the worst ratios against the peers, and per (h, s_k) the
-    largest deviation of decode_fp8's time per cached token at b >= 16 from its b = 256 value."""
+    largest deviation of decode_fp8's time per cached token at b >= 16 from its b = 256 value;
+    for each lab variant, the same ratios and its time against the default's."""
     lines = []
+    for v in labels:
+        over = [r[f"fp8_{v}_over_fp8"] for r in rows]
+        line = (f"- variant {v}: time / decode_fp8's median {statistics.median(over):.3f} "
+                f"(range {min(over):.3f}-{max(over):.3f})")
+        if peers:
+            worst = min(rows, key=lambda r: r[f"fp8_{v}_speedup_vs_flashmla_bf16"])
+            line += (f"; vs FlashMLA BF16 worst {worst[f'fp8_{v}_speedup_vs_flashmla_bf16']}x "
+                     f"(b={worst['b']} h={worst['h']} s_q={worst['s_q']} s_k={worst['s_k']}), "
+                     f"{sum(r[f'fp8_{v}_speedup_vs_flashmla_bf16'] < 1 for r in rows)} of {len(rows)} below 1.0x; "
+                     f"vs PR#54 {sum(r[f'fp8_{v}_speedup_vs_pr54_fp8'] < 1 for r in rows)} below 1.0x")
+        lines.append(line)
     if peers:
         worst = min(rows, key=lambda r: r["fp8_speedup_vs_flashmla_bf16"])
         worst8 = min(rows, key=lambda r: r["fp8_speedup_vs_pr54_fp8"])
@@ -385,6 +416,9 @@ def main(argv=None):
     ap.add_argument("--carried", action="store_true",
                     help="also time decode_fp8 with the carried P' scales (SNAPMLA_FP8_P_SCALE=carried: "
                          "fp8_carried_us; a lab option, not yet the default)")
+    ap.add_argument("--env", action="append", metavar="LABEL:NAME=VALUE",
+                    help="also time decode_fp8 with the environment's NAME = VALUE (a lab option read per "
+                         "call, e.g. wave:SNAPMLA_COMBINE_WAVE=workers: fp8_wave_us); repeatable")
     ap.add_argument("--q-gain", type=float, default=1.0, metavar="G",
                     help="the query is randn / 10 x G (default 1; larger: peakier attention, scores spread "
                          "G x ~0.1; the carried P' scales' gain depends on it)")
@@ -438,7 +472,7 @@ def main(argv=None):
     md = markdown(meta, rows, peers is not None)
     name = "h200_sweep" if args.sweep else "h200"
     if args.sweep:
-        summary = sweep_summary(rows, peers is not None)
+        summary = sweep_summary(rows, peers is not None, variants(args))
         md += "\n## Summary\n\n" + "\n".join(summary) + "\n\n![time against batch](h200_sweep.png)\n"
     print(md)
     if args.out:

@@ -31,6 +31,30 @@ using test::make_rng;
 
 const Device kGpu = Device::cuda(0);
 
+// An environment variable set for a scope (the lab options are read from the environment per
+// call) and put back as it was, unset included, when the scope ends.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* was = std::getenv(name);
+    had_ = was != nullptr;
+    if (had_) saved_ = was;
+    set(value);
+  }
+  void set(const char* value) { setenv(name_, value, 1); }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, saved_.c_str(), 1);
+    else unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string saved_;
+};
+
 // Device mirror of a test::Batch (caches, tables and queries), outputs poisoned.
 struct GpuBatch {
   DeviceBuffer<e4m3> latent;
@@ -677,22 +701,27 @@ TEST(GpuDecode, LongSequenceAgainstFloat64Truth) {
   EXPECT_GT(rel, 0.005);
 }
 
-// SNAPMLA_COMBINE_PDL=1 (the combine launched as a programmatic dependent of the decode, a lab
-// option) changes only when the combine's blocks start, so both decodes give the same bits as
-// with the ordinary launch, on sequences split over many workers (the combine's waits matter).
-TEST(GpuDecode, ProgrammaticCombineGivesTheSameBits) {
+// The combine's lab options change only how it is launched: SNAPMLA_COMBINE_PDL=1 when its blocks
+// start (a programmatic dependent of the decode), SNAPMLA_COMBINE_WAVE=batch how many blocks a
+// sequence gets (and so its warps per task). Both decodes give the same bits under each as with
+// the ordinary launch, on sequences split over many workers (the combine's waits matter) and on a
+// batch larger than the plan's workers (b = 100 at h = 128 on 66 workers: 6 blocks per sequence
+// instead of the default's 8).
+TEST(GpuDecode, CombineLabOptionsGiveTheSameBits) {
   REQUIRE_GPU();
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
-  const char* was = std::getenv("SNAPMLA_COMBINE_PDL");
-  const std::string saved = was ? was : "";
-  for (const int h : {16, 128}) {
-    SCOPED_TRACE("h=" + std::to_string(h));
-    Batch B = make_batch(rng, {3000, 9000, 1, 64, 700}, 1, h);
+  std::vector<int32_t> many(100);
+  for (auto& len : many) len = int32_t(rng() % 3000);
+  const std::vector<std::pair<std::vector<int32_t>, int>> cases = {
+      {{3000, 9000, 1, 64, 700}, 16}, {{3000, 9000, 1, 64, 700}, 128}, {many, 128}};
+  for (const auto& [lens, h] : cases) {
+    SCOPED_TRACE("b=" + std::to_string(lens.size()) + " h=" + std::to_string(h));
+    Batch B = make_batch(rng, lens, 1, h);
     GpuBatch G(B);
     GpuPlan plan(G.pages(), recommended_num_workers(kGpu, 1, h), 1, h);
-    auto run = [&](bool fp8, const char* pdl) {
-      setenv("SNAPMLA_COMBINE_PDL", pdl, 1);
+    auto run = [&](bool fp8, const char* name, const char* value) {
+      ScopedEnv env(name, value);
       G.out.poison();
       G.lse.poison();
       if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), plan.options(B.softmax_scale));
@@ -701,16 +730,18 @@ TEST(GpuDecode, ProgrammaticCombineGivesTheSameBits) {
       return std::make_pair(G.out.download(), G.lse.download());
     };
     for (const bool fp8 : {true, false}) {
-      const auto ordinary = run(fp8, "0"), programmatic = run(fp8, "1");
-      EXPECT_EQ(std::memcmp(ordinary.first.data(), programmatic.first.data(), ordinary.first.size() * 2), 0)
-          << (fp8 ? "decode_fp8" : "decode_bf16") << " out";
-      EXPECT_EQ(std::memcmp(ordinary.second.data(), programmatic.second.data(), ordinary.second.size() * 4), 0)
-          << (fp8 ? "decode_fp8" : "decode_bf16") << " lse";
-      for (const bf16 v : programmatic.first) ASSERT_TRUE(std::isfinite(to_float(v)));
+      const char* op = fp8 ? "decode_fp8" : "decode_bf16";
+      const auto ordinary = run(fp8, "SNAPMLA_COMBINE_PDL", "0");
+      for (const bf16 v : ordinary.first) ASSERT_TRUE(std::isfinite(to_float(v))) << op;
+      for (const auto& [name, value] : {std::pair{"SNAPMLA_COMBINE_PDL", "1"}, std::pair{"SNAPMLA_COMBINE_WAVE", "batch"}}) {
+        const auto other = run(fp8, name, value);
+        EXPECT_EQ(std::memcmp(ordinary.first.data(), other.first.data(), ordinary.first.size() * 2), 0)
+            << op << " out under " << name << "=" << value;
+        EXPECT_EQ(std::memcmp(ordinary.second.data(), other.second.data(), ordinary.second.size() * 4), 0)
+            << op << " lse under " << name << "=" << value;
+      }
     }
   }
-  if (was) setenv("SNAPMLA_COMBINE_PDL", saved.c_str(), 1);
-  else unsetenv("SNAPMLA_COMBINE_PDL");
 }
 
 // plan_splits(split_blocks = L) on the GPU: a row gives the same bits decoded alone, in a batch,
@@ -898,26 +929,20 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
   {
     // The environment's choice of 64-row tile (kAuto), checked where it is read; the suite may
     // itself run under SNAPMLA_FP8_TILE=vregs, which is put back.
-    const char* was = std::getenv("SNAPMLA_FP8_TILE");
-    const std::string saved = was ? was : "";
     Batch B2 = make_batch(rng, {100}, 2, 16);
     GpuBatch G2(B2);
-    setenv("SNAPMLA_FP8_TILE", "transposed", 1);
+    ScopedEnv env("SNAPMLA_FP8_TILE", "transposed");
     EXPECT_ARG_ERROR(decode_fp8(G2.qq(), G2.fp8(), G2.pages(), G2.output(), test::options(B2)), "SNAPMLA_FP8_TILE");
     // A call of 16 rows or fewer runs the narrow tile whatever it says.
     EXPECT_NO_THROW(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)));
-    if (was) setenv("SNAPMLA_FP8_TILE", saved.c_str(), 1);
-    else unsetenv("SNAPMLA_FP8_TILE");
   }
   {
-    // The lab option SNAPMLA_COMBINE_PDL, checked where it is read, before anything is launched.
-    const char* was = std::getenv("SNAPMLA_COMBINE_PDL");
-    const std::string saved = was ? was : "";
-    setenv("SNAPMLA_COMBINE_PDL", "yes", 1);
-    EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), "SNAPMLA_COMBINE_PDL");
-    EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), "SNAPMLA_COMBINE_PDL");
-    if (was) setenv("SNAPMLA_COMBINE_PDL", saved.c_str(), 1);
-    else unsetenv("SNAPMLA_COMBINE_PDL");
+    // The combine's lab options, checked where they are read, before anything is launched.
+    for (const char* name : {"SNAPMLA_COMBINE_PDL", "SNAPMLA_COMBINE_WAVE"}) {
+      ScopedEnv env(name, "yes");
+      EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), name);
+      EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), name);
+    }
   }
   // The debug checks read the device tables and name the bad entry.
   EXPECT_NO_THROW(check_page_table(G.pages(), B.num_pages));

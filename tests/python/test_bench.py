@@ -45,6 +45,29 @@ def test_variants_are_the_lab_options_asked_for():
     assert bench.variants(bench.argparse.Namespace()) == []
 
 
+def test_env_variants_read_label_name_and_value():
+    args = bench.argparse.Namespace(vregs=False, carried=True, env=["wave:SNAPMLA_COMBINE_WAVE=workers"])
+    assert bench.env_variants(args) == [("carried", "SNAPMLA_FP8_P_SCALE", "carried"),
+                                        ("wave", "SNAPMLA_COMBINE_WAVE", "workers")]
+    assert bench.variants(args) == ["carried", "wave"]
+    assert bench.parse_env_variant("pdl:SNAPMLA_COMBINE_PDL=") == ("pdl", "SNAPMLA_COMBINE_PDL", "")
+    for bad in ["SNAPMLA_COMBINE_WAVE=workers", "wave:SNAPMLA_COMBINE_WAVE", "1x:A=b", "wave:=b"]:
+        with __import__("pytest").raises(SystemExit, match="--env"):
+            bench.parse_env_variant(bad)
+
+
+def test_sweep_summary_reports_each_variant_against_the_default_and_the_peers():
+    rows = [{"b": b, "h": 128, "s_q": 1, "s_k": 8192, "fp8_us": 10.0 * b, "fp8_wave_us": 9.0 * b,
+             "fp8_wave_over_fp8": 0.9, "fp8_speedup_vs_flashmla_bf16": 0.95, "fp8_speedup_vs_pr54_fp8": 1.1,
+             "bf16_over_flashmla_bf16": 1.2, "fp8_wave_speedup_vs_flashmla_bf16": 1.05 if b > 1 else 0.99,
+             "fp8_wave_speedup_vs_pr54_fp8": 1.2} for b in (1, 16, 256)]
+    lines = bench.sweep_summary(rows, True, ["wave"])
+    assert lines[0].startswith("- variant wave: time / decode_fp8's median 0.900")
+    assert "worst 0.99x (b=1 h=128" in lines[0] and "1 of 3 below 1.0x" in lines[0]
+    assert any("3 of 3 cases below 1.0x" in line for line in lines)
+    assert lines[-1].startswith("- h=128, s_k=8192: decode_fp8 time per cached token at b >= 16 within +0.0%")
+
+
 def test_parse_case_reads_uniform_lengths():
     assert bench.parse_case("128,128,1,U") == (128, 128, 1, "U")
     assert bench.parse_case("32,128,2,65536") == (32, 128, 2, 65536)

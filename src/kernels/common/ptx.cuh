@@ -90,4 +90,13 @@ __device__ __forceinline__ void grid_dependency_wait() {
 #endif
 }
 
+// Lets the grid launched after this one as its programmatic dependent start once every CTA of this
+// grid has executed this (or exited): its blocks then wait in grid_dependency_wait, so its launch
+// latency overlaps this grid's work instead of following it. A no-op without such a dependent.
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 }  // namespace snapmla::cuda::ptx

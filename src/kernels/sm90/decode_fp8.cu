@@ -294,6 +294,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     decode_fp8_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                       const __grid_constant__ CUtensorMap tm_rope, const __grid_constant__ CUtensorMap tm_q) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
+  ptx::launch_dependents();  // a programmatic combine's blocks may start (they wait for this grid)
   const SplitRange range = splits_of_worker(p, grid_worker(p));
   if (range.first >= range.last) return;
   const Smem sm(smem_raw);
@@ -523,6 +524,7 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
                             const __grid_constant__ CUtensorMap tm_q_rope) {
   using VCfg = Fp8VRegsConfig;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
+  ptx::launch_dependents();  // a programmatic combine's blocks may start (they wait for this grid)
   const SplitRange range = splits_of_worker(p, grid_worker(p));
   if (range.first >= range.last) return;
   const vt::VSmem sm(smem_raw);

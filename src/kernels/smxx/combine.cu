@@ -154,9 +154,14 @@ void combine(const CombineParams& p, cudaStream_t stream, bool programmatic) {
   }
   // Blocks per sequence: enough for 8 warps per task (a block per task) where one wave of blocks
   // holds them, else that wave's share; a block whose sequence has fewer groups takes more tasks,
-  // and those past its tasks exit at once.
+  // and those past its tasks exit at once. The wave is shared among the sequences that can have
+  // splits: with the plan's worker ranges at most min(batch, num_workers) of them (a cut per worker
+  // boundary; the rest of the grid's blocks exit at once), else the whole batch. Shared among the
+  // batch, b = 160 at h = 128 gave each of its ~65 split sequences 4 blocks, so their 512 tasks
+  // took 16 passes of one warp each.
   const int per_seq = p.rows * kQuarters * kMaxWarpsPerTask / kWarpsPerBlock;
-  const int wave = (sms * kBlocksPerSm + p.batch - 1) / p.batch;
+  const int wave = p.num_workers > 0 ? sms * kBlocksPerSm / std::min(p.batch, p.num_workers)
+                                     : (sms * kBlocksPerSm + p.batch - 1) / p.batch;
   const dim3 grid(p.batch, std::min(per_seq, std::max(1, wave)));
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;

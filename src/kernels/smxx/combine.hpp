@@ -15,6 +15,10 @@ struct CombineParams {
   float* lse;                    // [batch, h, s_q]
   int batch, rows, seqlen_q, num_heads;
   float empty_lse;  // the lse of a row that sees no token (-inf or +inf)
+  // The plan's workers where it has worker ranges, else 0. A balanced plan cuts a sequence only at
+  // a worker boundary, so at most num_workers - 1 sequences have splits to merge; the grid's wave
+  // is shared among those, not among the whole batch (combine.cu).
+  int num_workers;
 };
 
 // programmatic: launch as a programmatic dependent of the kernel before it on the stream (its

@@ -56,9 +56,12 @@ inline dim3 decode_grid(const char* op, const DecodeParams& p, const DecodeOptio
   return dim3(static_cast<unsigned>(ctas));
 }
 
-inline CombineParams combine_params(const DecodeParams& p) {
-  return {p.split_offsets, p.partial_out, p.partial_lse, p.out, p.lse,
-          p.batch,         p.rows,        p.seqlen_q,    p.num_heads, p.empty_lse};
+// wave_over_workers: the combine's wave shared among the sequences a plan with worker ranges can
+// split (combine.cu), else among the whole batch.
+inline CombineParams combine_params(const DecodeParams& p, bool wave_over_workers) {
+  const int workers = wave_over_workers && p.worker_splits != nullptr ? p.num_workers : 0;
+  return {p.split_offsets, p.partial_out, p.partial_lse, p.out, p.lse, p.batch, p.rows, p.seqlen_q,
+          p.num_heads,     p.empty_lse,   workers};
 }
 
 // cudaFuncSetAttribute(MaxDynamicSharedMemorySize, smem) for Kernel on the current device, once
@@ -91,6 +94,18 @@ inline bool programmatic_combine(const char* op) {
   detail::fail(op, "SNAPMLA_COMBINE_PDL", std::string("expected unset, '0' or '1' in the environment, got '") + v + "'");
 }
 
+// SNAPMLA_COMBINE_WAVE in the environment (a lab option, read per call like SNAPMLA_COMBINE_PDL):
+// unset or `workers` shares the combine's wave among the sequences the plan can split (combine.cu),
+// `batch` among all sequences, as before (kept for same-run A/B). The combine's bits are the same
+// either way: only its blocks per sequence and warps per task move.
+inline bool combine_wave_over_workers(const char* op) {
+  const char* v = std::getenv("SNAPMLA_COMBINE_WAVE");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "workers") == 0) return true;
+  if (std::strcmp(v, "batch") == 0) return false;
+  detail::fail(op, "SNAPMLA_COMBINE_WAVE",
+               std::string("expected unset, 'workers' or 'batch' in the environment, got '") + v + "'");
+}
+
 // A decode kernel (Config::kThreads per CTA, `smem` bytes of dynamic shared memory, arguments p
 // and then `extra`) over the decode grid, then the combine of split sequences.
 template <typename Config, auto Kernel, typename... Extra>
@@ -98,11 +113,12 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
                    const Extra&... extra) {
   const cudaStream_t stream = as_stream(options.stream);
   const dim3 grid = decode_grid(op, p, options);
-  const bool programmatic = programmatic_combine(op);  // read (and checked) before anything runs
+  // The lab options are read (and checked) before anything runs.
+  const bool programmatic = programmatic_combine(op), wave_over_workers = combine_wave_over_workers(op);
   allow_dynamic_smem<Kernel>(smem);
   Kernel<<<grid, Config::kThreads, smem, stream>>>(p, extra...);
   check_launch(op);
-  if (options.plan) combine(combine_params(p), stream, programmatic);
+  if (options.plan) combine(combine_params(p, wave_over_workers), stream, programmatic);
 }
 
 }  // namespace snapmla::cuda
