@@ -21,7 +21,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.used --format=csv 2>&1 | tee "$out/gpu.txt"
 python3 -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__)"
-lab/h200_pip_install.sh "$out" || exit 1
+[ -n "${SKIP_INSTALL:-}" ] || lab/h200_pip_install.sh "$out" || exit 1  # SKIP_INSTALL=1: installed by the caller
 repo=$PWD
 cd /tmp  # import the installed package, not the source tree
 python3 -c "import snapmla; print(snapmla.info())"
