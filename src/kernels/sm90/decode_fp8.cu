@@ -119,17 +119,13 @@ struct PerPageScale {
   __device__ __forceinline__ void operator()(PageFactors& f, float (&inv)[2], const float (&mx)[2],
                                              const float (&pmax)[2], const float (&sum)[2],
                                              const float (&m_prev)[2], const float (&m_cur)[2]) const {
-    // sigma = max(max P', 1e-10) / 448 and its inverse without branches, the inverse as MUFU.RCP
-    // and a multiply (2 ulp; the reference divides exactly - see docs/reference.md). Rows that
-    // saw nothing in this page: P' = 0, sigma 0.
 #pragma unroll
     for (int ri = 0; ri < 2; ++ri) {
-      const bool seen = mx[ri] != -INFINITY;
-      const float a = fmaxf(pmax[ri], kMinAmax);
-      inv[ri] = seen ? __fdividef(kE4m3Max, a) : 0.f;
-      f.sig[ri] = seen ? a * (1.f / kE4m3Max) : 0.f;
-      f.rho[ri] = fast_exp(m_prev[ri] - m_cur[ri]) * inv[ri];  // alpha_j / sigma_j (0 on a row's first page)
-      f.lsum[ri] = sum[ri] * inv[ri];
+      const RowPageScale x = per_page_scale(mx[ri] != -INFINITY, pmax[ri], sum[ri], m_prev[ri], m_cur[ri]);
+      inv[ri] = x.inv;
+      f.sig[ri] = x.sig;
+      f.rho[ri] = x.rho;
+      f.lsum[ri] = x.lsum;
     }
   }
 };
@@ -654,10 +650,10 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
       for (int ri = 0; ri < 2; ++ri) {
         const int r = rv.r0 + 8 * ri;
         const float l = st.l[ri] * st.sigma[ri];
-        sm.out_scale[r] = fault ? NAN : (l == 0.f ? 0.f : __fdiv_rn(st.sigma[ri], l));
+        sm.out_scale[r] = row_scale(l, st.sigma[ri], fault);
         if (row0 + r < p.rows) {
           const float m = nblk > 0 ? sm.max_after(nblk - 1, r) : -INFINITY;
-          store_lse(p, wo, row0 + r, fault ? NAN : (l == 0.f ? -INFINITY : m + logf(l)));
+          store_lse(p, wo, row0 + r, row_lse(m, l, fault));
         }
       }
     }

@@ -282,19 +282,18 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = 2 * n + e % 2, h = e / 2;
-          const float raw = __fmul_rn(acc[n][e], factor[i]);
-          float v = __fmul_rn(raw, ks[h]);
-          if (!(fabsf(v) < INFINITY)) v = INFINITY;  // a non-finite score poisons the row (softmax.cuh's kPoison)
-          const float sc = blk + tok0 + 8 * h < vis[i] ? v : -INFINITY;
+          // kPoison: a non-finite score makes its row NaN, as in the reference.
+          const float sc = masked_score<true, true>(acc[n][e], factor[i], ks[h], blk + tok0 + 8 * h < vis[i]);
           acc[n][e] = sc;
           mx[i] = fmaxf(mx[i], sc);
         }
       rows_max(mx, sm, c, 0, warp, lane);
       // P = exp(s - m_new), P' = P * s_t, and the max of P' over the page.
-      float m_new[kCols], sum[kCols], pmax[kCols];
+      float m_new[kCols], ml[kCols], sum[kCols], pmax[kCols];
 #pragma unroll
       for (int i = 0; i < kCols; ++i) {
         m_new[i] = fmaxf(m[i], mx[i]);
+        ml[i] = m_new[i] * kLog2e;
         sum[i] = 0.f;
         pmax[i] = 0.f;
       }
@@ -303,26 +302,21 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int i = 2 * n + e % 2, h = e / 2;
-          const bool seen = acc[n][e] != -INFINITY;  // masked tokens' scales may be anything
-          const float pe = seen ? ex2(fmaf(acc[n][e], kLog2e, -m_new[i] * kLog2e)) : 0.f;
-          sum[i] += pe;
-          const float pv = seen ? __fmul_rn(pe, ks[h]) : 0.f;
-          pmax[i] = fmaxf(pmax[i], pv);
-          acc[n][e] = pv;
+          const float2 pw = page_weight<true>(acc[n][e], ml[i], ks[h]);
+          sum[i] += pw.x;
+          pmax[i] = fmaxf(pmax[i], pw.y);
+          acc[n][e] = pw.y;
         }
       rows_max(pmax, sm, c, 1, warp, lane);
-      // sigma_b = max(max P', 1e-10) / 448 and its inverse (MUFU.RCP and a multiply, as decode_fp8.cu;
-      // docs/reference.md), the output's factor alpha sigma / sigma_b, and l over sigma.
+      // The page's P' scale (the reference's kFp8 step, as the 64-row tile's), then the output's
+      // factor and l over sigma, as the 64-row tile applies a page (apply_page).
       float inv[kCols], r[kCols];
 #pragma unroll
       for (int i = 0; i < kCols; ++i) {
         const bool seen = mx[i] != -INFINITY;
-        const float a = fmaxf(pmax[i], kMinAmax);
-        inv[i] = seen ? __fdividef(kE4m3Max, a) : 0.f;
-        const float rho = fast_exp(m[i] - m_new[i]) * inv[i];
-        r[i] = seen ? sigma[i] * rho : 1.f;
-        l[i] = l[i] * r[i] + sum[i] * inv[i];
-        sigma[i] = seen ? a * (1.f / kE4m3Max) : sigma[i];
+        const RowPageScale f = per_page_scale(seen, pmax[i], sum[i], m[i], m_new[i]);
+        inv[i] = f.inv;
+        r[i] = apply_row_page(l[i], sigma[i], seen, f.sig, f.rho, f.lsum);
         m[i] = m_new[i];
       }
       // P' / sigma_b as e4m3 into this page's P' tile (row-major over tokens: the PV's B operand).
@@ -408,9 +402,8 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
       w0[i] = m[i] == -INFINITY ? 0.f : sigma[i] * fast_exp(m[i] - mm);
       w1[i] = m1 == -INFINITY ? 0.f : s1 * fast_exp(m1 - mm);
       const float lt = l[i] * w0[i] + l1 * w1[i];
-      const bool empty = lt == 0.f;
-      scale[i] = fault ? NAN : (empty ? 0.f : __fdiv_rn(1.f, lt));
-      if (warp == 0 && g == 0 && col < p.rows) store_lse(p, w, col, fault ? NAN : (empty ? -INFINITY : mm + logf(lt)));
+      scale[i] = row_scale(lt, 1.f, fault);
+      if (warp == 0 && g == 0 && col < p.rows) store_lse(p, w, col, row_lse(mm, lt, fault));
     }
     const int d0 = 16 * warp + 2 * g;
 #pragma unroll

@@ -1,7 +1,8 @@
 // Writes a warp's output tile (the 64-row decode kernels; sigma is 1 in decode_bf16): normalized
 // rows as bf16 into `out` (a sequence with one split) or as fp32 partials for the combine kernel,
 // and the lse. A row that saw no token gets 0 and -inf; a CTA that met an out-of-range page index
-// writes NaN, so the fault is visible.
+// writes NaN, so the fault is visible. The narrow tile writes its own layout (O^T) with the same
+// row_scale and row_lse.
 #pragma once
 
 #include "kernels/common/numeric.cuh"
@@ -11,6 +12,21 @@
 #include "softmax.cuh"
 
 namespace snapmla::cuda {
+
+// A finished row's result, for every decode tile: the multiplier of its output accumulator
+// (which holds O / num: num = sigma in decode_fp8's 64-row tiles, 1 elsewhere) and its lse, from
+// its running max m and sum l. NaN both where the CTA faulted (a bad page or length); 0 and -inf
+// for a row that saw no token (l = 0).
+__device__ __forceinline__ float row_scale(float l, float num, bool fault) {
+  return fault ? NAN : (l == 0.f ? 0.f : __fdiv_rn(num, l));
+}
+// The same, given empty = (l == 0) where the caller has it (a row that saw no token).
+__device__ __forceinline__ float row_scale(bool empty, float l, float num, bool fault) {
+  return fault ? NAN : (empty ? 0.f : __fdiv_rn(num, l));
+}
+__device__ __forceinline__ float row_lse(float m, float l, bool fault) {
+  return fault ? NAN : (l == 0.f ? -INFINITY : m + logf(l));
+}
 
 // Row r's lse: into lse ([b, h, s_q], r = i * h + head) for a sequence with one split (-inf,
 // a row that saw no token, as the caller's empty_lse), else into the split's partial lse for
@@ -36,8 +52,8 @@ __device__ __forceinline__ void write_partials(const DecodeParams& p, const Work
     const int r = row0 + g + 8 * ri;
     if (r >= p.rows) continue;
     const bool empty = st.l[ri] == 0.f;
-    const float scale = fault ? NAN : (empty ? 0.f : __fdiv_rn(st.sigma[ri], st.l[ri]));
-    const float lse = fault ? NAN : (empty ? -INFINITY : st.m[ri] + logf(st.l[ri]));
+    const float scale = row_scale(empty, st.l[ri], st.sigma[ri], fault);
+    const float lse = row_lse(st.m[ri], st.l[ri], fault);
     float* dst = p.partial_out + (int64_t(w.split) * p.rows + r) * kLatentDim + dim0 + 2 * q;
 #pragma unroll
     for (int n = 0; n < 32; ++n) {
@@ -66,11 +82,8 @@ __device__ __forceinline__ void write_rows_staged(const DecodeParams& p, const W
   for (int ri = 0; ri < 2; ++ri) {
     const int r = row0 + lane / 4 + 8 * ri;
     empty[ri] = st.l[ri] == 0.f && !fault;
-    scale[ri] = fault ? NAN : (empty[ri] ? 0.f : __fdiv_rn(st.sigma[ri], st.l[ri]));
-    if (write_lse && q == 0 && r < p.rows) {
-      const float lse = fault ? NAN : (st.l[ri] == 0.f ? -INFINITY : st.m[ri] + logf(st.l[ri]));
-      store_lse(p, w, r, lse);
-    }
+    scale[ri] = row_scale(empty[ri], st.l[ri], st.sigma[ri], fault);
+    if (write_lse && q == 0 && r < p.rows) store_lse(p, w, r, row_lse(st.m[ri], st.l[ri], fault));
   }
   auto v = [&](int n, int e) {
     const int ri = e / 2;

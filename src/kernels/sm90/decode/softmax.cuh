@@ -40,6 +40,51 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// The parts of a page's softmax that every tile shares, per element and per row, whatever the
+// fragment layout that holds them (the 64-row tiles: rows in registers, tokens across the quad;
+// the narrow tile: tokens in registers, rows across the quad).
+
+// One score, the reference's rounding: (raw * (softmax_scale * s_q)) * s_t (kScaled = false,
+// decode_bf16: raw * softmax_scale); kPoison: a value that is not finite becomes +inf (the row's
+// result is then NaN, docs/reference.md "Bad inputs"); -inf where the row does not see the token.
+template <bool kScaled, bool kPoison>
+__device__ __forceinline__ float masked_score(float raw, float factor, float ks, bool visible) {
+  const float x = __fmul_rn(raw, factor);
+  float v = kScaled ? __fmul_rn(x, ks) : x;
+  if (kPoison && !(fabsf(v) < INFINITY)) v = INFINITY;
+  return visible ? v : -INFINITY;
+}
+
+// P = exp(s - m) (x) and P' = P * s_t (y) of one score, from ml = m log2e: one FFMA and one
+// MUFU.EX2. Both 0 where kMasked and s is -inf (the token's scale may then be anything);
+// kScaled = false (decode_bf16): y = x.
+template <bool kMasked, bool kScaled = true>
+__device__ __forceinline__ float2 page_weight(float s, float ml, float ks) {
+  const bool seen = !kMasked || s != -INFINITY;
+  const float pe = seen ? ex2(fmaf(s, kLog2e, -ml)) : 0.f;
+  return make_float2(pe, !kScaled ? pe : seen ? __fmul_rn(pe, ks) : 0.f);
+}
+
+// The reference's kFp8 step for one row and page: sigma_j = max(max P', 1e-10) / 448 and its
+// inverse, without branches, the inverse as MUFU.RCP and a multiply (2 ulp; the reference divides
+// exactly - see docs/reference.md); rho_j = alpha_j / sigma_j (0 on a row's first page) and the
+// page's row sum over sigma_j. A row that saw nothing of the page (`seen` false): P' = 0, inv and
+// sigma_j 0.
+struct RowPageScale {
+  float sig, rho, lsum, inv;
+};
+
+__device__ __forceinline__ RowPageScale per_page_scale(bool seen, float pmax, float sum, float m_prev,
+                                                       float m_cur) {
+  RowPageScale f;
+  const float a = fmaxf(pmax, kMinAmax);
+  f.inv = seen ? __fdividef(kE4m3Max, a) : 0.f;
+  f.sig = seen ? a * (1.f / kE4m3Max) : 0.f;
+  f.rho = fast_exp(m_prev - m_cur) * f.inv;
+  f.lsum = sum * f.inv;
+  return f;
+}
+
 // The output accumulator's rows rescaled: rows g (columns 0, 1 of each n-tile) by r[0], rows
 // g + 8 (columns 2, 3) by r[1].
 template <int NT>
@@ -78,10 +123,8 @@ __device__ __forceinline__ void page_scores(float (&s)[8][4], const float (&fact
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int ri = e / 2, tok = 8 * n + 2 * q + (e & 1);
-      const float raw = __fmul_rn(s[n][e], factor[ri]);
-      float v = kScaled ? __fmul_rn(raw, e & 1 ? ks.y : ks.x) : raw;
-      if (kPoison && !(fabsf(v) < INFINITY)) v = INFINITY;
-      const float sc = !kMasked || blk + tok < vis[ri] ? v : -INFINITY;
+      const float sc = masked_score<kScaled, kPoison>(s[n][e], factor[ri], e & 1 ? ks.y : ks.x,
+                                                      !kMasked || blk + tok < vis[ri]);
       s[n][e] = sc;
       mx[ri] = fmaxf(mx[ri], sc);
     }
@@ -104,12 +147,10 @@ __device__ __forceinline__ void page_probs(float (&s)[8][4], const float (&m)[2]
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int ri = e / 2;
-      const bool seen = !kMasked || s[n][e] != -INFINITY;  // masked tokens' scales may be anything
-      const float pe = seen ? ex2(fmaf(s[n][e], kLog2e, -ml[ri])) : 0.f;
-      sum[ri] += pe;
-      const float pv = !kScaled ? pe : seen ? __fmul_rn(pe, e & 1 ? ks.y : ks.x) : 0.f;
-      if (kScaled) pmax[ri] = fmaxf(pmax[ri], pv);
-      s[n][e] = pv;
+      const float2 p = page_weight<kMasked, kScaled>(s[n][e], ml[ri], e & 1 ? ks.y : ks.x);
+      sum[ri] += p.x;
+      if (kScaled) pmax[ri] = fmaxf(pmax[ri], p.y);
+      s[n][e] = p.y;
     }
   }
 #pragma unroll
@@ -126,12 +167,18 @@ __device__ __forceinline__ void page_probs(float (&s)[8][4], const float (&m)[2]
 // multiply (no exponential or division between a page's P hand-off and its PV). l is kept in
 // the sigma domain (l / sigma): it takes the same factor, plus `own_lsum` = the page's row sum /
 // sigma_j if this consumer computed the page's P, else 0 (each keeps its own part of l).
-__device__ __forceinline__ float apply_page(SoftmaxState& st, int ri, float sig, float rho, float own_lsum) {
-  const bool seen = sig > 0.f;
-  const float r = seen ? st.sigma[ri] * rho : 1.f;
-  st.l[ri] = st.l[ri] * r + own_lsum;
-  st.sigma[ri] = seen ? sig : st.sigma[ri];
+// apply_row_page is the step on one row's (l, sigma), which the narrow tile keeps per column,
+// given whether the page showed the row anything (sig > 0 where only the factors are at hand).
+__device__ __forceinline__ float apply_row_page(float& l, float& sigma, bool seen, float sig, float rho,
+                                                float own_lsum) {
+  const float r = seen ? sigma * rho : 1.f;
+  l = l * r + own_lsum;
+  sigma = seen ? sig : sigma;
   return r;
+}
+
+__device__ __forceinline__ float apply_page(SoftmaxState& st, int ri, float sig, float rho, float own_lsum) {
+  return apply_row_page(st.l[ri], st.sigma[ri], sig > 0.f, sig, rho, own_lsum);
 }
 
 // decode_bf16's step per page (no sigma): the factor for the output before the page's PV and
