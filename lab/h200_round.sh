@@ -52,7 +52,7 @@ case "$mode" in
     for r in $(seq "${ROUNDS:-2}"); do
       for b in "$bin"/snapmla "$bin"/snapmla_*; do
         [ -x "$b" ] || continue
-        case "$b" in *_st*|*gpu_tests*) continue ;; esac
+        case "$b" in *_st*|*_tests) continue ;; esac  # test binaries are not builds of the CLI
         echo "== ${b##*/} round $r"
         # shellcheck disable=SC2046
         "$b" bench --reps 10 $(for c in ${COMPARE_CASES:-128,128,1,8192 128,64,1,8192 128,16,1,8192 128,8,1,8192}; do
