@@ -11,7 +11,7 @@ generator (retrieval_train_sequence), and reports per setting:
     through the model's own attention.
 
     python lab/retrieval_probe.py [--steps 400] [--ctx 256] [--settings plain jumps]
-      [--device cpu|cuda] [--d-model 128] [--layers 2]
+      [--device cpu|cuda] [--d-model 128] [--layers 2] [--key-len 6]
 
 Settings: `plain` (positions count up by one: span = length), `jumps` (the study's: positions jump
 between lines so that a sequence spans up to 8 x its length), and `copy`, a control that needs no
@@ -116,7 +116,12 @@ def main(argv=None):
     ap.add_argument("--settings", nargs="+", default=["plain", "jumps"], choices=["plain", "jumps", "copy"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--key-len", type=int, default=Q.KEY_LEN,
+                    help=f"letters per key (the study's: {Q.KEY_LEN}); the study's generators are run with it")
     a = ap.parse_args(argv)
+    Q.KEY_LEN = a.key_len  # the generators read these module constants
+    Q.RECORD_LEN = Q.KEY_LEN + Q.VALUE_LEN + 2
+    Q.QUESTION_LEN = Q.RECORD_LEN + 1
     if a.device == "cpu":
         torch.set_num_threads(max(1, os.cpu_count() or 1))
     rows = [run(s, a) for s in a.settings]
