@@ -51,20 +51,8 @@ if [ -n "${VREGS:-}" ] && [[ $skip != *vsan* ]]; then
   echo "racecheck vregs exit: $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard" "$out/racecheck_vregs.log" | tail -3
 fi
 if [[ $skip != *sanitize* ]]; then
-  stamp "memcheck / racecheck"
-  compute-sanitizer --tool memcheck --error-exitcode 9 .devbin/snapmla_gpu_tests \
-    --gtest_filter='GpuPlan*:GpuErrors*:*_w1_*:*_w2_*:*_w3_*:*h16_sq1_w40*:GpuGraph*' > "$out/memcheck.log" 2>&1
-  echo "memcheck exit: $?"; tail -3 "$out/memcheck.log"
-  # racecheck / synccheck on workers with several splits (the split boundary), and on the same
-  # kernels with one split per CTA (what was there before the persistent loop).
-  for tool in racecheck synccheck; do
-    for set in "multi:*h128_sq1_w2_*:*h64_sq2_w1_*:*h16_sq1_w3_*:*h8_sq4_w2_*" "single:*h126_sq1_w0_*:*h8_sq2_w0_*:*h9_sq1_w32_*"; do
-      name=${set%%:*}
-      compute-sanitizer --tool $tool --print-limit 12 --error-exitcode 9 .devbin/snapmla_gpu_tests \
-        --gtest_filter="${set#*:}" > "$out/$tool.$name.log" 2>&1
-      echo "$tool $name exit: $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard" "$out/$tool.$name.log" | tail -2
-    done
-  done
+  stamp "memcheck / racecheck / synccheck"
+  lab/h200_sanitize.sh "$out"
 fi
 if [[ $skip != *py* || $skip != *bench* || -n "${SWEEP:-}" ]]; then
   stamp "pip install ."

@@ -6,7 +6,7 @@
 # in .whl/; then the whole pytest suite in one interpreter (the PyTorch GPU tests run there).
 #   lab/h200_suite.sh [OUT_DIR]     (default $OUT or /tmp/h200); its logs come back as OUT_DIR/h200_suite.tgz
 # HOST_COST=1 adds the eager host cost per call against FlashMLA's extensions (lab/py_call_overhead.py, .peers/).
-# SAN=1 adds memcheck and racecheck (see below). SWEEP=1 / GRID=1 add the bench's sweep / grid with the peers (.peers/) into OUT_DIR/results
+# SAN=1 adds compute-sanitizer (lab/h200_sanitize.sh). SWEEP=1 / GRID=1 add the bench's sweep / grid with the peers (.peers/) into OUT_DIR/results
 # (h200_sweep.*, h200.*), BENCH_ARGS passed to both (e.g. lab variants: --env LABEL:NAME=VALUE).
 # Exit status: the number of parts that failed.
 set -uo pipefail
@@ -30,18 +30,10 @@ for suite in snapmla_tests snapmla_gpu_tests; do
   grep -E "^\[  FAILED  \]" "$out/$suite.log" | head -20
   [ $rc -eq 0 ] || failed=$((failed + 1))
 done
-# SAN=1: memcheck on the error, combine and multi-split cases, racecheck on shapes of both tiles with
-# 1-3 pages per split (longer splits give racecheck's known bar.arrive false positives).
+# SAN=1: compute-sanitizer (lab/h200_sanitize.sh) before the Python part.
 if [ -n "${SAN:-}" ]; then
-  stamp "memcheck"
-  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 .devbin/snapmla_gpu_tests \
-    --gtest_filter='GpuErrors*:GpuDecode.Combine*:*h16_sq1_w40*:*h128_sq1_w2_*' > "$out/memcheck.log" 2>&1
-  echo "memcheck exit: $?"; grep -E "ERROR SUMMARY" "$out/memcheck.log" | tail -1
-  for shape in h126_sq1_w0 h8_sq2_w0 h9_sq1_w32 h16_sq1_w40; do
-    timeout 120 compute-sanitizer --tool racecheck --print-limit 12 --error-exitcode 9 .devbin/snapmla_gpu_tests \
-      --gtest_filter="*${shape}_*" > "$out/racecheck_$shape.log" 2>&1
-    echo "racecheck $shape exit: $?"; grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$out/racecheck_$shape.log" | tail -1
-  done
+  stamp "memcheck / racecheck / synccheck"
+  lab/h200_sanitize.sh "$out"
 fi
 stamp "pip install ."
 ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps .whl/*.whl
@@ -64,17 +56,18 @@ if python3 -m pip install --no-build-isolation --no-index --no-deps . > "$out/pi
     stamp "host cost per call, with the peers"
     timeout 90 python3 "$repo/lab/py_call_overhead.py" --peers "$repo/.peers/peers.py" 2>&1 | tee "$out/call_overhead.log" | tail -14
   fi
-  for what in sweep grid; do
-    flag=SWEEP; [ $what = grid ] && flag=GRID
-    [ -n "${!flag:-}" ] || continue
-    stamp "bench $what, with the peers"
-    arg=--sweep; [ $what = grid ] && arg="--cases grid"
+  # SWEEP=1 / GRID=1: the bench with the peers into $dest/results.
+  bench() {  # LOG_NAME BENCH_OPTIONS...
+    local name=$1; shift
+    stamp "bench $name, with the peers"
     # shellcheck disable=SC2086
-    timeout ${BENCH_TIMEOUT:-240} python3 -m snapmla.bench --peers "$repo/.peers" $arg ${BENCH_ARGS:-} \
-      --out "$dest/results" > "$out/bench_$what.log" 2>&1
-    echo "bench $what exit: $?"
-    grep -E "^- " "$out/bench_$what.log" | head -20
-  done
+    timeout ${BENCH_TIMEOUT:-240} python3 -m snapmla.bench --peers "$repo/.peers" "$@" ${BENCH_ARGS:-} \
+      --out "$dest/results" > "$out/bench_$name.log" 2>&1
+    echo "bench $name exit: $?"
+    grep -E "^- " "$out/bench_$name.log" | head -20
+  }
+  [ -n "${SWEEP:-}" ] && bench sweep --sweep
+  [ -n "${GRID:-}" ] && bench grid --cases grid
 else
   tail -30 "$out/pip_install.log"
   failed=$((failed + 1))
