@@ -20,14 +20,7 @@ case "$mode" in
     "$bin/snapmla_gpu_tests" 2>&1 | tee "$out/gpu_tests.log" | grep -E "info|FAILED|PASSED|SKIPPED|Failure|error" | head -80
     ;;
   sanitize)
-    filter='GpuCacheOps*:GpuPlan*:*h16_sq1_w40*:*h64_sq3_w16*:GpuErrors*:GpuDecodeHeads*:*h3_sq4_w16*:*h126_sq4_w6*'
-    compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/snapmla_gpu_tests" --gtest_filter="$filter" 2>&1 | tee "$out/memcheck.log" | tail -5
-    echo "memcheck exit: ${PIPESTATUS[0]}"
-    compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/snapmla_gpu_tests" --gtest_filter='*h16_sq1_w40*:*h48_sq2_w4*:*h128_sq2_w132*' 2>&1 | tee "$out/racecheck.log" | tail -5
-    echo "racecheck exit: ${PIPESTATUS[0]}"
-    # The narrow tile alone, on splits of up to 24 pages.
-    SNAPMLA_TEST_FP8_TILE=16 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/snapmla_gpu_tests" --gtest_filter='*h16_sq1*' 2>&1 | tee "$out/racecheck_narrow.log" | tail -5
-    echo "racecheck (narrow tile) exit: ${PIPESTATUS[0]}"
+    lab/h200_sanitize.sh "$out"
     ;;
   sass)
     cuobjdump --dump-sass "$bin/snapmla_gpu_tests" > "$out/sass.txt" 2>&1
