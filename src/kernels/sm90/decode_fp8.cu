@@ -226,6 +226,81 @@ __device__ __forceinline__ PageFactors softmax_and_publish(float (&acc)[8][4], c
   return f;
 }
 
+// softmax_page_early (Fp8Tile::kRows64EarlyExp, not yet the default): softmax_page's result up to
+// fp32 rounding, with the exponentials taken against the page's own row max before the running max
+// arrives from the other consumer. Against the running max m the page's weights are w lift with
+// w = exp(s - max_page s) s_t and lift = exp(max_page s - m), so the reference's max P' is
+// lift max w and its P' = w lift / sigma: after the hand-off only the row's factors and one
+// multiply per weight (lift / sigma, folded into one factor) remain. Same hand-offs as
+// softmax_page (Max, then Free); the caller publishes.
+__device__ __forceinline__ PageFactors softmax_page_early(float (&acc)[8][4], const Smem& sm, const RowView& rv,
+                                                          const Work& w, int j, int c, int nblk) {
+  PageFactors f;
+  const int s = j % Cfg::kStages;
+  const int blk = w.begin + j * Cfg::kPageTokens;
+  const int r0 = rv.r0, q = rv.q;
+  const bool full = __all_sync(0xffffffffu, blk + Cfg::kPageTokens <= min(rv.vis[0], rv.vis[1]));
+  const bool none = __all_sync(0xffffffffu, blk >= max(rv.vis[0], rv.vis[1]));
+  float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f}, wmax[2] = {0.f, 0.f};
+  if (full) {
+    page_scores<false, true, true>(acc, rv.factor, rv.vis, blk, sm.scale(s), q, mx);
+    page_probs<false>(acc, mx, sm.scale(s), q, sum, wmax);  // w, against the page's own max
+  } else if (!none) {
+    page_scores<true, true, true>(acc, rv.factor, rv.vis, blk, sm.scale(s), q, mx);
+    page_probs<true>(acc, mx, sm.scale(s), q, sum, wmax);
+  }
+  sm.ring.release(j);  // QK operands and scales are read
+  // The running max after page j - 1, from its owner (the chain of the reference).
+  float m_prev[2] = {-INFINITY, -INFINITY}, m_cur[2];
+  if (j > 0) {
+    hand_sync<Fp8Barrier::kMax>(1 - c);
+    m_prev[0] = sm.max_after(j - 1, r0);
+    m_prev[1] = sm.max_after(j - 1, r0 + 8);
+  }
+  m_cur[0] = fmaxf(m_prev[0], mx[0]);
+  m_cur[1] = fmaxf(m_prev[1], mx[1]);
+  if (q == 0) {
+    sm.max_after(j, r0) = m_cur[0];
+    sm.max_after(j, r0 + 8) = m_cur[1];
+  }
+  if (j + 1 < nblk) hand_arrive<Fp8Barrier::kMax>(c);
+  // The factors as per_page_scale makes them, without its compares (ptxas ran out of predicates
+  // and spilled here): lift = exp(max_page s - m) is 0 where the row saw nothing (mx = -inf), and
+  // also where the page's weights are below 2^-126 of the running max's, which the reference
+  // quantizes to 0 anyway (P' < 448 x 2^-126 / kMinAmax), so such a page leaves the row as it is.
+  float by[2];  // P' = w x by
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const float lift = fast_exp(fmaxf(mx[ri] - m_cur[ri], -128.f));  // mx = m = -inf: NaN, then -128
+    const float seen = fminf(lift * 0x1p126f, 1.f);                    // 0 or 1 (ex2 flushes to zero)
+    const float a = fmaxf(lift * wmax[ri], kMinAmax);                   // max P' against the running max
+    const float inv = __fdividef(kE4m3Max, a) * seen;
+    f.sig[ri] = a * (1.f / kE4m3Max) * seen;
+    f.rho[ri] = fast_exp(m_prev[ri] - m_cur[ri]) * inv;
+    f.lsum[ri] = sum[ri] * lift * inv;
+    by[ri] = inv * lift;
+  }
+  if (j >= 2) hand_sync<Fp8Barrier::kFree>(c);  // the other's PV of page j - 2 is done
+  uint8_t* pt = sm.p_tile(j);
+  auto p_word = [&](int ri, int hh) { return pt + km_offset(r0 + 8 * ri, 16 * hh + 4 * q, Cfg::kPageTokens); };
+  if (none) {
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri)
+#pragma unroll
+      for (int hh = 0; hh < 4; ++hh) ptx::sts32(p_word(ri, hh), 0u);
+  } else {
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri)
+#pragma unroll
+      for (int hh = 0; hh < 4; ++hh)
+        ptx::sts32(p_word(ri, hh), e4m3x4(__fmul_rn(acc[2 * hh][2 * ri], by[ri]), __fmul_rn(acc[2 * hh][2 * ri + 1], by[ri]),
+                                          __fmul_rn(acc[2 * hh + 1][2 * ri], by[ri]),
+                                          __fmul_rn(acc[2 * hh + 1][2 * ri + 1], by[ri])));
+  }
+  wg::fence_proxy_async();  // P written with st.shared, read by wgmma
+  return f;
+}
+
 // Fp8PScale::kCarried's step per page. The owner of page j decides its sigma from the state after
 // page j - 1, so it first takes page j - 1's (sigma, r) from the other consumer (the P hand-off,
 // before its own P' instead of after) and applies them to its l and sigma; then page j's, which
@@ -284,8 +359,9 @@ struct CarriedScale {
   }
 };
 
-// kCarried: Fp8PScale::kCarried's P' scales (CarriedScale) instead of the per-page ones.
-template <bool kCarried>
+// kCarried: Fp8PScale::kCarried's P' scales (CarriedScale) instead of the per-page ones. kEarlyExp
+// (Fp8Tile::kRows64EarlyExp, per-page scales): softmax_page_early instead of softmax_page.
+template <bool kCarried, bool kEarlyExp = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     decode_fp8_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                       const __grid_constant__ CUtensorMap tm_rope, const __grid_constant__ CUtensorMap tm_q) {
@@ -388,7 +464,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           take_previous_page(st, sm, rv.r0, j, c, r_prev);
         }
       } else if (mine) {
-        f = softmax_and_publish(acc, sm, rv, w, j, c, nblk);
+        if constexpr (kEarlyExp) {
+          f = softmax_page_early(acc, sm, rv, w, j, c, nblk);
+          publish_page(sm, rv, f, j, c);
+        } else {
+          f = softmax_and_publish(acc, sm, rv, w, j, c, nblk);
+        }
       }
       // PV of page j - 1 (the other's P', in place once its owner arrived), then of page j.
       if (j > 0) {
@@ -665,16 +746,18 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
 
 // The tile a call runs: the narrow one (decode_fp8_narrow.cu) when all of a sequence's query rows
 // fit it, else a 64-row one (Fp8Tile::kRows64 unless the environment's SNAPMLA_FP8_TILE says
-// `vregs`: a switch for trying the V^T-register tile in an engine without changing its code, read
-// on every call); DecodeOptions::fp8_tile forces one (benchmarks and tests compare them on the same
-// inputs).
+// `vregs` or `early_exp`: a switch for trying the other 64-row tiles in an engine without changing
+// its code, read on every call); DecodeOptions::fp8_tile forces one (benchmarks and tests compare
+// them on the same inputs).
 Fp8Tile wide_tile_of_environment() {
   const char* v = std::getenv("SNAPMLA_FP8_TILE");
   if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0 || std::strcmp(v, "rows64") == 0)
     return Fp8Tile::kRows64;
   if (std::strcmp(v, "vregs") == 0) return Fp8Tile::kRows64VRegs;
+  if (std::strcmp(v, "early_exp") == 0) return Fp8Tile::kRows64EarlyExp;
   detail::fail("decode_fp8", "SNAPMLA_FP8_TILE",
-               std::string("expected unset, 'auto', 'rows64' or 'vregs' in the environment, got '") + v + "'");
+               std::string("expected unset, 'auto', 'rows64', 'vregs' or 'early_exp' in the environment, got '") + v +
+                   "'");
 }
 
 // Fp8PScale::kCarried runs on the 64-row tile only: kAuto picks it for every call, and the other
@@ -683,21 +766,22 @@ Fp8Tile tile_of_call(int rows, Fp8Tile tile, Fp8PScale p_scale) {
   if (p_scale == Fp8PScale::kCarried) {
     if (tile == Fp8Tile::kAuto || tile == Fp8Tile::kRows64) return Fp8Tile::kRows64;
     detail::fail("decode_fp8", "options.p_scale",
-                 "expected kAuto or kPerPage with options.fp8_tile kNarrow16 or kRows64VRegs (kCarried runs on the "
-                 "64-row tile only), got kCarried");
+                 "expected kAuto or kPerPage with options.fp8_tile kNarrow16, kRows64VRegs or kRows64EarlyExp "
+                 "(kCarried runs on the 64-row tile only), got kCarried");
   }
   switch (tile) {
     case Fp8Tile::kAuto: return rows <= kNarrowTileRows ? Fp8Tile::kNarrow16 : wide_tile_of_environment();
     case Fp8Tile::kRows64:
-    case Fp8Tile::kRows64VRegs: return tile;
+    case Fp8Tile::kRows64VRegs:
+    case Fp8Tile::kRows64EarlyExp: return tile;
     case Fp8Tile::kNarrow16:
       if (rows > kNarrowTileRows)
         detail::fail("decode_fp8", "options.fp8_tile",
-                     "expected kAuto, kRows64 or kRows64VRegs for a call with more than 16 query rows (num_heads * "
-                     "seqlen_q), got kNarrow16 with " + std::to_string(rows) + " rows");
+                     "expected kAuto, kRows64, kRows64VRegs or kRows64EarlyExp for a call with more than 16 query "
+                     "rows (num_heads * seqlen_q), got kNarrow16 with " + std::to_string(rows) + " rows");
       return tile;
   }
-  detail::fail("decode_fp8", "options.fp8_tile", "expected kAuto, kRows64, kRows64VRegs or kNarrow16");
+  detail::fail("decode_fp8", "options.fp8_tile", "expected kAuto, kRows64, kRows64VRegs, kRows64EarlyExp or kNarrow16");
 }
 
 }  // namespace
@@ -730,6 +814,9 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
   } else if (p_scale == Fp8PScale::kCarried) {
     launch_decode<Fp8TileConfig, decode_fp8_kernel<true>>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent,
                                                           tm_rope, tm_q);
+  } else if (tile == Fp8Tile::kRows64EarlyExp) {
+    launch_decode<Fp8TileConfig, decode_fp8_kernel<false, true>>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options,
+                                                                 tm_latent, tm_rope, tm_q);
   } else {
     launch_decode<Fp8TileConfig, decode_fp8_kernel<false>>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent,
                                                            tm_rope, tm_q);
