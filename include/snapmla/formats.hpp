@@ -134,13 +134,11 @@ int split_plan_capacity(int batch, int num_workers);
 // Options common to decode_fp8 and decode_bf16.
 // Which tile decode_fp8's GPU path runs. kAuto: the 16-row narrow tile when num_heads * seqlen_q
 // <= 16 (memory-bound: the rows on the wgmma N dimension), else the 64-row tile. The others force
-// one, for benchmarks and tests (kNarrow16 with more than 16 rows is an error). Two more 64-row
-// tiles, not yet the default: kRows64VRegs reads V^T into registers for a transposed PV instead of
-// transposing it through shared memory; kRows64EarlyExp is kRows64 with each page's exponentials and
-// P' taken against the page's own row max, before the running max arrives from the page before.
-// All compute the reference's function up to fp32 rounding (docs/reference.md); the CPU path
-// ignores it.
-enum class Fp8Tile { kAuto, kRows64, kNarrow16, kRows64VRegs, kRows64EarlyExp };
+// one, for benchmarks and tests (kNarrow16 with more than 16 rows is an error). kRows64VRegs is a
+// second 64-row tile, not yet the default: V^T read into registers for a transposed PV instead of
+// transposed through shared memory. All compute the reference's function up to fp32 rounding
+// (docs/reference.md); the CPU path ignores it.
+enum class Fp8Tile { kAuto, kRows64, kNarrow16, kRows64VRegs };
 
 // How decode_fp8 picks the e4m3 scale sigma of P' = P * s_t per row and 64-token page (both paths
 // compute the same rule; docs/reference.md).

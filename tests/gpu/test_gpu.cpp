@@ -430,20 +430,18 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   const auto want_per_page = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), cpu_opt);
   const Fp8RowStats stats = fp8_row_stats(B);
   // Rows that fit the narrow tile run it by default; the 64-row tile is checked on the same inputs
-  // too (DecodeOptions::fp8_tile), and so is its early-exponential form (kRows64EarlyExp, not yet
-  // the default), and the V^T-register 64-row tile (not yet the default) where SNAPMLA_TEST_VREGS=1
-  // (lab/h200_check.sh's VREGS=1) until the H200 has run it through this suite.
-  // SNAPMLA_TEST_FP8_TILE=16, 64, e or v in the test's environment (e.g. to put one kernel under a
+  // too (DecodeOptions::fp8_tile), and the V^T-register 64-row tile (not yet the default) where
+  // SNAPMLA_TEST_VREGS=1 (lab/h200_check.sh's VREGS=1) until the H200 has run it through this suite.
+  // SNAPMLA_TEST_FP8_TILE=16, 64 or v in the test's environment (e.g. to put one kernel under a
   // sanitizer) tests that tile only.
   const bool narrow = c.h * c.s_q <= 16;
-  std::vector<Fp8Tile> tiles = {Fp8Tile::kRows64, Fp8Tile::kRows64EarlyExp};
+  std::vector<Fp8Tile> tiles = {Fp8Tile::kRows64};
   if (const char* v = std::getenv("SNAPMLA_TEST_VREGS"); v != nullptr && std::string(v) == "1")
     tiles.push_back(Fp8Tile::kRows64VRegs);
   if (narrow) tiles.insert(tiles.begin(), Fp8Tile::kNarrow16);
   if (const char* only = std::getenv("SNAPMLA_TEST_FP8_TILE"); only != nullptr) {
     const std::string o = only;
     if (o == "64") tiles = {Fp8Tile::kRows64};
-    else if (o == "e") tiles = {Fp8Tile::kRows64EarlyExp};
     else if (o == "v") tiles = {Fp8Tile::kRows64VRegs};
     else if (o == "16" && narrow) tiles = {Fp8Tile::kNarrow16};
     else if (o == "16") tiles = {};
@@ -462,11 +460,7 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   for (const Run& run : runs) {
     const Fp8Tile tile_kind = run.tile;
     const bool carried = run.p_scale == Fp8PScale::kCarried;
-    const char* tile = carried                              ? "64c"
-                       : tile_kind == Fp8Tile::kNarrow16       ? "16"
-                       : tile_kind == Fp8Tile::kRows64         ? "64"
-                       : tile_kind == Fp8Tile::kRows64EarlyExp ? "64e"
-                                                               : "64v";
+    const char* tile = carried ? "64c" : tile_kind == Fp8Tile::kNarrow16 ? "16" : tile_kind == Fp8Tile::kRows64 ? "64" : "64v";
     if (carried && !want_carried) {
       DecodeOptions o = cpu_opt;
       o.p_scale = Fp8PScale::kCarried;
@@ -925,8 +919,6 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
     forced.fp8_tile = Fp8Tile::kNarrow16;
     EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), forced), "options.p_scale");
     forced.fp8_tile = Fp8Tile::kRows64VRegs;
-    EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), forced), "options.p_scale");
-    forced.fp8_tile = Fp8Tile::kRows64EarlyExp;
     EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), forced), "options.p_scale");
   }
   {

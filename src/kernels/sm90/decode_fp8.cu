@@ -7,9 +7,10 @@
 // Per page j, consumer c = j % 2 (its owner) runs the main loop's steps:
 //   score               QK of page j (HGMMA m64n64k16 for the rope from Q registers, QGMMA
 //                       m64n64k32 over the latent), issued one iteration ahead;
-//   softmax_and_publish the reference's per-page step on its scores: the running max after
-//                       page j - 1 from the other consumer, P' / sigma (e4m3, sigma per row and
-//                       page) into the page's P buffer, (sigma, alpha / sigma) per row published;
+//   softmax_and_publish the reference's per-page step on its scores: exponentials against the
+//                       page's own row max, then the running max after page j - 1 from the other
+//                       consumer, P' / sigma (e4m3, sigma per row and page) into the page's P
+//                       buffer, (sigma, alpha / sigma) per row published;
 //   rescale_accumulate  both consumers, each for its 256 output dims: O <- O * r + P' V^T for
 //                       the other's page j - 1 and its own page j (QGMMA m64n256k32, both
 //                       operands in shared memory; r is one multiply per row).
@@ -141,8 +142,10 @@ struct RowView {
 // softmax_page: page j's scores (in acc) -> P' in the page's P buffer (for the PV's async proxy)
 // and the page's factors (returned), the running max after page j in its xmax slot; releases the
 // page's stage where the view says the owner does, and signals the other consumer's next page
-// (Max, after the running max). The P hand-off is the caller's (softmax_and_publish below, or the
-// V^T-register tile's, which publishes other factors).
+// (Max, after the running max). The exponentials wait for the running max here: the carried P'
+// scales' rule (CarriedScale) needs it before P', and the V^T-register tile takes this step as it
+// is; the per-page rule's transposing tile runs softmax_page_early. The P hand-off is the caller's
+// (publish_page, or the V^T-register tile's, which publishes other factors).
 template <typename View, typename PageScale = PerPageScale>
 __device__ __forceinline__ PageFactors softmax_page(float (&acc)[8][4], const View& sm,
                                                            const RowView& rv, const Work& w, int j, int c,
@@ -218,17 +221,9 @@ __device__ __forceinline__ void publish_page(const Smem& sm, const RowView& rv, 
   hand_arrive<Fp8Barrier::kP>(c);
 }
 
-// softmax_and_publish: softmax_page, then publish_page (the per-page P' scales).
-__device__ __forceinline__ PageFactors softmax_and_publish(float (&acc)[8][4], const Smem& sm, const RowView& rv,
-                                                           const Work& w, int j, int c, int nblk) {
-  const PageFactors f = softmax_page(acc, sm, rv, w, j, c, nblk);
-  publish_page(sm, rv, f, j, c);
-  return f;
-}
-
-// softmax_page_early (Fp8Tile::kRows64EarlyExp, not yet the default): softmax_page's result up to
-// fp32 rounding, with the exponentials taken against the page's own row max before the running max
-// arrives from the other consumer. Against the running max m the page's weights are w lift with
+// softmax_page_early, the per-page P' scales' step (the transposing tile's): softmax_page's result
+// up to fp32 rounding, with the exponentials taken against the page's own row max before the
+// running max arrives from the other consumer. Against the running max m the page's weights are w lift with
 // w = exp(s - max_page s) s_t and lift = exp(max_page s - m), so the reference's max P' is
 // lift max w and its P' = w lift / sigma: after the hand-off only the row's factors and one
 // multiply per weight (lift / sigma, folded into one factor) remain. Same hand-offs as
@@ -301,6 +296,14 @@ __device__ __forceinline__ PageFactors softmax_page_early(float (&acc)[8][4], co
   return f;
 }
 
+// softmax_and_publish: softmax_page_early, then publish_page (the per-page P' scales).
+__device__ __forceinline__ PageFactors softmax_and_publish(float (&acc)[8][4], const Smem& sm, const RowView& rv,
+                                                           const Work& w, int j, int c, int nblk) {
+  const PageFactors f = softmax_page_early(acc, sm, rv, w, j, c, nblk);
+  publish_page(sm, rv, f, j, c);
+  return f;
+}
+
 // Fp8PScale::kCarried's step per page. The owner of page j decides its sigma from the state after
 // page j - 1, so it first takes page j - 1's (sigma, r) from the other consumer (the P hand-off,
 // before its own P' instead of after) and applies them to its l and sigma; then page j's, which
@@ -359,9 +362,8 @@ struct CarriedScale {
   }
 };
 
-// kCarried: Fp8PScale::kCarried's P' scales (CarriedScale) instead of the per-page ones. kEarlyExp
-// (Fp8Tile::kRows64EarlyExp, per-page scales): softmax_page_early instead of softmax_page.
-template <bool kCarried, bool kEarlyExp = false>
+// kCarried: Fp8PScale::kCarried's P' scales (CarriedScale) instead of the per-page ones.
+template <bool kCarried>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     decode_fp8_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                       const __grid_constant__ CUtensorMap tm_rope, const __grid_constant__ CUtensorMap tm_q) {
@@ -464,12 +466,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           take_previous_page(st, sm, rv.r0, j, c, r_prev);
         }
       } else if (mine) {
-        if constexpr (kEarlyExp) {
-          f = softmax_page_early(acc, sm, rv, w, j, c, nblk);
-          publish_page(sm, rv, f, j, c);
-        } else {
-          f = softmax_and_publish(acc, sm, rv, w, j, c, nblk);
-        }
+        f = softmax_and_publish(acc, sm, rv, w, j, c, nblk);
       }
       // PV of page j - 1 (the other's P', in place once its owner arrived), then of page j.
       if (j > 0) {
@@ -746,18 +743,16 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
 
 // The tile a call runs: the narrow one (decode_fp8_narrow.cu) when all of a sequence's query rows
 // fit it, else a 64-row one (Fp8Tile::kRows64 unless the environment's SNAPMLA_FP8_TILE says
-// `vregs` or `early_exp`: a switch for trying the other 64-row tiles in an engine without changing
-// its code, read on every call); DecodeOptions::fp8_tile forces one (benchmarks and tests compare
-// them on the same inputs).
+// `vregs`: a switch for trying the V^T-register tile in an engine without changing its code, read
+// on every call); DecodeOptions::fp8_tile forces one (benchmarks and tests compare them on the same
+// inputs).
 Fp8Tile wide_tile_of_environment() {
   const char* v = std::getenv("SNAPMLA_FP8_TILE");
   if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0 || std::strcmp(v, "rows64") == 0)
     return Fp8Tile::kRows64;
   if (std::strcmp(v, "vregs") == 0) return Fp8Tile::kRows64VRegs;
-  if (std::strcmp(v, "early_exp") == 0) return Fp8Tile::kRows64EarlyExp;
   detail::fail("decode_fp8", "SNAPMLA_FP8_TILE",
-               std::string("expected unset, 'auto', 'rows64', 'vregs' or 'early_exp' in the environment, got '") + v +
-                   "'");
+               std::string("expected unset, 'auto', 'rows64' or 'vregs' in the environment, got '") + v + "'");
 }
 
 // Fp8PScale::kCarried runs on the 64-row tile only: kAuto picks it for every call, and the other
@@ -766,22 +761,21 @@ Fp8Tile tile_of_call(int rows, Fp8Tile tile, Fp8PScale p_scale) {
   if (p_scale == Fp8PScale::kCarried) {
     if (tile == Fp8Tile::kAuto || tile == Fp8Tile::kRows64) return Fp8Tile::kRows64;
     detail::fail("decode_fp8", "options.p_scale",
-                 "expected kAuto or kPerPage with options.fp8_tile kNarrow16, kRows64VRegs or kRows64EarlyExp "
-                 "(kCarried runs on the 64-row tile only), got kCarried");
+                 "expected kAuto or kPerPage with options.fp8_tile kNarrow16 or kRows64VRegs (kCarried runs on the "
+                 "64-row tile only), got kCarried");
   }
   switch (tile) {
     case Fp8Tile::kAuto: return rows <= kNarrowTileRows ? Fp8Tile::kNarrow16 : wide_tile_of_environment();
     case Fp8Tile::kRows64:
-    case Fp8Tile::kRows64VRegs:
-    case Fp8Tile::kRows64EarlyExp: return tile;
+    case Fp8Tile::kRows64VRegs: return tile;
     case Fp8Tile::kNarrow16:
       if (rows > kNarrowTileRows)
         detail::fail("decode_fp8", "options.fp8_tile",
-                     "expected kAuto, kRows64, kRows64VRegs or kRows64EarlyExp for a call with more than 16 query "
-                     "rows (num_heads * seqlen_q), got kNarrow16 with " + std::to_string(rows) + " rows");
+                     "expected kAuto, kRows64 or kRows64VRegs for a call with more than 16 query rows (num_heads * "
+                     "seqlen_q), got kNarrow16 with " + std::to_string(rows) + " rows");
       return tile;
   }
-  detail::fail("decode_fp8", "options.fp8_tile", "expected kAuto, kRows64, kRows64VRegs, kRows64EarlyExp or kNarrow16");
+  detail::fail("decode_fp8", "options.fp8_tile", "expected kAuto, kRows64, kRows64VRegs or kNarrow16");
 }
 
 }  // namespace
@@ -814,9 +808,6 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
   } else if (p_scale == Fp8PScale::kCarried) {
     launch_decode<Fp8TileConfig, decode_fp8_kernel<true>>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent,
                                                           tm_rope, tm_q);
-  } else if (tile == Fp8Tile::kRows64EarlyExp) {
-    launch_decode<Fp8TileConfig, decode_fp8_kernel<false, true>>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options,
-                                                                 tm_latent, tm_rope, tm_q);
   } else {
     launch_decode<Fp8TileConfig, decode_fp8_kernel<false>>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent,
                                                            tm_rope, tm_q);
