@@ -317,7 +317,36 @@ def test_kl_of_a_distribution_with_itself_is_zero():
     assert bool((quality.kl_divergence(logp, other) > 0).all())
 
 
-@pytest.mark.parametrize("length", [256, 8192, 65536])
+def _is_key(b):
+    return quality.KEY_BASE <= b < quality.KEY_BASE + quality.KEY_SYMBOLS
+
+
+def _is_value(v: bytes):
+    return len(v) == quality.VALUE_LEN and all(c in quality.VALUE_ALPHABET.tobytes() for c in v)
+
+
+def test_value_alphabet_is_62_ascii_symbols_apart_from_keys_and_line_syntax():
+    a = quality.VALUE_ALPHABET.tobytes()
+    assert len(a) == len(set(a)) == 62 and a.isalnum() and max(a) < quality.KEY_BASE
+    rng = np.random.default_rng(0)
+    v = quality.random_values(rng, 20000)
+    assert v.shape == (20000, quality.VALUE_LEN) and v.dtype == np.uint8
+    counts = np.bincount(v.ravel(), minlength=256)[quality.VALUE_ALPHABET]
+    assert counts.min() > 0.7 * counts.mean() and counts.sum() == v.size  # every symbol, about uniformly
+
+
+def _record_lines(lines):
+    """(key byte, value) of each non-blank line (after a `?` for questions); every line is a key
+    byte and a value of VALUE_LEN symbols of VALUE_ALPHABET."""
+    out = []
+    for line in lines:
+        assert len(line) == quality.KEY_LEN + quality.VALUE_LEN and _is_key(line[0]), line
+        assert _is_value(line[quality.KEY_LEN:]), line
+        out.append((line[0], line[quality.KEY_LEN:]))
+    return out
+
+
+@pytest.mark.parametrize("length", [64, 256, 8192, 65536])
 def test_retrieval_example_puts_the_answer_far_back(length):
     rng = np.random.default_rng(length)
     e = quality.retrieval_example(rng, length)
@@ -325,24 +354,55 @@ def test_retrieval_example_puts_the_answer_far_back(length):
     assert len(t) == length + 1 and t[0] == mla_lm.BOS and (t[1:] < 256).all()
     text = bytes(t[1:].astype(np.uint8))
     q = e["question"]
-    assert t[q] == ord("?") and text.endswith(b"\n") and q == length + 1 - quality.QUESTION_LEN
-    key = bytes(t[q + 1:q + 1 + quality.KEY_LEN].astype(np.uint8))
+    assert t[q] == quality.QUESTION and text.endswith(b"\n") and q == length + 1 - quality.QUESTION_LEN
+    key = int(t[q + 1])
+    assert _is_key(key) and quality.KEY_LEN == 1
+    assert np.array_equal(e["answer"], np.arange(q + 2, q + 2 + quality.VALUE_LEN))
     value = bytes(t[e["answer"]].astype(np.uint8))
-    assert value.isdigit() and len(value) == quality.VALUE_LEN and key.isalpha()
-    # the key occurs once in the haystack, at the target record, whose value is the answer
-    assert text.count(key + b"=") == 2
+    assert _is_value(value) and t[-1] == ord("\n")
+    # the haystack: records (key byte, value) and blank lines only, every key once
+    hay = text[:q - 1]
+    lines = hay.split(b"\n")
+    assert lines[-1] == b""  # ends with a line break
+    records = _record_lines([x for x in lines[:-1] if x])
+    keys = [k for k, _ in records]
+    assert len(keys) == len(set(keys)) == min(quality.NUM_KEYS, len(hay) // quality.RECORD_LEN)
+    assert sum(map(_is_key, hay)) == len(keys)  # no key byte anywhere but at a record's start
+    # the question's key is the target record's, whose value is the answer; nowhere else
     rec = e["record"]
-    assert bytes(t[rec:rec + quality.RECORD_LEN].astype(np.uint8)) == key + b"=" + value + b"\n"
-    # far back: the record is in the first half of the haystack
-    assert q - rec >= (length - quality.QUESTION_LEN) // 2 - quality.RECORD_LEN
+    assert t[rec] == key and bytes(t[rec:rec + quality.RECORD_LEN].astype(np.uint8)) == bytes([key]) + value + b"\n"
+    assert text.count(bytes([key])) == 2 and dict(records)[key] == value
+    # far back: the record starts in the first half of the haystack
+    assert rec - 1 < len(hay) / 2
+    # spread: the blank runs before the records differ by at most one line
+    starts = np.flatnonzero(np.frombuffer(hay, np.uint8) >= quality.KEY_BASE)
+    gaps = np.diff(np.concatenate([[0], starts])) - np.r_[0, np.full(len(starts) - 1, quality.RECORD_LEN)]
+    assert gaps.max() - gaps.min() <= 1, gaps
+    if length >= 8192:
+        assert len(keys) == quality.NUM_KEYS and gaps.min() >= 50  # a long haystack is mostly blank lines
+    with pytest.raises(ValueError, match="length"):
+        quality.retrieval_example(rng, 2 * quality.RECORD_LEN + quality.QUESTION_LEN - 1)
+
+
+def test_retrieval_examples_ask_every_depth_in_range():
+    """Over many samples the target's depth covers [0, 0.5) of the haystack, nothing past it."""
+    rng = np.random.default_rng(5)
+    depths = []
+    for _ in range(200):
+        e = quality.retrieval_example(rng, 2048)
+        depths.append((e["record"] - 1) / (e["question"] - 1))
+    assert 0 <= min(depths) < 0.05 and 0.45 < max(depths) < 0.5
+    late = quality.retrieval_example(rng, 2048, depth=(0.5, 1.0))
+    assert (late["record"] - 1) / (late["question"] - 1) >= 0.5
 
 
 def test_retrieval_training_sequences_span_far_positions():
     rng = np.random.default_rng(3)
-    spans, answered = [], 0
-    for _ in range(20):
-        t, pos = quality.retrieval_train_sequence(rng, 1024, 65536)
-        assert len(t) == len(pos) == 1025 and t[0] == mla_lm.BOS and pos[0] == 0
+    spans, answered, n_keys = [], 0, []
+    for i in range(30):
+        length = 8192 if i < 2 else 1024
+        t, pos = quality.retrieval_train_sequence(rng, length, 65536)
+        assert len(t) == len(pos) == length + 1 and t[0] == mla_lm.BOS and pos[0] == 0
         steps = np.diff(pos)
         assert (steps >= 1).all() and pos[-1] <= 65536
         text = bytes(t[1:].astype(np.uint8))
@@ -353,18 +413,27 @@ def test_retrieval_training_sequences_span_far_positions():
         inside[0] = False  # BOS -> the first line
         inside[nl[nl < len(steps)]] = False
         assert (steps[inside] == 1).all()
-        records = {}
+        records, asked = {}, 0
         for line in lines:
-            if line.startswith(b"?"):
-                k, v = line[1:].split(b"=")
+            if not line:
+                continue
+            if line[0] == quality.QUESTION:
+                (k, v), = _record_lines([line[1:]])
                 assert records[k] == v  # a question about an earlier record has its value
-                answered += 1
-            elif line:
-                k, v = line.split(b"=")
-                assert k not in records
+                asked += 1
+            else:
+                (k, v), = _record_lines([line])
+                assert k not in records  # every key once
                 records[k] = v
+        assert 1 <= len(records) <= quality.NUM_KEYS
+        if len(records) <= 4:  # few keys: each asked many times
+            assert asked >= 10 * len(records), (len(records), asked)
+        answered += asked
+        n_keys.append(len(records))
         spans.append(pos[-1])
-    assert answered > 100 and min(spans) >= 1024 and max(spans) > 32768
+    assert answered > 500 and min(spans) >= 1024 and max(spans) > 32768
+    # the number of keys varies from a few to many (log-uniform)
+    assert min(n_keys) <= 4 and max(n_keys) >= 64, n_keys
 
 
 def test_outlier_transform_keeps_the_model_and_makes_outliers():
@@ -375,14 +444,15 @@ def test_outlier_transform_keeps_the_model_and_makes_outliers():
     calib[:, 0] = mla_lm.BOS
     test = torch.randint(0, 256, (2, 80), generator=gen)
     test[:, 0] = mla_lm.BOS
-    om, info = mla_lm.outlier_transform(model, calib, channels=6, lo=10.0, hi=100.0)
+    om, info = mla_lm.outlier_transform(model, calib, channels=6)  # the defaults: 1000 down to 300x
     with torch.no_grad():
         want, got = model(test), om(test)
     assert float((got - want).abs().max()) < 1e-4 * float(want.abs().max()), float((got - want).abs().max())
     # the original is untouched
     assert all(float(b.attn.latent_offset.abs().max()) == 0 for b in model.blocks)
-    targets = mla_lm.outlier_targets(6, 10.0, 100.0)
-    assert targets[0] == pytest.approx(100) and targets[-1] == pytest.approx(10)
+    targets = mla_lm.outlier_targets(6, mla_lm.OUTLIER_LO, mla_lm.OUTLIER_HI)
+    assert targets[0] == pytest.approx(1000) and targets[-1] == pytest.approx(300)
+    assert info["target_lo"] == 300 and info["target_hi"] == 1000
     before, after = mla_lm.latent_rows(model, calib), mla_lm.latent_rows(om, calib)
     for layer, (rb, ra) in enumerate(zip(before, after)):
         ch = torch.tensor(info["per_layer"][layer]["channels"])
@@ -392,6 +462,8 @@ def test_outlier_transform_keeps_the_model_and_makes_outliers():
         others[ch] = False
         ratio = rms[ch] / rms[others].median()
         assert torch.allclose(ratio, targets, rtol=1e-3), (ratio, targets)
+        # past e4m3's 448 (what saturates at scale 1.0), where the untransformed latent is ~5
+        assert float(c.abs().max()) > 4 * 448 and float(rb[..., :mla_lm.LATENT].abs().max()) < 10
         # rope keys unchanged: exactly in the first layer, to rounding (bf16 rows) after it
         rope_a, rope_b = ra[..., mla_lm.LATENT:], rb[..., mla_lm.LATENT:]
         assert torch.equal(rope_a, rope_b) if layer == 0 else float((rope_a - rope_b).norm() / rope_b.norm()) < 1e-2
@@ -415,12 +487,43 @@ def test_prefill_then_decode_matches_teacher_forced_decoding():
     with torch.no_grad():
         want = model(x, record=rows)[:, q:]
         cache = mla_lm.PagedMLACache("bf16", cfg.n_layers, 1, x.shape[1], "cpu")
-        cache.fill([r[:, :q] for r in rows])
+        cache.fill([r[:, :q] for r in rows], last_token=x[:, q - 1])
         assert cache.length == q
         got = model(x[:, q:], cache)
+        # without the prompt's last token the next token's previous-token embedding is unknown
+        blind = mla_lm.PagedMLACache("bf16", cfg.n_layers, 1, x.shape[1], "cpu")
+        blind.fill([r[:, :q] for r in rows])
+        with pytest.raises(ValueError, match="last_token"):
+            model(x[:, q:], blind)
     err = float((got - want).norm() / want.norm())
     assert err < 0.01, err
     got_ok = quality.retrieval_batch(model, [e, e])
     assert set(got_ok) == set(quality.KINDS) and all(len(v) == 2 for v in got_ok.values())
     with pytest.raises(ValueError, match="max_len"):
         cache.fill([r for r in rows])
+
+
+def test_previous_token_embedding_follows_the_cache_across_decode_calls():
+    """The input of position t adds an embedding of token t - 1: decoding a sequence through the
+    cache in pieces (a prompt, then one token at a time, as greedy generation does) gives the
+    logits of the whole sequence through the model, and they depend on that embedding."""
+    cfg = mla_lm.Config(d_model=64, n_layers=2, n_heads=16, d_ff=128)
+    model = mla_lm.MLALM(cfg, seed=3)
+    assert cfg.prev_token_embedding and model.prev_embed is not None
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randint(0, 256, (2, 40), generator=gen)
+    x[:, 0] = mla_lm.BOS
+    with torch.no_grad():
+        want = model(x)
+        cache = mla_lm.PagedMLACache("bf16", cfg.n_layers, 2, x.shape[1], "cpu")
+        pieces = [model(x[:, :33], cache)] + [model(x[:, t:t + 1], cache) for t in range(33, 40)]
+        got = torch.cat(pieces, dim=1)
+        assert torch.equal(cache.last_token, x[:, -1])
+        # the previous token matters: the same tokens after a different one give other logits
+        other = model(x[:, 1:], prev=torch.full((2,), ord("a")))
+        flat = mla_lm.MLALM(mla_lm.Config(d_model=64, n_layers=2, n_heads=16, d_ff=128,
+                                          prev_token_embedding=False), seed=3)
+        assert flat.prev_embed is None and flat(x).shape == want.shape
+    err = float((got - want).norm() / want.norm())
+    assert err < 0.01, err
+    assert float((other[:, 0] - want[:, 1]).abs().max()) > 1e-3

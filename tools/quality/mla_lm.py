@@ -12,7 +12,13 @@ Decoding through a paged cache uses the absorbed form the kernels compute:
 so the rest of the model is the same code either way and the only difference between the
 caches is the attention arithmetic. The query is projected directly from the hidden state
 (no query low-rank path); everything else is the usual pre-norm decoder: RMSNorm, SwiGLU MLP,
-byte-level tokens with a BOS token at position 0.
+byte-level tokens with a BOS token at position 0. The input of position t is the embedding of
+its token plus a second embedding of the token before it (token t - 1; NO_PREV at the start):
+with the previous token in the residual stream from the start, one attention layer can find "the
+position whose previous token is K" (an induction head without the previous-token head it
+otherwise has to learn first), which is what makes the study's retrieval lookup learnable in its
+few minutes of training (lab/retrieval_probe.py). It changes nothing about attention or the
+cache: a cached decode passes the token before its first new token (the cache keeps it).
 
 Positions are an argument of the forward pass ([n] for the batch, or [B, n] per sequence), so
 training can give a sequence gaps between its positions (the retrieval sequences of
@@ -35,6 +41,7 @@ import snapmla
 
 LATENT, ROPE, NOPE, VDIM = 512, 64, 128, 128
 BOS = 256  # token ids 0..255 are bytes
+NO_PREV = 257  # the previous-token embedding's input at a sequence's first position
 CACHE_KINDS = ("bf16", "fp8", "tensor_fp8")
 
 
@@ -46,6 +53,7 @@ class Config:
     n_heads: int = 16
     d_ff: int = 2816
     rope_base: float = 10000.0
+    prev_token_embedding: bool = True  # x_t = E[token_t] + E_prev[token_{t-1}] (see above)
 
     def to_dict(self):
         return asdict(self)
@@ -170,6 +178,7 @@ class MLALM(nn.Module):
         self.cfg = cfg
         self.seed = seed
         self.embed = nn.Embedding(cfg.vocab, cfg.d_model)
+        self.prev_embed = nn.Embedding(cfg.vocab, cfg.d_model) if cfg.prev_token_embedding else None
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
@@ -191,20 +200,30 @@ class MLALM(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, tokens, cache=None, positions=None, record=None):
+    def forward(self, tokens, cache=None, positions=None, record=None, prev=None):
         """tokens [B, n] -> logits [B, n, vocab] (fp32). Without a cache: the whole sequence with
         the model's own causal attention. With a cache: the n tokens after the cache's current
         length (the same for every sequence), attended through the cache's decode kernel.
         positions: [n] or [B, n] (default: consecutive from 0, or from the cache's length);
-        record: a list that receives every layer's cache rows (without a cache)."""
+        record: a list that receives every layer's cache rows (without a cache); prev: [B], the
+        token before tokens[:, 0] (default: the cache's last token, or NO_PREV at the start)."""
         if positions is None:
             start = cache.length if cache is not None else 0
             positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
         x = self.embed(tokens)
+        if self.prev_embed is not None:
+            if prev is None and cache is not None and cache.length:
+                prev = cache.last_token
+                if prev is None:
+                    raise ValueError("cache: filled without last_token, which the previous-token "
+                                     "embedding of the next token needs")
+            first = (torch.full_like(tokens[:, :1], NO_PREV) if prev is None
+                     else prev.to(tokens.device, tokens.dtype).view(-1, 1).expand(tokens.shape[0], 1))
+            x = x + self.prev_embed(torch.cat([first, tokens[:, :-1]], dim=1))
         for i, block in enumerate(self.blocks):
             x = block(x, positions, cache, i, record)
         if cache is not None:
-            cache.advance(tokens.shape[1])
+            cache.advance(tokens.shape[1], tokens[:, -1])
         with torch.autocast(tokens.device.type, enabled=False):
             return F.linear(self.norm(x).float(), self.head.weight.float())
 
@@ -237,6 +256,7 @@ class PagedMLACache:
             raise ValueError(f"kind: expected one of {CACHE_KINDS}, got {kind!r}")
         self.kind = kind
         self.length = 0
+        self.last_token = None  # [B]: the token at position length - 1 (the model's next prev)
         self.max_len = max_len
         page = snapmla.PAGE_SIZE
         pages_per_seq = (max_len + page - 1) // page
@@ -251,24 +271,27 @@ class PagedMLACache:
         self.record = False
         self.recorded = {}
 
-    def advance(self, n: int) -> None:
+    def advance(self, n: int, last_token=None) -> None:
         self.length += n
+        self.last_token = None if last_token is None else last_token.detach().clone()
 
     def _slots(self, n: int, device):
         pos = torch.arange(self.length, self.length + n, device=device)
         page = snapmla.PAGE_SIZE
         return self.block_table[:, pos // page] * page + (pos % page).to(torch.int32)
 
-    def fill(self, rows) -> None:
+    def fill(self, rows, last_token=None) -> None:
         """Writes a prefill: rows[layer] [B, n, 576] (bf16), every layer's rows of the next n
-        tokens, in this cache's format (quantized as its appends would), then advances by n."""
+        tokens, in this cache's format (quantized as its appends would), then advances by n;
+        last_token [B] is the last of those n tokens (what the next decode's previous-token
+        embedding takes)."""
         B, n, _ = rows[0].shape
         if self.length + n > self.max_len:
             raise ValueError(f"rows: {self.length} + {n} tokens exceed the cache's max_len {self.max_len}")
         slots = self._slots(n, rows[0].device).reshape(-1).contiguous()
         for layer, r in enumerate(rows):
             self._write(layer, r.reshape(B * n, LATENT + ROPE).contiguous(), slots)
-        self.advance(n)
+        self.advance(n, last_token)
 
     def _write(self, layer: int, rows, slots):
         cache = self.layers[layer]
@@ -336,8 +359,11 @@ def outlier_targets(channels: int, lo: float, hi: float):
     return torch.logspace(math.log10(hi), math.log10(lo), channels, dtype=torch.float64)
 
 
+OUTLIER_LO, OUTLIER_HI = 300.0, 1000.0  # outlier channel RMS / median RMS, as real MLA caches have
+
+
 @torch.no_grad()
-def outlier_transform(model, calib_tokens, channels: int = 8, lo: float = 10.0, hi: float = 100.0):
+def outlier_transform(model, calib_tokens, channels: int = 8, lo: float = OUTLIER_LO, hi: float = OUTLIER_HI):
     """(copy of model, description): the same function, with cache latents that have a few
     high-magnitude channels and a large-norm sink row, as real MLA caches have.
 
@@ -345,10 +371,13 @@ def outlier_transform(model, calib_tokens, channels: int = 8, lo: float = 10.0, 
     channels j where the BOS row is furthest from the other tokens, |c_0j - mean_j| / std_j,
     are centred and scaled, c'_j = s_j (c_j - mean_j), with s_j such that the channel's RMS over
     the non-BOS tokens is target_j times the median RMS of the other channels (targets
-    log-spaced from hi to lo). The scale goes into the latent RMSNorm's weight, -s_j mean_j into
-    the latent offset, and 1 / s_j into column j of W_uk and W_uv. Scores q_lat . c change by
-    the same amount for every key of a query (the offset), which softmax ignores, and values
-    subtract the offset again, so the model's output is unchanged in exact arithmetic. The BOS
+    log-spaced from hi to lo; the defaults, 1000 down to 300, are the range of real MLA caches'
+    outlier channels and put their largest values well past e4m3's 448). The scale goes into
+    the latent RMSNorm's weight, -s_j mean_j into the latent offset, and 1 / s_j into column j
+    of W_uk and W_uv. Scores q_lat . c change by the same amount for every key of a query (the
+    offset), which softmax ignores, and values subtract the offset again, so the model's output
+    is unchanged in exact arithmetic, whatever the targets (in floating point the rounding of a
+    scaled channel scales with it: the relative error is that of the original model). The BOS
     row, far from the mean in exactly these channels, becomes a large-norm sink."""
     if any(float(b.attn.latent_offset.abs().max()) != 0 for b in model.blocks):
         raise ValueError("model: expected a model without a latent offset (not already transformed)")

@@ -30,15 +30,25 @@ its prefix, so the logits are those of token-by-token decoding over that cache. 
 exact logits: teacher-forced top-1 agreement and KL(exact || cache). Every number over windows
 has a paired bootstrap 95% interval (the same resampled windows for every cache).
 
-Retrieval: a haystack of `key=value` records fills the context (8K, 32K, 64K tokens); a final
-`?key=` asks for the value of a record in the first half. The prompt is prefilled with the
-model's own attention and its rows written into each cache (as an engine's prefill writes the
-cache), then the question and answer are decoded through the cache, teacher-forced; a sample is
-correct when every answer digit is the argmax, which is exactly when greedy decoding would
-produce the whole answer.
+Retrieval: a record is one line, a key byte and a value symbol (one of 62 digits and letters);
+keys are the 128 bytes 0x80-0xFF (0.03% of the stdlib text's bytes, inside non-ASCII
+characters), drawn without replacement, so each occurs once before it is asked. A question is `?`
+and a record's line again: answering is "find the earlier occurrence of this byte and copy the
+symbol after it", the lookup an induction head does, which the model's previous-token embedding
+lets one attention layer do (lab/retrieval_probe.py measures how fast small models learn it;
+6-letter keys `key=value` were never learned, nor 4-digit values without that embedding).
+Training mixes in sequences of records, questions about earlier records and blank lines, with
+2 to 128 keys per sequence (log-uniform: few keys asked many times teach the lookup fastest)
+and position jumps between lines so an 8K sequence spans up to 64K positions. The test haystack (8K, 32K, 64K tokens) holds min(128, what fits) records evenly
+spread over blank lines, then the question about a record that starts in the first half. The
+prompt is prefilled with the model's own attention and its rows written into each cache (as an
+engine's prefill writes the cache), then the question and answer are decoded through the cache,
+teacher-forced; a sample is correct when the answer symbol is the argmax, which is exactly when
+greedy decoding would produce it.
 
-Outlier model: mla_lm.outlier_transform of the trained model (a few latent channels 10-100x the
-median RMS, a large-norm BOS sink, the same function), evaluated the same way.
+Outlier model: mla_lm.outlier_transform of the trained model (a few latent channels 300-1000x
+the median RMS, values well past e4m3's 448, a large-norm BOS sink, the same function),
+evaluated the same way.
 """
 
 from __future__ import annotations
@@ -60,7 +70,8 @@ import torch
 import torch.nn.functional as F
 
 import snapmla
-from mla_lm import BOS, CACHE_KINDS, LATENT, MLALM, Config, PagedMLACache, outlier_transform
+from mla_lm import (BOS, CACHE_KINDS, LATENT, MLALM, OUTLIER_HI, OUTLIER_LO, Config, PagedMLACache,
+                    outlier_transform)
 
 KINDS = ("exact",) + CACHE_KINDS  # "exact" is the reference for top-1 / KL, "bf16" for ppl ratios
 KIND_LABEL = {
@@ -164,71 +175,93 @@ def heldout_windows(stream, length: int, count: int = 0):
 
 
 # --- retrieval sequences -------------------------------------------------------------------
+#
+# A record is one line: a key byte, a value of VALUE_LEN symbols (digits and ASCII letters),
+# "\n". A question is "?" then a record's line again. Keys are single bytes from 0x80-0xFF, drawn
+# without replacement, so a key occurs once in a sequence before it is asked (0.03% of the stdlib
+# text's bytes are in that range, inside non-ASCII characters; a retrieval sequence holds no
+# text): answering is "find the earlier occurrence of this byte and copy the symbol after it",
+# what an induction head does. One value symbol of 62 (chance 1.6%): a lookup the model learns in
+# its minutes of training (lab/retrieval_probe.py; further value symbols each need a second,
+# positional copy that the small model learns far more slowly, and would measure that skill,
+# not what a cache does to reading one record far back).
 
-KEY_LEN, VALUE_LEN = 6, 6
-RECORD_LEN = KEY_LEN + VALUE_LEN + 2  # "key=value\n"
-QUESTION_LEN = RECORD_LEN + 1  # "?key=value\n"
-_LETTERS = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", dtype=np.uint8)
+KEY_BASE, KEY_SYMBOLS = 0x80, 128  # key bytes: KEY_BASE .. KEY_BASE + KEY_SYMBOLS - 1
+VALUE_ALPHABET = np.frombuffer(b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", dtype=np.uint8)
+KEY_LEN, VALUE_LEN = 1, 1
+NUM_KEYS = KEY_SYMBOLS ** KEY_LEN
+RECORD_LEN = KEY_LEN + VALUE_LEN + 1  # key, value, "\n"
+QUESTION_LEN = RECORD_LEN + 1  # "?", key, value, "\n"
+QUESTION = ord("?")
 
 
 def random_keys(rng, n: int):
-    """n distinct keys [n, KEY_LEN] of lowercase letters (uint8)."""
-    space = 26 ** KEY_LEN
-    got = np.zeros(0, dtype=np.int64)
-    while len(got) < n:
-        draw = np.concatenate([got, rng.integers(0, space, size=n - len(got) + 16)])
-        _, first = np.unique(draw, return_index=True)
-        got = draw[np.sort(first)]
-    got = got[:n]
-    digits = (got[:, None] // (26 ** np.arange(KEY_LEN - 1, -1, -1))[None, :]) % 26
-    return _LETTERS[digits]
+    """n distinct keys [n, KEY_LEN] (uint8) of key bytes, drawn without replacement."""
+    if not 0 <= n <= NUM_KEYS:
+        raise ValueError(f"n: expected at most {NUM_KEYS} distinct keys, got {n}")
+    got = rng.permutation(NUM_KEYS)[:n]
+    digits = (got[:, None] // (KEY_SYMBOLS ** np.arange(KEY_LEN - 1, -1, -1))[None, :]) % KEY_SYMBOLS
+    return (KEY_BASE + digits).astype(np.uint8)
 
 
 def random_values(rng, n: int):
-    return (rng.integers(0, 10, size=(n, VALUE_LEN)) + ord("0")).astype(np.uint8)
+    """n values [n, VALUE_LEN] (uint8) of symbols drawn uniformly from VALUE_ALPHABET."""
+    return VALUE_ALPHABET[rng.integers(0, len(VALUE_ALPHABET), size=(n, VALUE_LEN))]
 
 
 def record_bytes(key, value, question: bool = False):
-    return (b"?" if question else b"") + key.tobytes() + b"=" + value.tobytes() + b"\n"
+    return (b"?" if question else b"") + key.tobytes() + value.tobytes() + b"\n"
 
 
 def retrieval_example(rng, length: int, depth=(0.0, 0.5)):
-    """A retrieval sample of `length` input tokens: BOS, blank lines to pad, key=value records,
-    then ?key=value for the key of the record at a relative depth in [depth) of the haystack.
-    Returns tokens [length + 1] (int64: inputs are tokens[:-1]), the index of "?" (the prompt
-    is tokens[:question]), the indices of the answer digits and of the target record."""
+    """A retrieval sample of `length` input tokens: BOS, a haystack of min(NUM_KEYS, what fits)
+    records evenly spread over blank lines, then the question: "?", the key of a record that
+    starts at a relative depth in [depth) of the haystack, its value, "\n". Returns tokens
+    [length + 1] (int64: inputs are tokens[:-1]), the index of "?" (the prompt is
+    tokens[:question]), the indices of the answer symbols and of the target record."""
     hay = length - QUESTION_LEN
-    n = hay // RECORD_LEN
+    n = min(NUM_KEYS, hay // RECORD_LEN)
     if n < 2:
         raise ValueError(f"length: expected room for 2 records and the question, got {length}")
     keys, values = random_keys(rng, n), random_values(rng, n)
-    target = int(rng.integers(int(depth[0] * n), max(int(depth[0] * n) + 1, int(depth[1] * n))))
-    body = b"\n" * (hay - n * RECORD_LEN) + b"".join(record_bytes(k, v) for k, v in zip(keys, values))
-    body += record_bytes(keys[target], values[target], question=True)
-    tokens = np.concatenate([[BOS], np.frombuffer(body, dtype=np.uint8)]).astype(np.int64)
+    blank = hay - n * RECORD_LEN
+    # record i starts after floor((i + 1) blank / n) blank lines: the records spread evenly and
+    # the last one ends where the question starts
+    starts = (np.arange(1, n + 1) * blank) // n + np.arange(n) * RECORD_LEN
+    within = np.flatnonzero((starts >= depth[0] * hay) & (starts < depth[1] * hay))
+    if not len(within):
+        raise ValueError(f"depth: no record starts in {depth} of a {hay}-token haystack")
+    target = int(within[rng.integers(0, len(within))])
+    body = np.full(hay, ord("\n"), dtype=np.uint8)
+    rec = np.concatenate([keys, values, np.full((n, 1), ord("\n"), dtype=np.uint8)], axis=1)
+    body[starts[:, None] + np.arange(RECORD_LEN)[None, :]] = rec
+    ask = np.frombuffer(record_bytes(keys[target], values[target], question=True), dtype=np.uint8)
+    tokens = np.concatenate([[BOS], body, ask]).astype(np.int64)
     question = 1 + hay
-    answer = np.arange(question + 2 + KEY_LEN, question + 2 + KEY_LEN + VALUE_LEN)
-    record = 1 + (hay - n * RECORD_LEN) + target * RECORD_LEN
-    return {"tokens": tokens, "question": question, "answer": answer, "record": record}
+    answer = np.arange(question + 1 + KEY_LEN, question + 1 + KEY_LEN + VALUE_LEN)
+    return {"tokens": tokens, "question": question, "answer": answer, "record": 1 + int(starts[target])}
 
 
 def retrieval_train_sequence(rng, length: int, max_span: int, query_prob: float = 0.35,
-                             blank_prob: float = 0.03):
+                             blank_prob: float = 0.1, min_keys: int = 2):
     """A training sequence of length + 1 tokens (BOS first) and its positions: lines that are
-    new key=value records or ?key=value questions about a uniformly chosen earlier record (or
-    blank). Positions count up by one inside a line and jump between lines, so that the
-    sequence spans a uniform number of positions in [length, max_span]: attention learns the
-    far relative distances of long contexts at this length."""
-    n_keys = length // RECORD_LEN + 1
+    new records (while the sequence's keys last), questions about a uniformly chosen earlier
+    record (each question repeats that record's line after "?"), or blank. The number of keys
+    is log-uniform in [min_keys, NUM_KEYS]: sequences with few keys ask each many times, which
+    speeds up learning the lookup (lab/retrieval_probe.py); those with many keys are the test
+    haystacks' case. Positions count up by one inside a line and jump between lines, so
+    that the sequence spans a uniform number of positions in [length, max_span]: attention
+    learns the far relative distances of long contexts at this length."""
+    n_keys = int(np.exp(rng.uniform(np.log(min_keys), np.log(NUM_KEYS + 1))))
+    n_keys = min(NUM_KEYS, max(min_keys, n_keys))
     keys, values = random_keys(rng, n_keys), random_values(rng, n_keys)
     parts, starts, size, made = [], [], 0, 0
-    u = rng.random((length // 2 + 2, 2))
-    i = 0
     while size < length:
         starts.append(1 + size)
-        if u[i, 1] < blank_prob:
+        u = rng.random()
+        if u < blank_prob:
             line = b"\n"
-        elif made and u[i, 0] < query_prob:
+        elif made and (made == n_keys or u < blank_prob + query_prob):
             j = int(rng.integers(0, made))
             line = record_bytes(keys[j], values[j], question=True)
         else:
@@ -236,7 +269,6 @@ def retrieval_train_sequence(rng, length: int, max_span: int, query_prob: float 
             made += 1
         parts.append(line)
         size += len(line)
-        i += 1
     tokens = np.concatenate([[BOS], np.frombuffer(b"".join(parts), dtype=np.uint8)[:length]]).astype(np.int64)
     steps = np.ones(length + 1, dtype=np.int64)
     steps[0] = 0
@@ -287,7 +319,7 @@ def train(model, stream, *, ctx: int, batch: int, seconds: float, max_steps: int
     device = stream.device
     groups = {True: [], False: []}  # weight decay on the matrices, not on norms or embeddings
     for n, p in model.named_parameters():
-        groups[p.dim() >= 2 and not n.startswith("embed")].append(p)
+        groups[p.dim() >= 2 and not n.startswith(("embed", "prev_embed"))].append(p)
     opt = torch.optim.AdamW([{"params": groups[True], "weight_decay": 0.1},
                              {"params": groups[False], "weight_decay": 0.0}],
                             lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
@@ -417,7 +449,7 @@ def evaluate_perplexity(model, windows, batch: int, kinds=KINDS, seed: int = 0, 
 
 @torch.no_grad()
 def retrieval_batch(model, examples, kinds=KINDS):
-    """{kind: [bool per example]}: every answer digit is the argmax. exact: the whole sequence
+    """{kind: [bool per example]}: every answer symbol is the argmax. exact: the whole sequence
     through the model's own attention; caches: the prompt's rows from that same pass written
     into the cache (a prefill), then question and answer decoded through it, teacher-forced."""
     device = next(model.parameters()).device
@@ -436,7 +468,7 @@ def retrieval_batch(model, examples, kinds=KINDS):
             if kind == "exact":
                 continue
             cache = PagedMLACache(kind, model.cfg.n_layers, x.shape[0], x.shape[1], device)
-            cache.fill(prefix)
+            cache.fill(prefix, last_token=x[:, q - 1])
             lg = model(x[:, q:], cache)
             out[kind] = (lg[:, ans - 1 - q].argmax(-1) == want).all(-1).tolist()
     return {k: out[k] for k in kinds}
@@ -675,8 +707,8 @@ def run_study(*, out_dir: str, device: str = "cuda", config: Config | None = Non
               train_batch: int = 8, lr: float = 1.5e-3, retrieval_frac: float = 0.25, retrieval_span: int = 65536,
               eval_len: int = 8192, eval_windows: int = 0, eval_batch: int = 4,
               retrieval_lengths=RETRIEVAL_LENGTHS, retrieval_samples: int = 100,
-              retrieval_batch_tokens: int = 262144, outlier_channels: int = 8, outlier_lo: float = 10.0,
-              outlier_hi: float = 100.0, prompts: int = 16, prompt_len: int = 2048, new_tokens: int = 128,
+              retrieval_batch_tokens: int = 262144, outlier_channels: int = 8, outlier_lo: float = OUTLIER_LO,
+              outlier_hi: float = OUTLIER_HI, prompts: int = 16, prompt_len: int = 2048, new_tokens: int = 128,
               budget_seconds: float = 0, corpus_root: str | None = None, seed: int = 0, commit: str | None = None,
               log=print):
     """Train, evaluate, write out_dir/quality.{json,md}; returns the results dict. budget_seconds
@@ -948,11 +980,13 @@ def _single_markdown(r):
         "",
         "## Retrieval through the caches",
         "",
-        "A haystack of `key=value` records (6 letters, 6 digits) fills the context; the final `?key=` asks for a "
-        "record in the first half. The prompt is prefilled with the model's own attention and its rows written "
-        "into each cache; question and answer are then decoded through the cache. Correct: all 6 digits are "
-        "the argmax (what greedy decoding produces). Intervals: paired bootstrap over samples of the "
-        "difference to the BF16 cache.",
+        f"A haystack of up to {NUM_KEYS} records (a key byte from 0x{KEY_BASE:X}-0x{KEY_BASE + KEY_SYMBOLS - 1:X}, "
+        f"each once, and {VALUE_LEN} value symbol(s) of {len(VALUE_ALPHABET)}) evenly spread over blank lines "
+        "fills the context; the final "
+        "`?` and key ask for a record in the first half. The prompt is prefilled with the model's own attention "
+        "and its rows written into each cache; question and answer are then decoded through the cache. "
+        f"Correct: the answer's {VALUE_LEN} symbol(s) are the argmax (what greedy decoding produces). Intervals: paired "
+        "bootstrap over samples of the difference to the BF16 cache.",
         "",
         *_retrieval_rows(r["retrieval_detail"]),
         "",
@@ -1080,6 +1114,9 @@ def main(argv=None):
     ap.add_argument("--retrieval-lengths", type=int, nargs="+", default=list(RETRIEVAL_LENGTHS))
     ap.add_argument("--retrieval-frac", type=float, default=0.25, help="share of retrieval sequences in training")
     ap.add_argument("--outlier-channels", type=int, default=8)
+    ap.add_argument("--outlier-lo", type=float, default=OUTLIER_LO,
+                    help="the outlier channels' RMS / median channel RMS: the smallest (log-spaced to --outlier-hi)")
+    ap.add_argument("--outlier-hi", type=float, default=OUTLIER_HI, help="... and the largest")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--budget-seconds", type=float, default=0,
@@ -1114,7 +1151,8 @@ def main(argv=None):
     else:
         kw = dict(train_seconds=a.train_seconds, train_steps=a.train_steps, eval_windows=a.eval_windows,
                   retrieval_samples=a.retrieval_samples, retrieval_lengths=tuple(a.retrieval_lengths),
-                  retrieval_frac=a.retrieval_frac, outlier_channels=a.outlier_channels, prompts=a.prompts,
+                  retrieval_frac=a.retrieval_frac, outlier_channels=a.outlier_channels, outlier_lo=a.outlier_lo,
+                  outlier_hi=a.outlier_hi, prompts=a.prompts,
                   new_tokens=a.new_tokens, budget_seconds=a.budget_seconds)
     run_study(out_dir=a.out, device=a.device, corpus_root=a.corpus_root, seed=a.seed, commit=a.commit, **kw)
 
