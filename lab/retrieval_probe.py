@@ -52,19 +52,6 @@ import quality as Q  # noqa: E402
 from mla_lm import Config, MLALM  # noqa: E402
 
 
-def answer_mask(tokens: np.ndarray) -> np.ndarray:
-    """True at the targets that are answer symbols of questions (tokens[1:] positions of the
-    inputs tokens[:-1]): the VALUE_LEN bytes after `?` and a key byte."""
-    mask = np.zeros(len(tokens) - 1, dtype=bool)
-    for i in np.flatnonzero(tokens[:-1] == Q.QUESTION):
-        if not Q.KEY_BASE <= tokens[i + 1] < Q.KEY_BASE + Q.KEY_SYMBOLS:
-            continue
-        lo = i + 1 + Q.KEY_LEN  # the first value symbol
-        hi = min(lo + Q.VALUE_LEN, len(tokens))
-        mask[lo - 1:hi - 1] = True  # target t is predicted at input t - 1
-    return mask
-
-
 class RopeTransformer(torch.nn.Module):
     """`--model gpt`: a standard pre-norm decoder of the same width, depth and heads (per-head
     q, k, v of d_model / heads dims, rope on all of them, GELU MLP of 2 x d_model, PyTorch's
@@ -133,7 +120,7 @@ def run(setting: str, a, log=print):
         if setting == "copy":
             seqs = [copy_sequence(rng, a.ctx) for _ in range(a.batch)]
         else:
-            seqs = [(t, p, answer_mask(t)) for t, p in (Q.retrieval_train_sequence(rng, a.ctx, span)
+            seqs = [(t, p, Q.answer_mask(t)) for t, p in (Q.retrieval_train_sequence(rng, a.ctx, span)
                                                          for _ in range(a.batch))]
         tok = torch.from_numpy(np.stack([t for t, _, _ in seqs])).to(dev)
         pos = torch.from_numpy(np.stack([p for _, p, _ in seqs])).to(dev)[:, :-1]

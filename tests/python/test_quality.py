@@ -40,6 +40,11 @@ def test_study_end_to_end(study):
     tiny = quality.TINY
     t = r["training"]
     assert t["steps"] == tiny["train_steps"] and t["retrieval_sequences_per_batch"] == 1
+    assert t["short_retrieval_sequences_per_step"] == tiny["short_batch"] == 2
+    assert t["short_retrieval_context"] == tiny["short_ctx"]
+    # answer symbols of questions are in both kinds of retrieval sequences, and nothing is looked up yet
+    for key in ("answer_loss_last10", "answer_loss_short_last10"):
+        assert 2.0 < t[key] < 8.0, (key, t[key])
     assert t["loss_last10"] < t["loss_first"] - 0.5, t  # a few steps already learn byte statistics
     assert r["commit"] and r["date"] and "gpu" in r and r["seed"] == 0
     for sec in (r, r["outlier"]):
@@ -434,6 +439,22 @@ def test_retrieval_training_sequences_span_far_positions():
     assert answered > 500 and min(spans) >= 1024 and max(spans) > 32768
     # the number of keys varies from a few to many (log-uniform)
     assert min(n_keys) <= 4 and max(n_keys) >= 64, n_keys
+
+
+def test_answer_mask_marks_exactly_the_answers_of_questions():
+    rng = np.random.default_rng(11)
+    for length in (32, 256, 4096):
+        t, _ = quality.retrieval_train_sequence(rng, length, 8 * length)
+        m = quality.answer_mask(t)
+        assert m.shape == (length,) and m.dtype == bool
+        targets = np.flatnonzero(m) + 1  # prediction i's target is t[i + 1]
+        for j in targets:  # a value symbol right after "?" and a key byte
+            assert t[j] in quality.VALUE_ALPHABET and _is_key(t[j - 1]) and t[j - 2] == quality.QUESTION
+        # and every such symbol is marked
+        want = [j for j in range(3, length + 1) if t[j - 2] == quality.QUESTION and _is_key(t[j - 1])]
+        assert list(targets) == want
+        if length >= 256:
+            assert len(want) > 0
 
 
 def test_outlier_transform_keeps_the_model_and_makes_outliers():

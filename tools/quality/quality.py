@@ -279,6 +279,19 @@ def retrieval_train_sequence(rng, length: int, max_span: int, query_prob: float 
     return tokens, np.cumsum(steps)
 
 
+def answer_mask(tokens: np.ndarray) -> np.ndarray:
+    """[len(tokens) - 1] bool, True at the predictions (inputs tokens[:-1], targets tokens[1:])
+    whose target is an answer symbol of a question: the VALUE_LEN bytes after `?` and a key
+    byte. The loss there is ln 62 per symbol while nothing is looked up, towards 0 once it is."""
+    mask = np.zeros(len(tokens) - 1, dtype=bool)
+    for i in np.flatnonzero(tokens[:-1] == QUESTION):
+        if not KEY_BASE <= tokens[i + 1] < KEY_BASE + KEY_SYMBOLS:
+            continue
+        lo = i + 1 + KEY_LEN  # the first answer symbol's index
+        mask[lo - 1:min(lo + VALUE_LEN, len(tokens)) - 1] = True
+    return mask
+
+
 # --- statistics ----------------------------------------------------------------------------
 
 
@@ -312,10 +325,17 @@ def autocast(device):
 
 
 def train(model, stream, *, ctx: int, batch: int, seconds: float, max_steps: int, lr: float,
-          seed: int, retrieval_frac: float = 0.25, retrieval_span: int = 65536, log=print):
+          seed: int, retrieval_frac: float = 0.25, retrieval_span: int = 65536, short_batch: int = 32,
+          short_ctx: int = 256, log=print):
     """AdamW with warmup and cosine decay over whichever of `seconds` / `max_steps` ends first
     (0 = no limit of that kind); round(batch * retrieval_frac) of every batch's sequences are
-    retrieval sequences. Returns the run's numbers."""
+    retrieval sequences of ctx tokens, and every step adds short_batch retrieval sequences of
+    short_ctx tokens (spanning up to 8 x short_ctx positions) in a second pass: the loss is the
+    mean over all tokens of both. The short ones are where the lookup is learned: in an 8K
+    sequence the matching record is one of thousands of tokens an untrained head attends to, so
+    its gradient is thousands of times weaker (the study's first runs learned no lookup from the
+    long ones alone in 500 steps); the long ones keep the far distances and many-key haystacks in
+    training. Returns the run's numbers, with the mean loss on answer symbols of both kinds."""
     device = stream.device
     groups = {True: [], False: []}  # weight decay on the matrices, not on norms or embeddings
     for n, p in model.named_parameters():
@@ -327,7 +347,7 @@ def train(model, stream, *, ctx: int, batch: int, seconds: float, max_steps: int
     rng = np.random.default_rng([seed, 1])
     n_ret = int(round(batch * retrieval_frac))
     warmup = min(40, max(1, max_steps // 4)) if max_steps else 40
-    losses, ret_losses, step, t0 = [], [], 0, time.perf_counter()
+    losses, ret_losses, answer_long, answer_short, step, t0 = [], [], [], [], 0, time.perf_counter()
     text_pos = torch.arange(ctx + 1, device=device)
     while True:
         elapsed = time.perf_counter() - t0
@@ -344,27 +364,55 @@ def train(model, stream, *, ctx: int, batch: int, seconds: float, max_steps: int
             w = torch.cat([w, torch.from_numpy(np.stack([t for t, _ in seqs])).to(device)])
             positions = torch.cat([text_pos.expand(batch - n_ret, -1),
                                    torch.from_numpy(np.stack([p for _, p in seqs])).to(device)])[:, :-1]
+            long_mask = torch.from_numpy(np.stack([answer_mask(t) for t, _ in seqs])).to(device)
+        opt.zero_grad(set_to_none=True)
         with autocast(device):
             logits = model(w[:, :-1], positions=positions)
         tok_loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), w[:, 1:].reshape(-1),
                                    reduction="none").view(batch, ctx)
+        del logits
+        total = batch * ctx + short_batch * short_ctx
         loss = tok_loss.mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
+        (tok_loss.sum() / total).backward()
+        if short_batch:
+            short = [retrieval_train_sequence(rng, short_ctx, 8 * short_ctx) for _ in range(short_batch)]
+            sw = torch.from_numpy(np.stack([t for t, _ in short])).to(device)
+            sp = torch.from_numpy(np.stack([p for _, p in short])).to(device)[:, :-1]
+            with autocast(device):
+                slog = model(sw[:, :-1], positions=sp)
+            s_loss = F.cross_entropy(slog.view(-1, slog.shape[-1]), sw[:, 1:].reshape(-1),
+                                     reduction="none").view(short_batch, short_ctx)
+            del slog
+            (s_loss.sum() / total).backward()
+            smask = torch.from_numpy(np.stack([answer_mask(t) for t, _ in short])).to(device)
+            answer_short.append(s_loss.detach()[smask].mean().item() if smask.any() else float("nan"))
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())  # synchronizes: the time check sees finished steps
         if n_ret:
             ret_losses.append(tok_loss[batch - n_ret:].mean().item())
+            lt = tok_loss.detach()[batch - n_ret:]
+            answer_long.append(lt[long_mask].mean().item() if long_mask.any() else float("nan"))
         step += 1
         if log and (step % 50 == 0 or step == 1):
-            log(f"train step {step}: loss {losses[-1]:.3f} ({time.perf_counter() - t0:.0f} s)")
+            log(f"train step {step}: loss {losses[-1]:.3f}, answer loss long "
+                f"{answer_long[-1] if answer_long else float('nan'):.3f} short "
+                f"{answer_short[-1] if answer_short else float('nan'):.3f} ({time.perf_counter() - t0:.0f} s)")
     seconds_used = time.perf_counter() - t0
     tail = losses[-10:] or [float("nan")]
     rtail = ret_losses[-10:] or [float("nan")]
+
+    def last10(xs):
+        xs = [x for x in xs[-10:] if math.isfinite(x)]
+        return sum(xs) / len(xs) if xs else float("nan")
+
     return {"steps": step, "tokens": step * batch * ctx, "seconds": round(seconds_used, 1),
             "batch": batch, "context": ctx, "peak_lr": lr, "seed": seed,
             "retrieval_sequences_per_batch": n_ret, "retrieval_position_span": retrieval_span,
+            "short_retrieval_sequences_per_step": short_batch, "short_retrieval_context": short_ctx,
+            "answer_loss_last10": last10(answer_long), "answer_loss_short_last10": last10(answer_short),
+            "answer_loss_curve": [round(x, 3) for x in answer_long[:: max(1, len(answer_long) // 25)]],
+            "answer_loss_short_curve": [round(x, 3) for x in answer_short[:: max(1, len(answer_short) // 25)]],
             "loss_first": losses[0] if losses else float("nan"),
             "loss_last10": sum(tail) / len(tail),
             "retrieval_loss_last10": sum(rtail) / len(rtail),
@@ -705,6 +753,7 @@ def evaluate_model(model, windows, *, eval_batch, retrieval_lengths, retrieval_s
 def run_study(*, out_dir: str, device: str = "cuda", config: Config | None = None,
               train_seconds: float = 240, train_steps: int = 0, train_ctx: int = 8192,
               train_batch: int = 8, lr: float = 1.5e-3, retrieval_frac: float = 0.25, retrieval_span: int = 65536,
+              short_batch: int = 32, short_ctx: int = 256,
               eval_len: int = 8192, eval_windows: int = 0, eval_batch: int = 4,
               retrieval_lengths=RETRIEVAL_LENGTHS, retrieval_samples: int = 100,
               retrieval_batch_tokens: int = 262144, outlier_channels: int = 8, outlier_lo: float = OUTLIER_LO,
@@ -734,9 +783,11 @@ def run_study(*, out_dir: str, device: str = "cuda", config: Config | None = Non
 
     training = train(model, train_stream, ctx=train_ctx, batch=train_batch, seconds=train_seconds,
                      max_steps=train_steps, lr=lr, seed=seed, retrieval_frac=retrieval_frac,
-                     retrieval_span=retrieval_span, log=log)
+                     retrieval_span=retrieval_span, short_batch=short_batch, short_ctx=short_ctx, log=log)
     log(f"training: {training['steps']} steps, {training['seconds']} s, loss {training['loss_last10']:.3f} "
-        f"(retrieval sequences {training['retrieval_loss_last10']:.3f})")
+        f"(retrieval sequences {training['retrieval_loss_last10']:.3f}; answer symbols: long "
+        f"{training['answer_loss_last10']:.3f}, short {training['answer_loss_short_last10']:.3f}, "
+        f"ln {len(VALUE_ALPHABET)} = {math.log(len(VALUE_ALPHABET)):.2f} without a lookup)")
     model.eval()
 
     windows = heldout_windows(held, eval_len, eval_windows)
@@ -861,8 +912,9 @@ def merge_runs(runs):
                                                                    "ppl_fp8_vs_bf16", "ppl_fp8_rel_ci",
                                                                    "ppl_tensor_fp8_vs_bf16", "ppl_tensor_fp8_rel_ci",
                                                                    "retrieval")},
-                         "training": {k: r["training"][k] for k in ("steps", "seconds", "loss_last10",
-                                                                     "retrieval_loss_last10")},
+                         "training": {k: r["training"].get(k) for k in ("steps", "seconds", "loss_last10",
+                                                                         "retrieval_loss_last10", "answer_loss_last10",
+                                                                         "answer_loss_short_last10")},
                          "total_seconds": r["total_seconds"]})
     first = runs[0]
     return {"commit": ",".join(sorted({r["commit"] for r in runs})), "date": max(r["date"] for r in runs),
@@ -968,7 +1020,11 @@ def _single_markdown(r):
         f"tokens, {t['retrieval_sequences_per_batch']} retrieval sequences per batch spanning up to "
         f"{t['retrieval_position_span']} positions) in {t['seconds']} s, AdamW, peak lr {t['peak_lr']}; loss "
         f"{t['loss_first']:.3f} -> {t['loss_last10']:.3f} nats/byte (last 10 steps; retrieval sequences "
-        f"{t['retrieval_loss_last10']:.3f}).",
+        f"{t['retrieval_loss_last10']:.3f}). Every step also trains {t.get('short_retrieval_sequences_per_step', 0)} "
+        f"short retrieval sequences of {t.get('short_retrieval_context', 0)} tokens. Loss on the questions' answer "
+        f"symbols (ln {len(VALUE_ALPHABET)} = {math.log(len(VALUE_ALPHABET)):.2f} without a lookup), last 10 "
+        f"steps: {t.get('answer_loss_last10', float('nan')):.3f} in the long sequences, "
+        f"{t.get('answer_loss_short_last10', float('nan')):.3f} in the short ones.",
         "",
         f"## Perplexity: {p['windows']} held-out windows of {p['context']} tokens ({p['tokens']} predictions)",
         "",
@@ -1076,7 +1132,7 @@ def render_markdown(r) -> str:
 
 
 TINY = dict(config=Config(d_model=64, n_layers=2, n_heads=16, d_ff=128), train_seconds=0, train_steps=8,
-            train_ctx=64, train_batch=4, lr=3e-3, retrieval_span=256, eval_len=64, eval_windows=3, eval_batch=2,
+            train_ctx=64, train_batch=4, lr=3e-3, retrieval_span=256, short_batch=2, short_ctx=32, eval_len=64, eval_windows=3, eval_batch=2,
             retrieval_lengths=(64, 128), retrieval_samples=4, retrieval_batch_tokens=256, prompts=4,
             prompt_len=16, new_tokens=8)
 
@@ -1113,6 +1169,9 @@ def main(argv=None):
     ap.add_argument("--retrieval-samples", type=int, default=100, help="retrieval samples per length")
     ap.add_argument("--retrieval-lengths", type=int, nargs="+", default=list(RETRIEVAL_LENGTHS))
     ap.add_argument("--retrieval-frac", type=float, default=0.25, help="share of retrieval sequences in training")
+    ap.add_argument("--short-batch", type=int, default=32,
+                    help="short retrieval sequences per training step (a second pass; 0: none)")
+    ap.add_argument("--short-ctx", type=int, default=256, help="their length in tokens")
     ap.add_argument("--outlier-channels", type=int, default=8)
     ap.add_argument("--outlier-lo", type=float, default=OUTLIER_LO,
                     help="the outlier channels' RMS / median channel RMS: the smallest (log-spaced to --outlier-hi)")
@@ -1151,7 +1210,8 @@ def main(argv=None):
     else:
         kw = dict(train_seconds=a.train_seconds, train_steps=a.train_steps, eval_windows=a.eval_windows,
                   retrieval_samples=a.retrieval_samples, retrieval_lengths=tuple(a.retrieval_lengths),
-                  retrieval_frac=a.retrieval_frac, outlier_channels=a.outlier_channels, outlier_lo=a.outlier_lo,
+                  retrieval_frac=a.retrieval_frac, short_batch=a.short_batch, short_ctx=a.short_ctx,
+                  outlier_channels=a.outlier_channels, outlier_lo=a.outlier_lo,
                   outlier_hi=a.outlier_hi, prompts=a.prompts,
                   new_tokens=a.new_tokens, budget_seconds=a.budget_seconds)
     run_study(out_dir=a.out, device=a.device, corpus_root=a.corpus_root, seed=a.seed, commit=a.commit, **kw)
