@@ -548,3 +548,16 @@ def test_previous_token_embedding_follows_the_cache_across_decode_calls():
     err = float((got - want).norm() / want.norm())
     assert err < 0.01, err
     assert float((other[:, 0] - want[:, 1]).abs().max()) > 1e-3
+
+
+def test_study_options_set_the_model_size_and_training_from_the_command_line():
+    a = quality.parser().parse_args(["--out", "x", "--d-model", "256", "--layers", "2", "--heads", "4",
+                                     "--lr", "3e-3", "--short-batch", "48", "--short-ctx", "512"])
+    kw = quality.study_options(a)
+    cfg = kw["config"]
+    assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_ff) == (256, 2, 4, 704)
+    assert kw["lr"] == 3e-3 and kw["short_batch"] == 48 and kw["short_ctx"] == 512
+    # the defaults are the study's model and training
+    d = quality.study_options(quality.parser().parse_args(["--out", "x"]))
+    assert d["config"] == mla_lm.Config() and d["lr"] == 1.5e-3 and d["short_batch"] == 32
+    assert quality.study_options(quality.parser().parse_args(["--out", "x", "--tiny"])) == quality.TINY

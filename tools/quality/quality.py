@@ -1153,7 +1153,22 @@ def summary(r) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None):
+def study_options(a) -> dict:
+    """run_study's keyword arguments from main()'s parsed options (--tiny: the CPU test's)."""
+    if a.tiny:
+        return dict(TINY)
+    cfg = Config(d_model=a.d_model, n_layers=a.layers, n_heads=a.heads,
+                 d_ff=a.d_ff or int(round(2.75 * a.d_model / 64)) * 64)
+    return dict(config=cfg, lr=a.lr, train_seconds=a.train_seconds, train_steps=a.train_steps,
+                eval_windows=a.eval_windows, retrieval_samples=a.retrieval_samples,
+                retrieval_lengths=tuple(a.retrieval_lengths), retrieval_frac=a.retrieval_frac,
+                short_batch=a.short_batch, short_ctx=a.short_ctx, outlier_channels=a.outlier_channels,
+                outlier_lo=a.outlier_lo, outlier_hi=a.outlier_hi, prompts=a.prompts,
+                new_tokens=a.new_tokens, budget_seconds=a.budget_seconds)
+
+
+def parser():
+    """main()'s argument parser."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--summary", metavar="JSON", help="print the headline numbers of a quality.json and exit")
     ap.add_argument("--readme-table", metavar="JSON", help="print the README's quality table of a quality.json")
@@ -1169,6 +1184,11 @@ def main(argv=None):
     ap.add_argument("--retrieval-samples", type=int, default=100, help="retrieval samples per length")
     ap.add_argument("--retrieval-lengths", type=int, nargs="+", default=list(RETRIEVAL_LENGTHS))
     ap.add_argument("--retrieval-frac", type=float, default=0.25, help="share of retrieval sequences in training")
+    ap.add_argument("--d-model", type=int, default=Config.d_model, help="the model's width")
+    ap.add_argument("--layers", type=int, default=Config.n_layers, help="the model's depth")
+    ap.add_argument("--heads", type=int, default=Config.n_heads, help="attention heads")
+    ap.add_argument("--d-ff", type=int, default=0, help="the MLP's width (0: 2.75 x --d-model)")
+    ap.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate")
     ap.add_argument("--short-batch", type=int, default=32,
                     help="short retrieval sequences per training step (a second pass; 0: none)")
     ap.add_argument("--short-ctx", type=int, default=256, help="their length in tokens")
@@ -1182,6 +1202,11 @@ def main(argv=None):
                     help="the study's time budget (0: none): retrieval samples, then greedy, give way")
     ap.add_argument("--commit", default=None, help="the commit of the results (default: SNAPMLA_COMMIT, git)")
     ap.add_argument("--corpus-root", default=None, help="directory of .py files (default: the stdlib)")
+    return ap
+
+
+def main(argv=None):
+    ap = parser()
     a = ap.parse_args(argv)
     if a.summary or a.readme_table:
         with open(a.summary or a.readme_table) as f:
@@ -1203,17 +1228,9 @@ def main(argv=None):
     if a.device == "cuda" and not snapmla.cuda_device_available():
         sys.exit("--device cuda: snapmla has no CUDA kernels or no sm_90 GPU here (snapmla.info(): "
                  f"{snapmla.info()}); use --device cpu --tiny")
-    if a.tiny:
-        if a.device == "cpu":
-            torch.set_num_threads(1)  # the tiny model's ops are too small to gain from threads
-        kw = dict(TINY)
-    else:
-        kw = dict(train_seconds=a.train_seconds, train_steps=a.train_steps, eval_windows=a.eval_windows,
-                  retrieval_samples=a.retrieval_samples, retrieval_lengths=tuple(a.retrieval_lengths),
-                  retrieval_frac=a.retrieval_frac, short_batch=a.short_batch, short_ctx=a.short_ctx,
-                  outlier_channels=a.outlier_channels, outlier_lo=a.outlier_lo,
-                  outlier_hi=a.outlier_hi, prompts=a.prompts,
-                  new_tokens=a.new_tokens, budget_seconds=a.budget_seconds)
+    if a.tiny and a.device == "cpu":
+        torch.set_num_threads(1)  # the tiny model's ops are too small to gain from threads
+    kw = study_options(a)
     run_study(out_dir=a.out, device=a.device, corpus_root=a.corpus_root, seed=a.seed, commit=a.commit, **kw)
 
 
