@@ -552,12 +552,24 @@ def test_previous_token_embedding_follows_the_cache_across_decode_calls():
 
 def test_study_options_set_the_model_size_and_training_from_the_command_line():
     a = quality.parser().parse_args(["--out", "x", "--d-model", "256", "--layers", "2", "--heads", "4",
-                                     "--lr", "3e-3", "--short-batch", "48", "--short-ctx", "512"])
+                                     "--lr", "3e-3", "--short-batch", "48", "--short-ctx", "512",
+                                     "--embed-std", "1.0"])
     kw = quality.study_options(a)
     cfg = kw["config"]
-    assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_ff) == (256, 2, 4, 704)
+    assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_ff, cfg.embed_std) == (256, 2, 4, 704, 1.0)
     assert kw["lr"] == 3e-3 and kw["short_batch"] == 48 and kw["short_ctx"] == 512
     # the defaults are the study's model and training
     d = quality.study_options(quality.parser().parse_args(["--out", "x"]))
     assert d["config"] == mla_lm.Config() and d["lr"] == 1.5e-3 and d["short_batch"] == 32
     assert quality.study_options(quality.parser().parse_args(["--out", "x", "--tiny"])) == quality.TINY
+
+
+def test_embedding_init_std_is_a_config_choice():
+    """Config.embed_std sets the initial std of both embeddings (0: 1 / sqrt(d_model)); the other
+    matrices keep theirs."""
+    base = mla_lm.MLALM(mla_lm.Config(d_model=128, n_layers=2, n_heads=4, d_ff=256), seed=0)
+    unit = mla_lm.MLALM(mla_lm.Config(d_model=128, n_layers=2, n_heads=4, d_ff=256, embed_std=1.0), seed=0)
+    for m, want in ((base, 128 ** -0.5), (unit, 1.0)):
+        for e in (m.embed.weight, m.prev_embed.weight):
+            assert float(e.detach().std()) == pytest.approx(want, rel=0.05)
+    assert torch.equal(base.blocks[0].attn.wq.weight, unit.blocks[0].attn.wq.weight)

@@ -54,6 +54,7 @@ class Config:
     d_ff: int = 2816
     rope_base: float = 10000.0
     prev_token_embedding: bool = True  # x_t = E[token_t] + E_prev[token_{t-1}] (see above)
+    embed_std: float = 0.0  # the embeddings' initial std per element (0: 1 / sqrt(d_model))
 
     def to_dict(self):
         return asdict(self)
@@ -192,6 +193,8 @@ class MLALM(nn.Module):
                 continue
             fan_in = p.shape[-1]
             std = 1.0 / math.sqrt(fan_in)
+            if name in ("embed.weight", "prev_embed.weight") and self.cfg.embed_std:
+                std = self.cfg.embed_std
             if name.endswith(("wo.weight", "w_down.weight")):
                 std *= depth_scale
             with torch.no_grad():
