@@ -11,7 +11,10 @@
 #   SNAPMLA_COMMIT=<hash> OUT=... lab/h200_quality.sh --seed N [quality.py options]
 #
 # writes quality.json, quality.md and the logs under $OUT (or /tmp/h200/quality); extra
-# arguments go to quality.py. Seeds are separate calls; their JSONs are combined here with
+# arguments go to quality.py. SEEDS="0 1 2" instead trains and evaluates those seeds at the same
+# time, one process each on the one GPU (a small model leaves most of it idle, so each runs
+# nearly as fast as alone; the steps each reached are in its JSON), into $OUT/seed<N>/, and
+# merges them into $OUT/quality.{json,md}. Seeds run as separate calls are combined here with
 #   python tools/quality/quality.py --merge docs/results S0/quality.json S1/quality.json S2/quality.json
 # and the README's quality table with --readme-table docs/results/quality.json.
 set -uo pipefail
@@ -26,7 +29,25 @@ repo=$PWD
 cd /tmp  # import the installed package, not the source tree
 python3 -c "import snapmla; print(snapmla.info())"
 python3 -m pytest -q -rs -p no:cacheprovider "$repo/tests/python/test_quality.py" 2>&1 | tee "$out/pytest_quality.log" | tail -3
-python3 "$repo/tools/quality/quality.py" --out "$out" --budget-seconds 470 "$@" 2>&1 | tee "$out/quality.log"
-rc=${PIPESTATUS[0]}
-[ "$rc" -eq 0 ] && python3 "$repo/tools/quality/quality.py" --summary "$out/quality.json"
-exit "$rc"
+study="$repo/tools/quality/quality.py"
+if [ -z "${SEEDS:-}" ]; then
+  python3 "$study" --out "$out" --budget-seconds 470 "$@" 2>&1 | tee "$out/quality.log"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] && python3 "$study" --summary "$out/quality.json"
+  exit "$rc"
+fi
+pids=()
+for seed in $SEEDS; do
+  mkdir -p "$out/seed$seed"
+  python3 "$study" --out "$out/seed$seed" --seed "$seed" --budget-seconds 470 "$@" > "$out/seed$seed/quality.log" 2>&1 &
+  pids+=($!)
+done
+rc=0
+for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+for seed in $SEEDS; do
+  echo "== seed $seed"; grep -v "ppl windows\|train step" "$out/seed$seed/quality.log" | tail -4
+done
+[ "$rc" -eq 0 ] || exit "$rc"
+jsons=()
+for seed in $SEEDS; do jsons+=("$out/seed$seed/quality.json"); done
+if [ ${#jsons[@]} -gt 1 ]; then python3 "$study" --merge "$out" "${jsons[@]}"; else python3 "$study" --summary "${jsons[0]}"; fi
