@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Which model sizes and initializations learn the quality study's retrieval lookup within its
 # training budget: lab/retrieval_probe.py on the H200 (device tool) for each configuration below
-# (retrieval sequences only, 256 tokens with the study's position jumps, 32 per step), about
-# 15-45 s each; no package install needed (the probe runs the model's own attention only).
+# (retrieval sequences only, 256 tokens with the study's position jumps, 32 per step), 15-100 s
+# each (about 5 minutes for the list below); no package install needed (the probe runs the
+# model's own attention only).
 #
-#   OUT=... lab/h200_retrieval_sizes.sh ["--d-model D --layers L --heads H [--lr LR] [--embed-std S]" ...]
+#   OUT=... lab/h200_retrieval_sizes.sh ["--d-model D --layers L --heads H [--lr LR]
+#                                          [--embed-std S] [--zero-init-out]" ...]
 #
 # Each argument is one configuration (default: the list below); writes $OUT/retrieval_sizes.log
 # with the probe's table per configuration. The answer loss is ln 62 = 4.13 while nothing is
@@ -14,14 +16,14 @@ cd "$(dirname "$0")"
 out=${OUT:-/tmp/h200/retrieval_sizes}
 mkdir -p "$out"
 steps=${STEPS:-600}
-per_run=${PER_RUN_S:-60}
+per_run=${PER_RUN_S:-110}  # the 8 x 1024 model takes ~100 s for 600 steps
 configs=("$@")
 [ ${#configs[@]} -gt 0 ] || configs=(
+  "--d-model 1024 --layers 8 --heads 16 --lr 1.5e-3 --zero-init-out"
   "--d-model 1024 --layers 8 --heads 16 --lr 1.5e-3 --embed-std 1.0"
+  "--d-model 512 --layers 4 --heads 4 --lr 3e-3 --zero-init-out"
   "--d-model 512 --layers 4 --heads 4 --lr 3e-3"
-  "--d-model 512 --layers 4 --heads 4 --lr 3e-3 --embed-std 1.0"
-  "--d-model 512 --layers 4 --heads 8 --lr 3e-3 --embed-std 1.0"
-  "--d-model 256 --layers 4 --heads 4 --lr 3e-3"
+  "--d-model 256 --layers 4 --heads 4 --lr 3e-3 --zero-init-out"
 )
 for cfg in "${configs[@]}"; do
   echo "== $cfg ($steps steps)"

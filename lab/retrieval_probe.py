@@ -109,7 +109,8 @@ def run(setting: str, a, log=print):
         model = RopeTransformer(Config().vocab, a.d_model, a.layers, a.heads).to(dev)
     else:
         model = MLALM(Config(d_model=a.d_model, n_layers=a.layers, n_heads=a.heads, d_ff=2 * a.d_model,
-                             prev_token_embedding=not a.no_prev_embedding, embed_std=a.embed_std),
+                             prev_token_embedding=not a.no_prev_embedding, embed_std=a.embed_std,
+                             zero_init_out=a.zero_init_out),
                       seed=a.seed).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), weight_decay=0.0)
     rng = np.random.default_rng([a.seed, 7])
@@ -174,6 +175,8 @@ def main(argv=None):
                     help="the MLA model without its previous-token embedding")
     ap.add_argument("--embed-std", type=float, default=0.0,
                     help="the MLA model's initial embedding std per element (0: 1 / sqrt(d_model))")
+    ap.add_argument("--zero-init-out", action="store_true",
+                    help="the MLA model's residual output projections (wo, w_down) start at zero")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads (--device cpu)")
     ap.add_argument("--eval-lengths", type=int, nargs="+", default=None,
                     help="test haystack lengths (default: --ctx and 8 x --ctx)")

@@ -553,10 +553,11 @@ def test_previous_token_embedding_follows_the_cache_across_decode_calls():
 def test_study_options_set_the_model_size_and_training_from_the_command_line():
     a = quality.parser().parse_args(["--out", "x", "--d-model", "256", "--layers", "2", "--heads", "4",
                                      "--lr", "3e-3", "--short-batch", "48", "--short-ctx", "512",
-                                     "--embed-std", "1.0"])
+                                     "--embed-std", "1.0", "--zero-init-out"])
     kw = quality.study_options(a)
     cfg = kw["config"]
     assert (cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.d_ff, cfg.embed_std) == (256, 2, 4, 704, 1.0)
+    assert cfg.zero_init_out
     assert kw["lr"] == 3e-3 and kw["short_batch"] == 48 and kw["short_ctx"] == 512
     # the defaults are the study's model and training
     d = quality.study_options(quality.parser().parse_args(["--out", "x"]))
@@ -573,3 +574,23 @@ def test_embedding_init_std_is_a_config_choice():
         for e in (m.embed.weight, m.prev_embed.weight):
             assert float(e.detach().std()) == pytest.approx(want, rel=0.05)
     assert torch.equal(base.blocks[0].attn.wq.weight, unit.blocks[0].attn.wq.weight)
+
+
+def test_zero_init_out_starts_every_residual_branch_at_zero():
+    """Config.zero_init_out: wo and w_down start at zero, so at initialization the logits are the
+    head of the normed input embeddings alone, whatever the depth."""
+    cfg = mla_lm.Config(d_model=64, n_layers=3, n_heads=4, d_ff=128, zero_init_out=True)
+    m = mla_lm.MLALM(cfg, seed=2)
+    for b in m.blocks:
+        assert not b.attn.wo.weight.any() and not b.mlp.w_down.weight.any()
+        assert b.attn.wq.weight.any()
+    x = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
+    x[:, 0] = mla_lm.BOS
+    with torch.no_grad():
+        prev = torch.cat([torch.full_like(x[:, :1], mla_lm.NO_PREV), x[:, :-1]], dim=1)
+        want = F.linear(m.norm(m.embed(x) + m.prev_embed(prev)).float(), m.head.weight.float())
+        assert torch.allclose(m(x), want, atol=1e-6)
+    # a step of training moves them off zero
+    loss = F.cross_entropy(m(x[:, :-1]).reshape(-1, cfg.vocab), x[:, 1:].reshape(-1))
+    loss.backward()
+    assert m.blocks[0].attn.wo.weight.grad.abs().sum() > 0

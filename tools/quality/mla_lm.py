@@ -55,6 +55,7 @@ class Config:
     rope_base: float = 10000.0
     prev_token_embedding: bool = True  # x_t = E[token_t] + E_prev[token_{t-1}] (see above)
     embed_std: float = 0.0  # the embeddings' initial std per element (0: 1 / sqrt(d_model))
+    zero_init_out: bool = False  # residual branches' output projections (wo, w_down) start at 0
 
     def to_dict(self):
         return asdict(self)
@@ -196,7 +197,7 @@ class MLALM(nn.Module):
             if name in ("embed.weight", "prev_embed.weight") and self.cfg.embed_std:
                 std = self.cfg.embed_std
             if name.endswith(("wo.weight", "w_down.weight")):
-                std *= depth_scale
+                std = 0.0 if self.cfg.zero_init_out else std * depth_scale
             with torch.no_grad():
                 p.copy_(torch.randn(p.shape, generator=g) * std)
 

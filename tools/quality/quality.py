@@ -1158,7 +1158,8 @@ def study_options(a) -> dict:
     if a.tiny:
         return dict(TINY)
     cfg = Config(d_model=a.d_model, n_layers=a.layers, n_heads=a.heads,
-                 d_ff=a.d_ff or int(round(2.75 * a.d_model / 64)) * 64, embed_std=a.embed_std)
+                 d_ff=a.d_ff or int(round(2.75 * a.d_model / 64)) * 64, embed_std=a.embed_std,
+                 zero_init_out=a.zero_init_out)
     return dict(config=cfg, lr=a.lr, train_seconds=a.train_seconds, train_steps=a.train_steps,
                 eval_windows=a.eval_windows, retrieval_samples=a.retrieval_samples,
                 retrieval_lengths=tuple(a.retrieval_lengths), retrieval_frac=a.retrieval_frac,
@@ -1191,6 +1192,8 @@ def parser():
     ap.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate")
     ap.add_argument("--embed-std", type=float, default=0.0,
                     help="the embeddings' initial std per element (0: 1 / sqrt(--d-model))")
+    ap.add_argument("--zero-init-out", action="store_true",
+                    help="the residual branches' output projections (wo, w_down) start at zero")
     ap.add_argument("--short-batch", type=int, default=32,
                     help="short retrieval sequences per training step (a second pass; 0: none)")
     ap.add_argument("--short-ctx", type=int, default=256, help="their length in tokens")
