@@ -14,7 +14,8 @@ generator (retrieval_train_sequence: one-byte keys from 0x80-0xFF, unique in a s
 
     python lab/retrieval_probe.py [--steps 400] [--ctx 256] [--settings plain jumps]
       [--device cpu|cuda] [--d-model 128] [--layers 2] [--heads 4] [--model mla|gpt]
-      [--eval-lengths 256 2048] [--threads N] [--no-prev-embedding]
+      [--eval-lengths 256 2048] [--threads N] [--no-prev-embedding] [--embed-std S]
+      [--zero-init-out]
 
 Settings: `plain` (positions count up by one: span = length), `jumps` (the study's: positions jump
 between lines so that a sequence spans up to 8 x its length), and `copy`, a control that needs no
@@ -26,7 +27,9 @@ tell the format's difficulty from the model's: at 128 tokens it learns the looku
 steps (plain), while the MLA model of the same size is still at an answer loss of about 1.9
 after 2400 with 4-digit values (docs/accuracy.md). The MLA model has a previous-token embedding
 (mla_lm.Config.prev_token_embedding), which lets one attention layer find "the position after
-key K"; `--no-prev-embedding` trains it without, as the earlier runs did. Needs PyTorch; not the snapmla package's
+key K"; `--no-prev-embedding` trains it without, as the earlier runs did. `--embed-std` and
+`--zero-init-out` change the MLA model's initialization (mla_lm.Config): deeper and wider models
+learn the lookup far more slowly (docs/accuracy.md), and these are what the probe tries on them. Needs PyTorch; not the snapmla package's
 compiled part (only the model's own attention runs: where snapmla cannot be imported, a
 placeholder stands in for it). On a 2-core CPU a step of the MLA model at 128 tokens takes about
 0.5 s, of the gpt model 0.12 s.
