@@ -39,12 +39,14 @@ lets one attention layer do (lab/retrieval_probe.py measures how fast small mode
 6-letter keys `key=value` were never learned, nor 4-digit values without that embedding).
 Training mixes in sequences of records, questions about earlier records and blank lines, with
 2 to 128 keys per sequence (log-uniform: few keys asked many times teach the lookup fastest)
-and position jumps between lines so an 8K sequence spans up to 64K positions. The test haystack (8K, 32K, 64K tokens) holds min(128, what fits) records evenly
-spread over blank lines, then the question about a record that starts in the first half. The
-prompt is prefilled with the model's own attention and its rows written into each cache (as an
-engine's prefill writes the cache), then the question and answer are decoded through the cache,
-teacher-forced; a sample is correct when the answer symbol is the argmax, which is exactly when
-greedy decoding would produce it.
+and position jumps between lines so an 8K sequence spans up to 64K positions; every step also
+trains 32 short retrieval sequences of 256 tokens, where the lookup is learned first. The test
+haystack (8K, 32K, 64K tokens) holds min(128, what fits) records evenly spread over blank lines,
+then the question about a record that starts in the first half. The prompt is prefilled with
+the model's own attention and its rows written into each cache (as an engine's prefill writes
+the cache), then the question and answer are decoded through the cache, teacher-forced; a sample
+is correct when the answer symbol is the argmax, which is exactly when greedy decoding would
+produce it.
 
 Outlier model: mla_lm.outlier_transform of the trained model (a few latent channels 300-1000x
 the median RMS, values well past e4m3's 448, a large-norm BOS sink, the same function),
