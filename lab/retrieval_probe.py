@@ -28,9 +28,9 @@ steps (plain), while the MLA model of the same size is still at an answer loss o
 after 2400 with 4-digit values (docs/accuracy.md). The MLA model has a previous-token embedding
 (mla_lm.Config.prev_token_embedding), which lets one attention layer find "the position after
 key K"; `--no-prev-embedding` trains it without, as the earlier runs did. `--embed-std` and
-`--zero-init-out` change the MLA model's initialization (mla_lm.Config): deeper and wider models
-learn the lookup far more slowly (docs/accuracy.md), and these are what the probe tries on them. Needs PyTorch; not the snapmla package's
-compiled part (only the model's own attention runs: where snapmla cannot be imported, a
+`--zero-init-out` change the MLA model's initialization (mla_lm.Config); with more than two
+layers the learning rate decides whether the lookup is learned at all (docs/accuracy.md). Needs
+PyTorch; not the snapmla package's compiled part (only the model's own attention runs: where snapmla cannot be imported, a
 placeholder stands in for it). On a 2-core CPU a step of the MLA model at 128 tokens takes about
 0.5 s, of the gpt model 0.12 s.
 """
@@ -124,21 +124,16 @@ def run(setting: str, a, log=print):
             g["lr"] = a.lr * min(1.0, step / 20)
         if setting == "copy":
             seqs = [copy_sequence(rng, a.ctx) for _ in range(a.batch)]
+            tok, pos, mask = (torch.from_numpy(np.stack([x[i] for x in seqs])).to(dev) for i in range(3))
         else:
-            seqs = [(t, p, Q.answer_mask(t)) for t, p in (Q.retrieval_train_sequence(rng, a.ctx, span)
-                                                         for _ in range(a.batch))]
-        tok = torch.from_numpy(np.stack([t for t, _, _ in seqs])).to(dev)
-        pos = torch.from_numpy(np.stack([p for _, p, _ in seqs])).to(dev)[:, :-1]
-        mask = torch.from_numpy(np.stack([m for _, _, m in seqs])).to(dev)
-        logits = model(tok[:, :-1], positions=pos)
-        per_tok = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tok[:, 1:].reshape(-1),
-                                  reduction="none").view(tok.shape[0], -1)
+            tok, pos, mask = Q.retrieval_training_batch(rng, a.batch, a.ctx, span, dev)
+        per_tok = Q.token_losses(model, tok, pos[:, :-1])
         loss = per_tok.mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        ans = float(per_tok.detach()[mask].mean()) if mask.any() else float("nan")
+        ans = Q.masked_mean(per_tok, mask)
         curve.append(ans)
         if step % max(1, a.steps // 10) == 0 or step == 1:
             log(f"  {setting} step {step}: loss {loss.item():.3f}, answer {ans:.3f} "

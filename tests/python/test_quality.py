@@ -455,6 +455,13 @@ def test_answer_mask_marks_exactly_the_answers_of_questions():
         assert list(targets) == want
         if length >= 256:
             assert len(want) > 0
+    # stacked for training: the same sequences, positions and masks, as tensors
+    tok, pos, mask = quality.retrieval_training_batch(np.random.default_rng(5), 3, 64, 512, "cpu")
+    again = np.random.default_rng(5)
+    for i in range(3):
+        t, p = quality.retrieval_train_sequence(again, 64, 512)
+        assert np.array_equal(tok[i].numpy(), t) and np.array_equal(pos[i].numpy(), p)
+        assert np.array_equal(mask[i].numpy(), quality.answer_mask(t))
 
 
 def test_outlier_transform_keeps_the_model_and_makes_outliers():

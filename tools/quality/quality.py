@@ -294,6 +294,28 @@ def answer_mask(tokens: np.ndarray) -> np.ndarray:
     return mask
 
 
+def retrieval_training_batch(rng, n: int, length: int, max_span: int, device):
+    """n retrieval_train_sequence()s stacked: tokens [n, length + 1] and positions [n, length + 1]
+    (int64), and answer_mask() of each [n, length] (bool), on device."""
+    seqs = [retrieval_train_sequence(rng, length, max_span) for _ in range(n)]
+    tokens = np.stack([t for t, _ in seqs])
+    return (torch.from_numpy(tokens).to(device), torch.from_numpy(np.stack([p for _, p in seqs])).to(device),
+            torch.from_numpy(np.stack([answer_mask(t) for t in tokens])).to(device))
+
+
+def token_losses(model, tokens, positions=None):
+    """Per-prediction cross entropy [B, n] of tokens[:, 1:] from the inputs tokens[:, :-1]
+    (positions: those of the inputs, or None)."""
+    logits = model(tokens[:, :-1], positions=positions)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), tokens[:, 1:].reshape(-1),
+                           reduction="none").view(tokens.shape[0], -1)
+
+
+def masked_mean(losses, mask) -> float:
+    """The mean of losses where mask is set (nan where it is nowhere set)."""
+    return losses.detach()[mask].mean().item() if mask.any() else float("nan")
+
+
 # --- statistics ----------------------------------------------------------------------------
 
 
@@ -322,13 +344,19 @@ def _boot_seed(seed: int, *names) -> int:
 # --- training ------------------------------------------------------------------------------
 
 
+# the study's training defaults (run_study and the command line)
+LR = 1.5e-3  # peak learning rate
+RETRIEVAL_FRAC = 0.25  # share of each batch's ctx-token sequences that are retrieval sequences
+SHORT_BATCH, SHORT_CTX = 32, 256  # short retrieval sequences per step, and their length
+
+
 def autocast(device):
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 def train(model, stream, *, ctx: int, batch: int, seconds: float, max_steps: int, lr: float,
-          seed: int, retrieval_frac: float = 0.25, retrieval_span: int = 65536, short_batch: int = 32,
-          short_ctx: int = 256, log=print):
+          seed: int, retrieval_frac: float, retrieval_span: int, short_batch: int, short_ctx: int,
+          log=print):
     """AdamW with warmup and cosine decay over whichever of `seconds` / `max_steps` ends first
     (0 = no limit of that kind); round(batch * retrieval_frac) of every batch's sequences are
     retrieval sequences of ctx tokens, and every step adds short_batch retrieval sequences of
@@ -362,39 +390,27 @@ def train(model, stream, *, ctx: int, batch: int, seconds: float, max_steps: int
         w = make_windows(stream, offsets, ctx)
         positions = None
         if n_ret:
-            seqs = [retrieval_train_sequence(rng, ctx, retrieval_span) for _ in range(n_ret)]
-            w = torch.cat([w, torch.from_numpy(np.stack([t for t, _ in seqs])).to(device)])
-            positions = torch.cat([text_pos.expand(batch - n_ret, -1),
-                                   torch.from_numpy(np.stack([p for _, p in seqs])).to(device)])[:, :-1]
-            long_mask = torch.from_numpy(np.stack([answer_mask(t) for t, _ in seqs])).to(device)
+            rt, rp, long_mask = retrieval_training_batch(rng, n_ret, ctx, retrieval_span, device)
+            w = torch.cat([w, rt])
+            positions = torch.cat([text_pos.expand(batch - n_ret, -1), rp])[:, :-1]
         opt.zero_grad(set_to_none=True)
-        with autocast(device):
-            logits = model(w[:, :-1], positions=positions)
-        tok_loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), w[:, 1:].reshape(-1),
-                                   reduction="none").view(batch, ctx)
-        del logits
         total = batch * ctx + short_batch * short_ctx
+        with autocast(device):
+            tok_loss = token_losses(model, w, positions)
         loss = tok_loss.mean()
         (tok_loss.sum() / total).backward()
         if short_batch:
-            short = [retrieval_train_sequence(rng, short_ctx, 8 * short_ctx) for _ in range(short_batch)]
-            sw = torch.from_numpy(np.stack([t for t, _ in short])).to(device)
-            sp = torch.from_numpy(np.stack([p for _, p in short])).to(device)[:, :-1]
+            st, sp, smask = retrieval_training_batch(rng, short_batch, short_ctx, 8 * short_ctx, device)
             with autocast(device):
-                slog = model(sw[:, :-1], positions=sp)
-            s_loss = F.cross_entropy(slog.view(-1, slog.shape[-1]), sw[:, 1:].reshape(-1),
-                                     reduction="none").view(short_batch, short_ctx)
-            del slog
+                s_loss = token_losses(model, st, sp[:, :-1])
             (s_loss.sum() / total).backward()
-            smask = torch.from_numpy(np.stack([answer_mask(t) for t, _ in short])).to(device)
-            answer_short.append(s_loss.detach()[smask].mean().item() if smask.any() else float("nan"))
+            answer_short.append(masked_mean(s_loss, smask))
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())  # synchronizes: the time check sees finished steps
         if n_ret:
             ret_losses.append(tok_loss[batch - n_ret:].mean().item())
-            lt = tok_loss.detach()[batch - n_ret:]
-            answer_long.append(lt[long_mask].mean().item() if long_mask.any() else float("nan"))
+            answer_long.append(masked_mean(tok_loss[batch - n_ret:], long_mask))
         step += 1
         if log and (step % 50 == 0 or step == 1):
             log(f"train step {step}: loss {losses[-1]:.3f}, answer loss long "
@@ -754,8 +770,8 @@ def evaluate_model(model, windows, *, eval_batch, retrieval_lengths, retrieval_s
 
 def run_study(*, out_dir: str, device: str = "cuda", config: Config | None = None,
               train_seconds: float = 240, train_steps: int = 0, train_ctx: int = 8192,
-              train_batch: int = 8, lr: float = 1.5e-3, retrieval_frac: float = 0.25, retrieval_span: int = 65536,
-              short_batch: int = 32, short_ctx: int = 256,
+              train_batch: int = 8, lr: float = LR, retrieval_frac: float = RETRIEVAL_FRAC,
+              retrieval_span: int = 65536, short_batch: int = SHORT_BATCH, short_ctx: int = SHORT_CTX,
               eval_len: int = 8192, eval_windows: int = 0, eval_batch: int = 4,
               retrieval_lengths=RETRIEVAL_LENGTHS, retrieval_samples: int = 100,
               retrieval_batch_tokens: int = 262144, outlier_channels: int = 8, outlier_lo: float = OUTLIER_LO,
@@ -1186,19 +1202,20 @@ def parser():
     ap.add_argument("--eval-windows", type=int, default=0, help="held-out windows (0: all of them)")
     ap.add_argument("--retrieval-samples", type=int, default=100, help="retrieval samples per length")
     ap.add_argument("--retrieval-lengths", type=int, nargs="+", default=list(RETRIEVAL_LENGTHS))
-    ap.add_argument("--retrieval-frac", type=float, default=0.25, help="share of retrieval sequences in training")
+    ap.add_argument("--retrieval-frac", type=float, default=RETRIEVAL_FRAC,
+                    help="share of retrieval sequences in training")
     ap.add_argument("--d-model", type=int, default=Config.d_model, help="the model's width")
     ap.add_argument("--layers", type=int, default=Config.n_layers, help="the model's depth")
     ap.add_argument("--heads", type=int, default=Config.n_heads, help="attention heads")
     ap.add_argument("--d-ff", type=int, default=0, help="the MLP's width (0: 2.75 x --d-model)")
-    ap.add_argument("--lr", type=float, default=1.5e-3, help="peak learning rate")
+    ap.add_argument("--lr", type=float, default=LR, help="peak learning rate")
     ap.add_argument("--embed-std", type=float, default=0.0,
                     help="the embeddings' initial std per element (0: 1 / sqrt(--d-model))")
     ap.add_argument("--zero-init-out", action="store_true",
                     help="the residual branches' output projections (wo, w_down) start at zero")
-    ap.add_argument("--short-batch", type=int, default=32,
+    ap.add_argument("--short-batch", type=int, default=SHORT_BATCH,
                     help="short retrieval sequences per training step (a second pass; 0: none)")
-    ap.add_argument("--short-ctx", type=int, default=256, help="their length in tokens")
+    ap.add_argument("--short-ctx", type=int, default=SHORT_CTX, help="their length in tokens")
     ap.add_argument("--outlier-channels", type=int, default=8)
     ap.add_argument("--outlier-lo", type=float, default=OUTLIER_LO,
                     help="the outlier channels' RMS / median channel RMS: the smallest (log-spaced to --outlier-hi)")
