@@ -9,7 +9,7 @@
 #                                          [--embed-std S] [--zero-init-out]" ...]
 #
 # Each argument is one configuration (default: the list below); writes $OUT/retrieval_sizes.log
-# with the probe's table per configuration. The answer loss is ln 62 = 4.13 while nothing is
+# with the probe's table per configuration. PARALLEL=1 runs them all at once (set PER_RUN_S). The answer loss is ln 62 = 4.13 while nothing is
 # looked up; a configuration that learns it reaches ~0.05 and answers most test haystacks.
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -27,9 +27,30 @@ configs=("$@")
   "--d-model 1024 --layers 8 --heads 16 --lr 2.5e-4"
   "--d-model 1024 --layers 2 --heads 8 --lr 1e-3"
 )
-for cfg in "${configs[@]}"; do
-  echo "== $cfg ($steps steps)"
+probe() {  # one configuration's probe, its table on stdout
   # shellcheck disable=SC2086
   timeout "$per_run" python3 retrieval_probe.py --device cuda --steps "$steps" --ctx 256 --batch 32 \
-    --settings jumps --eval-lengths 256 2048 --eval-samples 32 $cfg 2>&1 | grep -v Warning
+    --settings jumps --eval-lengths 256 2048 --eval-samples 32 $1 2>&1 | grep -v Warning
+}
+if [ -z "${PARALLEL:-}" ]; then
+  for cfg in "${configs[@]}"; do
+    echo "== $cfg ($steps steps)"
+    probe "$cfg"
+  done 2>&1 | tee "$out/retrieval_sizes.log"
+  exit 0
+fi
+# PARALLEL=1: every configuration at once, one process each (a probe keeps the GPU mostly idle:
+# its steps are bound by kernel launches), logs gathered in the list's order.
+tmp=$(mktemp -d)
+i=0
+for cfg in "${configs[@]}"; do
+  probe "$cfg" > "$tmp/$i.log" 2>&1 &
+  i=$((i + 1))
+done
+wait
+i=0
+for cfg in "${configs[@]}"; do
+  echo "== $cfg ($steps steps, concurrent)"
+  cat "$tmp/$i.log"
+  i=$((i + 1))
 done 2>&1 | tee "$out/retrieval_sizes.log"
