@@ -568,7 +568,7 @@ def test_study_options_set_the_model_size_and_training_from_the_command_line():
     assert kw["lr"] == 3e-3 and kw["short_batch"] == 48 and kw["short_ctx"] == 512
     # the defaults are the study's model and training
     d = quality.study_options(quality.parser().parse_args(["--out", "x"]))
-    assert d["config"] == mla_lm.Config() and d["lr"] == 1.5e-3 and d["short_batch"] == 32
+    assert d["config"] == mla_lm.Config() and d["lr"] == quality.LR and d["short_batch"] == 32
     assert quality.study_options(quality.parser().parse_args(["--out", "x", "--tiny"])) == quality.TINY
 
 

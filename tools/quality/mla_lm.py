@@ -48,10 +48,10 @@ CACHE_KINDS = ("bf16", "fp8", "tensor_fp8")
 @dataclass
 class Config:
     vocab: int = 264  # 256 bytes + BOS, padded to a multiple of 8
-    d_model: int = 1024
-    n_layers: int = 8
+    d_model: int = 512
+    n_layers: int = 4
     n_heads: int = 16
-    d_ff: int = 2816
+    d_ff: int = 1408
     rope_base: float = 10000.0
     prev_token_embedding: bool = True  # x_t = E[token_t] + E_prev[token_{t-1}] (see above)
     embed_std: float = 0.0  # the embeddings' initial std per element (0: 1 / sqrt(d_model))
