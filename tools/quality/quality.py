@@ -3,7 +3,7 @@ sources shipped with the interpreter (with synthetic key-value retrieval sequenc
 then measure what each KV cache does to its predictions, on the trained model and on an
 outlier-channel transform of it.
 
-    python tools/quality/quality.py --out DIR [--seed N] [--train-seconds 240] [--device cuda]
+    python tools/quality/quality.py --out DIR [--seed N] [--train-seconds 300] [--device cuda]
     python tools/quality/quality.py --merge DIR RUN0/quality.json RUN1/quality.json ...
     python tools/quality/quality.py --summary DIR/quality.json
     python tools/quality/quality.py --readme-table DIR/quality.json
@@ -769,7 +769,7 @@ def evaluate_model(model, windows, *, eval_batch, retrieval_lengths, retrieval_s
 
 
 def run_study(*, out_dir: str, device: str = "cuda", config: Config | None = None,
-              train_seconds: float = 240, train_steps: int = 0, train_ctx: int = 8192,
+              train_seconds: float = 300, train_steps: int = 0, train_ctx: int = 8192,
               train_batch: int = 8, lr: float = LR, retrieval_frac: float = RETRIEVAL_FRAC,
               retrieval_span: int = 65536, short_batch: int = SHORT_BATCH, short_ctx: int = SHORT_CTX,
               eval_len: int = 8192, eval_windows: int = 0, eval_batch: int = 4,
@@ -1197,7 +1197,7 @@ def parser():
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--tiny", action="store_true", help="the CPU test's settings (a minute on a CPU)")
     ap.add_argument("--seed", type=int, default=0, help="training seed: initialization and data order")
-    ap.add_argument("--train-seconds", type=float, default=240)
+    ap.add_argument("--train-seconds", type=float, default=300)
     ap.add_argument("--train-steps", type=int, default=0, help="0: limited by --train-seconds only")
     ap.add_argument("--eval-windows", type=int, default=0, help="held-out windows (0: all of them)")
     ap.add_argument("--retrieval-samples", type=int, default=100, help="retrieval samples per length")
