@@ -15,7 +15,7 @@ generator (retrieval_train_sequence: one-byte keys from 0x80-0xFF, unique in a s
     python lab/retrieval_probe.py [--steps 400] [--ctx 256] [--settings plain jumps]
       [--device cpu|cuda] [--d-model 128] [--layers 2] [--heads 4] [--model mla|gpt]
       [--eval-lengths 256 2048] [--threads N] [--no-prev-embedding] [--embed-std S]
-      [--zero-init-out]
+      [--zero-init-out] [--diagnostics 1024 2048 [--diagnostic-samples 100]]
 
 Settings: `plain` (positions count up by one: span = length), `jumps` (the study's: positions jump
 between lines so that a sequence spans up to 8 x its length), and `copy`, a control that needs no
@@ -31,7 +31,8 @@ key K"; `--no-prev-embedding` trains it without, as the earlier runs did. `--emb
 `--zero-init-out` change the MLA model's initialization (mla_lm.Config); with more than two
 layers the learning rate decides whether the lookup is learned at all (docs/accuracy.md). Needs
 PyTorch; not the snapmla package's compiled part (only the model's own attention runs: where snapmla cannot be imported, a
-placeholder stands in for it). On a 2-core CPU a step of the MLA model at 128 tokens takes about
+placeholder stands in for it), except for `--diagnostics`: the trained model's retrieval through the library's caches and
+the emulated FP8 parts (mla_lm.EMULATED_KINDS), with the questions each gains and loses against the BF16 cache. On a 2-core CPU a step of the MLA model at 128 tokens takes about
 0.5 s, of the gpt model 0.12 s.
 """
 from __future__ import annotations
@@ -52,7 +53,7 @@ except ImportError:  # a checkout whose extension is not built: a placeholder mo
     import types
     sys.modules["snapmla"] = types.ModuleType("snapmla")
 import quality as Q  # noqa: E402
-from mla_lm import Config, MLALM  # noqa: E402
+from mla_lm import EMULATED_KINDS, Config, MLALM  # noqa: E402
 
 
 class RopeTransformer(torch.nn.Module):
@@ -149,9 +150,30 @@ def run(setting: str, a, log=print):
                 got += Q.retrieval_batch(model, [Q.retrieval_example(erng, L) for _ in range(b)],
                                          kinds=("exact",))["exact"]
             accuracy[L] = sum(got) / len(got) if got else float("nan")
+    if a.diagnostics and setting != "copy":
+        diagnose(model, a, log)
     tail = curve[-max(1, a.steps // 10):]
     return {"setting": setting, "span": span, "answer_loss_last": sum(tail) / len(tail),
             "accuracy": accuracy, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def diagnose(model, a, log=print):
+    """--diagnostics: the trained model's retrieval at those lengths through the library's caches
+    (the quality study's test haystacks and kinds) and through the emulated attention of
+    mla_lm.EMULATED_KINDS; per kind the questions it answers that the BF16 cache misses, and the
+    reverse: which part of the FP8 arithmetic changes answers, and in which direction."""
+    kinds = Q.KINDS + EMULATED_KINDS
+    with torch.no_grad():
+        ret = Q.evaluate_retrieval(model, a.diagnostics, a.diagnostic_samples, 16384, kinds=kinds, log=None)
+    for L, row in ret["by_length"].items():
+        ref = row["by_cache"]["bf16"]["correct"]
+        cells = []
+        for k in kinds:
+            got = row["by_cache"][k]["correct"]
+            gained = sum(x == "0" and y == "1" for x, y in zip(ref, got))
+            lost = sum(x == "1" and y == "0" for x, y in zip(ref, got))
+            cells.append(f"{k} {row['by_cache'][k]['accuracy']:.3f} (+{gained} -{lost})")
+        log(f"  diagnostics @ {L} ({row['samples']} samples; vs the BF16 cache): " + ", ".join(cells))
 
 
 def main(argv=None):
@@ -176,6 +198,10 @@ def main(argv=None):
     ap.add_argument("--zero-init-out", action="store_true",
                     help="the MLA model's residual output projections (wo, w_down) start at zero")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="CPU threads (--device cpu)")
+    ap.add_argument("--diagnostics", type=int, nargs="+", default=None, metavar="LENGTH",
+                    help="after training, retrieval at these lengths through the caches and the emulated "
+                         "FP8 parts (needs the built snapmla extension)")
+    ap.add_argument("--diagnostic-samples", type=int, default=100)
     ap.add_argument("--eval-lengths", type=int, nargs="+", default=None,
                     help="test haystack lengths (default: --ctx and 8 x --ctx)")
     a = ap.parse_args(argv)

@@ -188,6 +188,80 @@ def test_paged_cache_attends_each_query_to_its_prefix(kind, bound):
                      torch.zeros(B, 100, 576, dtype=torch.bfloat16), scale)
 
 
+def test_emulated_cache_rows_are_the_librarys_fp8_bytes():
+    """mla_lm.e4m3_rows quantizes a row as the library's append does: the same e4m3 latent, the
+    same scale, and gather_dequant's rows from them (bf16 inputs put many products at e4m3
+    rounding midpoints, so an ulp in the scale's reciprocal shows here)."""
+    gen = torch.Generator().manual_seed(0)
+    L = 64
+    kv = (3 * torch.randn(1, L, 576, generator=gen)).to(torch.bfloat16)
+    cache = mla_lm.PagedMLACache("fp8", 1, 1, L, "cpu", seed=3)
+    cache.fill([kv], last_token=torch.zeros(1, dtype=torch.long))
+    page = int(cache.block_table[0, 0])
+    layer = cache.layers[0]
+    latent = layer.latent.view(torch.uint8).view(-1, 64, mla_lm.LATENT)[page].view(torch.float8_e4m3fn).float()
+    operand, scale = mla_lm.e4m3_rows(kv[0])
+    assert torch.equal(operand[:, :mla_lm.LATENT], latent)
+    assert torch.equal(scale, layer.scale.view(-1, 64)[page])
+    slots = (page * 64 + torch.arange(L, dtype=torch.int32)).contiguous()
+    assert torch.equal((operand * scale[:, None]).to(torch.bfloat16), snapmla.gather_dequant(layer, slots))
+
+
+def test_emulated_attention_reproduces_the_kernels_and_splits_their_error():
+    """EmulatedMLACache: emu_fp8 is decode_fp8's arithmetic (each output row within one bf16 ulp,
+    relative), emu_bf16 is decode_bf16 up to its bf16 P (2^-9 per weight), and the two partial
+    emulations carry the FP8 error's two independent parts: FP8 QK and FP8 PV each move the
+    output, and their squared errors add up to the whole's."""
+    B, h, scale = 2, 16, 1 / math.sqrt(192)
+    sizes = (150, 6, 3)  # more than two 64-token blocks, then chunks of s_q = 2 and 1
+    for trial in range(2):
+        gen = torch.Generator().manual_seed(trial)
+        kv = torch.randn(B, sum(sizes), 576, generator=gen).to(torch.bfloat16)
+        q = (2 * torch.randn(B, sum(sizes), h, 576, generator=gen)).to(torch.bfloat16)
+        kinds = ("bf16", "fp8") + mla_lm.EMULATED_KINDS
+        caches = {k: mla_lm.make_cache(k, 1, B, 200, "cpu", seed=3) for k in kinds}
+        assert isinstance(caches["fp8"], mla_lm.PagedMLACache)
+        assert isinstance(caches["emu_fp8"], mla_lm.EmulatedMLACache)
+        start = 0
+        for n in sizes:
+            out = {}
+            for k, c in caches.items():
+                out[k] = c.attend(0, q[:, start:start + n].contiguous(), kv[:, start:start + n].contiguous(), scale)
+                c.advance(n)
+            start += n
+            fp8, emu = out["fp8"].double(), out["emu_fp8"].double()
+            # per query row, within one bf16 ulp relative: both end in a bf16 rounding of sums
+            # that differ only in float32 order (elements of cancelled sums are not compared alone)
+            row_err = (emu - fp8).norm(dim=-1) / fp8.norm(dim=-1)
+            assert float(row_err.max()) < 2 ** -8, (trial, n, float(row_err.max()))
+
+            def err(a, b):
+                return float((out[a].double() - out[b].double()).norm() / out[b].double().norm())
+
+            assert err("emu_bf16", "bf16") < 2 ** -8, (trial, n)
+            whole, qk, pv = err("emu_fp8", "emu_bf16"), err("emu_fp8_qk", "emu_bf16"), err("emu_fp8_pv", "emu_bf16")
+            assert whole > 10 * err("emu_fp8", "fp8") and qk > 0.1 * whole and pv > 0.1 * whole, (whole, qk, pv)
+            assert 0.8 < (qk ** 2 + pv ** 2) / whole ** 2 < 1.25, (whole, qk, pv)
+    with pytest.raises(ValueError, match="kind"):
+        mla_lm.EmulatedMLACache("fp8", 1, 1, 8, "cpu")
+
+
+def test_retrieval_diagnostics_run_every_emulated_kind():
+    """retrieval_batch through the emulated kinds beside the caches: every kind answers, the
+    emulation of decode_fp8 answers as decode_fp8 does, and the report has a row per kind."""
+    cfg = mla_lm.Config(d_model=64, n_layers=2, n_heads=16, d_ff=128)
+    model = mla_lm.MLALM(cfg, seed=0).eval()
+    kinds = quality.KINDS + mla_lm.EMULATED_KINDS
+    with torch.no_grad():
+        ret = quality.evaluate_retrieval(model, (64, 128), 4, 256, kinds=kinds, log=None)
+    for L, row in ret["by_length"].items():
+        assert set(row["by_cache"]) == set(kinds)
+        assert row["by_cache"]["emu_fp8"]["correct"] == row["by_cache"]["fp8"]["correct"], L
+    lines = quality._retrieval_rows(ret)
+    for k in kinds:
+        assert sum(quality.KIND_LABEL[k] in line for line in lines) == 1, k
+
+
 def test_tensor_fp8_cache_holds_saturated_e4m3_at_scale_one():
     """The per-tensor recipe's planes: e4m3(x) with scale 1.0, values past 448 saturated (rope
     too); SnapMLA's per-token scale keeps the same large values."""

@@ -344,6 +344,110 @@ class PagedMLACache:
         return out.view(B, n, h, LATENT)
 
 
+# Attention emulated in torch (float32) over the BF16 rows, with SnapMLA's FP8 arithmetic
+# switched on per part: a diagnostic that tells which part of decode_fp8 changes an answer.
+#   emu_bf16    neither part: float32 attention over the BF16 rows
+#   emu_fp8     both parts: should answer as decode_fp8 does
+#   emu_fp8_qk  FP8 scores only: per-row e4m3 query and cache operands (scale amax / 448, rope
+#               bf16 divided by the same scale), P and V as emu_bf16
+#   emu_fp8_pv  FP8 PV only: exact scores; P' = e4m3(P x s_t / sigma) per row and 64-token
+#               block (sigma = the block's max P x s_t / 448), V the e4m3 latent, l from P
+EMULATED_KINDS = ("emu_bf16", "emu_fp8", "emu_fp8_qk", "emu_fp8_pv")
+E4M3_MAX, MIN_AMAX = 448.0, 1e-10  # the library's kE4m3Max and kMinAmax
+
+
+def correctly_rounded_ratio(num: float, den):
+    """num / den in float32, rounded once as the library's C++ division is (torch takes a scalar
+    over a tensor as the scalar times the rounded reciprocal, an ulp off in a quarter of cases,
+    which moves e4m3 roundings at their midpoints)."""
+    return torch.full_like(den, num) / den
+
+
+def e4m3_rows(rows):
+    """rows [..., 576] -> (operand [..., 576] float32, scale [...]): the latent as e4m3 values
+    and the rope as bf16, both multiplied by 448 / amax(latent) (the library's quantize_row),
+    and the row's scale amax / 448."""
+    rows = rows.float()
+    amax = rows[..., :LATENT].abs().amax(-1).clamp_min(MIN_AMAX)
+    inv = correctly_rounded_ratio(E4M3_MAX, amax)[..., None]
+    lat = (rows[..., :LATENT] * inv).to(torch.float8_e4m3fn).float()
+    rope = (rows[..., LATENT:] * inv).to(torch.bfloat16).float()
+    return torch.cat([lat, rope], dim=-1), amax / E4M3_MAX
+
+
+def fp8_pv_product(p, values, scale, block: int = 64):
+    """sum_t P'_t sigma_b V8_t over the tokens of p [..., L] (unnormalized, exact) with values
+    [B, L, 512] (e4m3 as float32) and their scales [B, L]: P' = e4m3(P s_t 448 / max_b(P s_t))
+    per row and block of `block` tokens from position 0, sigma_b = max_b(P s_t) / 448."""
+    B, L = scale.shape
+    w = p * scale[:, None, None, :]  # [B, n, h, L]
+    pad = (-L) % block
+    wb = F.pad(w, (0, pad)).unflatten(-1, (-1, block))  # [B, n, h, blocks, block]
+    bmax = wb.amax(-1, keepdim=True).clamp_min(MIN_AMAX)
+    q = (wb * correctly_rounded_ratio(E4M3_MAX, bmax)).to(torch.float8_e4m3fn).float() * (bmax / E4M3_MAX)
+    return torch.einsum("bnhl,bld->bnhd", q.flatten(-2)[..., :L], values)
+
+
+class EmulatedMLACache:
+    """PagedMLACache's interface (fill, attend, advance) over dense BF16 rows, attention in
+    float32 torch with the FP8 parts of EMULATED_KINDS: for the retrieval diagnostics only."""
+
+    def __init__(self, kind: str, n_layers: int, batch: int, max_len: int, device, seed: int = 0):
+        if kind not in EMULATED_KINDS:
+            raise ValueError(f"kind: expected one of {EMULATED_KINDS}, got {kind!r}")
+        self.kind = kind
+        self.length = 0
+        self.last_token = None
+        self.max_len = max_len
+        self.rows = [torch.zeros(batch, max_len, LATENT + ROPE, dtype=torch.bfloat16, device=device)
+                     for _ in range(n_layers)]
+        self.record = False
+        self.recorded = {}
+
+    advance = PagedMLACache.advance
+
+    def fill(self, rows, last_token=None) -> None:
+        n = rows[0].shape[1]
+        if self.length + n > self.max_len:
+            raise ValueError(f"rows: {self.length} + {n} tokens exceed the cache's max_len {self.max_len}")
+        for layer, r in enumerate(rows):
+            self.rows[layer][:, self.length:self.length + n] = r
+        self.advance(n, last_token)
+
+    def attend(self, layer: int, q, kv, softmax_scale: float):
+        """q [B, n, h, 576], kv [B, n, 576] (bf16) -> out [B, n, h, 512] (bf16)."""
+        n = q.shape[1]
+        if self.length + n > self.max_len:
+            raise ValueError(f"n: {self.length} + {n} tokens exceed the cache's max_len {self.max_len}")
+        end = self.length + n
+        self.rows[layer][:, self.length:end] = kv
+        rows = self.rows[layer][:, :end]
+        fp8_qk = self.kind in ("emu_fp8", "emu_fp8_qk")
+        fp8_pv = self.kind in ("emu_fp8", "emu_fp8_pv")
+        if fp8_qk:
+            qv, qs = e4m3_rows(q)
+            kv_, ks = e4m3_rows(rows)
+            s = torch.einsum("bnhd,bld->bnhl", qv, kv_) * (qs[..., None] * ks[:, None, None, :] * softmax_scale)
+        else:
+            s = torch.einsum("bnhd,bld->bnhl", q.float(), rows.float()) * softmax_scale
+        visible = torch.arange(end, device=q.device)[None, :] < (self.length + 1 + torch.arange(n, device=q.device))[:, None]
+        s = s.masked_fill(~visible[None, :, None, :], float("-inf"))
+        p = torch.exp(s - s.amax(-1, keepdim=True))
+        l = p.sum(-1, keepdim=True)
+        if fp8_pv:
+            values, vs = e4m3_rows(rows)
+            o = fp8_pv_product(p, values[..., :LATENT], vs)
+        else:
+            o = torch.einsum("bnhl,bld->bnhd", p, rows[..., :LATENT].float())
+        return (o / l).to(torch.bfloat16)
+
+
+def make_cache(kind: str, n_layers: int, batch: int, max_len: int, device, seed: int = 0):
+    """A PagedMLACache (CACHE_KINDS: the library's kernels) or an EmulatedMLACache."""
+    cls = EmulatedMLACache if kind in EMULATED_KINDS else PagedMLACache
+    return cls(kind, n_layers, batch, max_len, device, seed)
+
+
 @torch.no_grad()
 def latent_rows(model, tokens):
     """Every layer's cache rows [B, n, 576] (float32) of tokens [B, n] under the model's own

@@ -72,8 +72,8 @@ import torch
 import torch.nn.functional as F
 
 import snapmla
-from mla_lm import (BOS, CACHE_KINDS, LATENT, MLALM, OUTLIER_HI, OUTLIER_LO, Config, PagedMLACache,
-                    outlier_transform)
+from mla_lm import (BOS, CACHE_KINDS, EMULATED_KINDS, LATENT, MLALM, OUTLIER_HI, OUTLIER_LO, Config, PagedMLACache,
+                    make_cache, outlier_transform)
 
 KINDS = ("exact",) + CACHE_KINDS  # "exact" is the reference for top-1 / KL, "bf16" for ppl ratios
 KIND_LABEL = {
@@ -81,6 +81,11 @@ KIND_LABEL = {
     "bf16": "BF16 cache, decode_bf16",
     "fp8": "SnapMLA FP8 cache, decode_fp8",
     "tensor_fp8": "per-tensor FP8, scale 1.0, through decode_fp8",
+    # --retrieval-diagnostics: attention emulated in float32 torch (mla_lm.EmulatedMLACache)
+    "emu_bf16": "emulated: float32 attention over the BF16 rows",
+    "emu_fp8": "emulated: FP8 QK and FP8 PV (as decode_fp8)",
+    "emu_fp8_qk": "emulated: FP8 QK only",
+    "emu_fp8_pv": "emulated: FP8 PV only",
 }
 HELDOUT_EVERY = 16
 EXCLUDED_DIRS = ("site-packages", "dist-packages", "__pycache__", "encodings")
@@ -533,7 +538,7 @@ def retrieval_batch(model, examples, kinds=KINDS):
         for kind in kinds:
             if kind == "exact":
                 continue
-            cache = PagedMLACache(kind, model.cfg.n_layers, x.shape[0], x.shape[1], device)
+            cache = make_cache(kind, model.cfg.n_layers, x.shape[0], x.shape[1], device)
             cache.fill(prefix, last_token=x[:, q - 1])
             lg = model(x[:, q:], cache)
             out[kind] = (lg[:, ans - 1 - q].argmax(-1) == want).all(-1).tolist()
@@ -753,14 +758,14 @@ def headline(ppl, ret):
 
 
 def evaluate_model(model, windows, *, eval_batch, retrieval_lengths, retrieval_samples, retrieval_batch_tokens,
-                   seed, deadline, log):
+                   seed, deadline, log, retrieval_kinds=KINDS):
     """Perplexity, retrieval and cache statistics of one model; the headline keys on top."""
     t0 = time.perf_counter()
     ppl = evaluate_perplexity(model, windows, eval_batch, seed=seed, log=log)
     ppl["seconds"] = round(time.perf_counter() - t0, 1)
     t0 = time.perf_counter()
-    ret = evaluate_retrieval(model, retrieval_lengths, retrieval_samples, retrieval_batch_tokens, seed=seed,
-                             deadline=deadline, log=log)
+    ret = evaluate_retrieval(model, retrieval_lengths, retrieval_samples, retrieval_batch_tokens,
+                             kinds=retrieval_kinds, seed=seed, deadline=deadline, log=log)
     ret["seconds"] = round(time.perf_counter() - t0, 1)
     t0 = time.perf_counter()
     stats = cache_statistics(model, windows[0])
@@ -777,10 +782,11 @@ def run_study(*, out_dir: str, device: str = "cuda", config: Config | None = Non
               retrieval_batch_tokens: int = 262144, outlier_channels: int = 8, outlier_lo: float = OUTLIER_LO,
               outlier_hi: float = OUTLIER_HI, prompts: int = 16, prompt_len: int = 2048, new_tokens: int = 128,
               budget_seconds: float = 0, corpus_root: str | None = None, seed: int = 0, commit: str | None = None,
-              log=print):
+              retrieval_diagnostics: bool = False, log=print):
     """Train, evaluate, write out_dir/quality.{json,md}; returns the results dict. budget_seconds
     (0: none): retrieval stops adding samples, and greedy generation is left out, where the
-    study would run past it (what ran is recorded)."""
+    study would run past it (what ran is recorded). retrieval_diagnostics: retrieval also through
+    mla_lm.EMULATED_KINDS (which part of the FP8 arithmetic changes an answer)."""
     t_start = time.perf_counter()
     deadline = t_start + budget_seconds if budget_seconds else None
     log = log or (lambda *_: None)
@@ -813,7 +819,8 @@ def run_study(*, out_dir: str, device: str = "cuda", config: Config | None = Non
     data_info["heldout_tokens_evaluated"] = used
     data_info["heldout_fraction_evaluated"] = used / len(held)
     kw = dict(eval_batch=eval_batch, retrieval_lengths=retrieval_lengths, retrieval_samples=retrieval_samples,
-              retrieval_batch_tokens=retrieval_batch_tokens, seed=seed, log=log)
+              retrieval_batch_tokens=retrieval_batch_tokens, seed=seed, log=log,
+              retrieval_kinds=KINDS + (EMULATED_KINDS if retrieval_diagnostics else ()))
 
     def share(frac):  # a deadline `frac` of the way from now to the study's deadline
         return None if deadline is None else time.perf_counter() + frac * max(0.0, deadline - time.perf_counter())
@@ -1183,7 +1190,8 @@ def study_options(a) -> dict:
                 retrieval_lengths=tuple(a.retrieval_lengths), retrieval_frac=a.retrieval_frac,
                 short_batch=a.short_batch, short_ctx=a.short_ctx, outlier_channels=a.outlier_channels,
                 outlier_lo=a.outlier_lo, outlier_hi=a.outlier_hi, prompts=a.prompts,
-                new_tokens=a.new_tokens, budget_seconds=a.budget_seconds)
+                new_tokens=a.new_tokens, budget_seconds=a.budget_seconds,
+                retrieval_diagnostics=a.retrieval_diagnostics)
 
 
 def parser():
@@ -1202,6 +1210,9 @@ def parser():
     ap.add_argument("--eval-windows", type=int, default=0, help="held-out windows (0: all of them)")
     ap.add_argument("--retrieval-samples", type=int, default=100, help="retrieval samples per length")
     ap.add_argument("--retrieval-lengths", type=int, nargs="+", default=list(RETRIEVAL_LENGTHS))
+    ap.add_argument("--retrieval-diagnostics", action="store_true",
+                    help="retrieval also through attention emulated in float32 with FP8 QK and / or FP8 PV "
+                         "(mla_lm.EMULATED_KINDS): which part changes an answer")
     ap.add_argument("--retrieval-frac", type=float, default=RETRIEVAL_FRAC,
                     help="share of retrieval sequences in training")
     ap.add_argument("--d-model", type=int, default=Config.d_model, help="the model's width")
