@@ -11,7 +11,8 @@
 #   SNAPMLA_COMMIT=<hash> OUT=... lab/h200_quality.sh --seed N [quality.py options]
 #
 # writes quality.json, quality.md and the logs under $OUT (or /tmp/h200/quality); extra
-# arguments go to quality.py. SEEDS="0 1 2" instead trains and evaluates those seeds at the same
+# arguments go to quality.py (e.g. --retrieval-diagnostics: retrieval also through the emulated
+# FP8 parts, which says whether FP8 QK or FP8 PV changes an answer). SEEDS="0 1 2" instead trains and evaluates those seeds at the same
 # time, one process each on the one GPU (a small model leaves most of it idle, so each runs
 # nearly as fast as alone; the steps each reached are in its JSON), into $OUT/seed<N>/, and
 # merges them into $OUT/quality.{json,md}; the seeds' folders are then packed into
