@@ -431,8 +431,10 @@ TEST(SplitKv, CombineRowIsLogSumExpWeighting) {
 // - a worker's cost (its splits' pages plus kPieceCostBlocks each) is within
 //   [share - F, share + 2 F] of the share (total cost / workers used), F = kPieceCostBlocks: a
 //   boundary moves back by at most one fixed cost, and a cut worker's first piece adds one.
-// Returns the largest worker cost.
-int64_t expect_balanced_plan(const OwnedPlan& P, const std::vector<int32_t>& seqlens, int workers, int query_rows) {
+// fill: the plan was made with SNAPMLA_PLAN_FILL=1 (every worker gets a share where the chunk is
+// the equal share). Returns the largest worker cost.
+int64_t expect_balanced_plan(const OwnedPlan& P, const std::vector<int32_t>& seqlens, int workers, int query_rows,
+                             bool fill = false) {
   const int b = int(seqlens.size());
   const int capacity = int(P.begins.size()), slots = capacity - b;
   EXPECT_EQ(capacity, split_plan_capacity(b, workers));
@@ -464,7 +466,9 @@ int64_t expect_balanced_plan(const OwnedPlan& P, const std::vector<int32_t>& seq
 
   const int64_t F = detail::kPieceCostBlocks;
   const int64_t chunk = detail::split_chunk(total_blocks, workers, query_rows);
-  const int64_t used = std::clamp<int64_t>((total_blocks + chunk - 1) / chunk, 1, workers);
+  const int64_t equal_share = (total_blocks + workers - 1) / workers;
+  const int64_t used = std::clamp<int64_t>(fill && chunk <= equal_share ? workers : (total_blocks + chunk - 1) / chunk,
+                                           1, workers);
   const int64_t total = total_blocks + F * std::max(b - 1, 0);
   const int64_t share = std::max<int64_t>(1, (total + used - 1) / used);
   // Whole sequences instead (n per worker, in order, no cuts) where even the longest make a
@@ -566,6 +570,70 @@ TEST(SplitKv, PlanCoversEverySequenceAndBalancesTheWorkers) {
     expect_balanced_plan(P, seqlens, w, 0);
     if (::testing::Test::HasFailure()) FAIL() << "trial " << trial << ": b = " << b << ", workers = " << w;
   }
+}
+
+// SNAPMLA_PLAN_FILL (a lab option of the planner) for the span of a test.
+class PlanFillEnv {
+ public:
+  explicit PlanFillEnv(const char* value) : had_(std::getenv(kName) != nullptr) {
+    if (had_) saved_ = std::getenv(kName);
+    ::setenv(kName, value, 1);
+  }
+  ~PlanFillEnv() {
+    if (had_) ::setenv(kName, saved_.c_str(), 1);
+    else ::unsetenv(kName);
+  }
+
+ private:
+  static constexpr const char* kName = "SNAPMLA_PLAN_FILL";
+  bool had_;
+  std::string saved_;
+};
+
+// SNAPMLA_PLAN_FILL=1: where the chunk is the equal share, every worker gets a share instead of
+// ceil(blocks / chunk) of them. b = 16 x 8K on 132 workers (h = 64): 128 used and 124 busy with
+// 17 blocks (plus fixed costs) by default, all 132 busy with 16 under the option; the plans stay
+// balanced, and a small total (the sqrt rule's chunk) is left as it was. A bad value is an error
+// naming the variable.
+TEST(SplitKv, FillWorkersOptionGivesEveryWorkerAShare) {
+  std::vector<int32_t> seqlens(16, 8192), table(16 * 128, 0);
+  const PageTable pages{table.data(), seqlens.data(), 16, 128, Device::cpu()};
+  auto busy = [](const OwnedPlan& P) {
+    int n = 0;
+    for (size_t w = 0; w + 1 < P.worker_splits.size(); ++w) n += P.worker_splits[w + 1] > P.worker_splits[w];
+    return n;
+  };
+  const OwnedPlan base(pages, 132, 64);
+  const int64_t worst_base = expect_balanced_plan(base, seqlens, 132, 64);
+  EXPECT_EQ(busy(base), 124);
+  std::vector<int32_t> one = {8192}, tab1(128, 0);
+  const PageTable single{tab1.data(), one.data(), 1, 128, Device::cpu()};
+  const OwnedPlan single_base(single, 66, 128);
+  {
+    PlanFillEnv on("1");
+    const OwnedPlan filled(pages, 132, 64);
+    const int64_t worst = expect_balanced_plan(filled, seqlens, 132, 64, true);
+    EXPECT_EQ(busy(filled), 132);
+    EXPECT_LT(worst, worst_base);
+    const OwnedPlan single_filled(single, 66, 128);
+    EXPECT_EQ(single_filled.offsets, single_base.offsets) << "b = 1, 8K, h = 128: the sqrt rule's 4-block splits";
+    EXPECT_EQ(single_filled.begins, single_base.begins);
+    auto rng = make_rng();
+    SNAPMLA_TRACE_SEED();
+    std::uniform_int_distribution<int> len(0, 20000), workers(1, 300), batch(1, 64), rows(0, 512);
+    for (int trial = 0; trial < 300; ++trial) {
+      const int b = batch(rng), w = workers(rng), r = rows(rng);
+      std::vector<int32_t> lens(static_cast<size_t>(b)), tab(static_cast<size_t>(b), 0);
+      for (auto& l : lens) l = len(rng) * (trial % 3 == 0 ? int(rng() % 2) : 1);
+      if (trial % 5 == 4) lens[rng() % size_t(b)] = 256 * 1024;
+      const PageTable p{tab.data(), lens.data(), b, 4096, Device::cpu()};
+      const OwnedPlan P(p, w, r);
+      expect_balanced_plan(P, lens, w, r, true);
+      if (::testing::Test::HasFailure()) FAIL() << "trial " << trial << ": b = " << b << ", workers = " << w;
+    }
+  }
+  PlanFillEnv bad("yes");
+  EXPECT_ARG_ERROR(OwnedPlan(pages, 132, 64), "SNAPMLA_PLAN_FILL");
 }
 
 // query_rows: a small total is not cut into splits shorter than the cost model's chunk (the one

@@ -220,12 +220,14 @@ def parse_env_variant(text: str):
 
 def env_variants(args):
     """The lab variants of decode_fp8 timed beside the default, each as (label, environment
-    variable, value): --vregs, --carried and every --env."""
+    variable, value): --vregs, --carried, --plan-fill and every --env."""
     out = []
     if getattr(args, "vregs", False):
         out.append(("vregs", "SNAPMLA_FP8_TILE", "vregs"))
     if getattr(args, "carried", False):
         out.append(("carried", "SNAPMLA_FP8_P_SCALE", "carried"))
+    if getattr(args, "plan_fill", False):
+        out.append(("fill", "SNAPMLA_PLAN_FILL", "1"))
     out += [parse_env_variant(t) for t in (getattr(args, "env", None) or [])]
     return out
 
@@ -248,7 +250,10 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
         "bf16": lambda t: snapmla.decode_bf16(q, bf_cache, t, seqlens, softmax_scale=scale, plan=plan),
     }
     for label, name, value in env_variants(args):
-        kernels[f"fp8_{label}"] = with_env(kernels["fp8"], name, value)
+        # the variant's own plan, made under its setting (SNAPMLA_PLAN_FILL changes the plan)
+        vplan = with_env(lambda _: snapmla.plan_splits(seqlens, workers, query_rows=s_q * h), name, value)(None)
+        kernels[f"fp8_{label}"] = with_env(
+            lambda t, p=vplan: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=p), name, value)
     if args.split_blocks:
         fixed = fixed_split_plan(snapmla, lens, seqlens, workers, s_q * h, args.split_blocks)
         kernels["fp8_fixed"] = lambda t: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=fixed)
@@ -416,6 +421,9 @@ def main(argv=None):
     ap.add_argument("--carried", action="store_true",
                     help="also time decode_fp8 with the carried P' scales (SNAPMLA_FP8_P_SCALE=carried: "
                          "fp8_carried_us; a lab option, not yet the default)")
+    ap.add_argument("--plan-fill", action="store_true",
+                    help="also time decode_fp8 on the plan made with SNAPMLA_PLAN_FILL=1 (every worker gets a "
+                         "share where the chunk is the equal share: fp8_fill_us; a lab option)")
     ap.add_argument("--env", action="append", metavar="LABEL:NAME=VALUE",
                     help="also time decode_fp8 with the environment's NAME = VALUE (a lab option read per "
                          "call, e.g. wave:SNAPMLA_COMBINE_WAVE=workers: fp8_wave_us); repeatable")

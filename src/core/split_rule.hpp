@@ -106,7 +106,11 @@ SNAPMLA_HOST_DEVICE inline PlanTotals merge(const PlanTotals& a, const PlanTotal
 }
 
 // How many of num_workers a total of `t.blocks` over `batch` sequences is worth (split_chunk:
-// all of them, or fewer for a small total given query_rows), and the share of each. Given
+// all of them, or fewer for a small total given query_rows), and the share of each. The workers
+// are ceil(blocks / chunk): where the chunk is the equal share, its rounding up to whole blocks
+// can leave workers without work (b = 16, 8K on 132 workers: 128 of them, then 124 busy with 17
+// blocks each where 132 could take 16). fill_workers (a lab option, SNAPMLA_PLAN_FILL=1) gives
+// every worker a share in that case. Given
 // query_rows, whole sequences (n = ceil(batch / workers) each) are chosen instead when even the
 // longest ones make a worker's time no longer than the balanced share plus the cuts' cost: on
 // uniform lengths whose count fills the workers (b = 128 on 66 workers: two each), where the balanced
@@ -115,7 +119,7 @@ SNAPMLA_HOST_DEVICE inline PlanTotals merge(const PlanTotals& a, const PlanTotal
 // the GPU planner cannot report the overflow, and both planners make the same plan); the
 // workers' shares are then the equal ones.
 SNAPMLA_HOST_DEVICE inline WorkerShares worker_shares(const PlanTotals& t, int batch, int num_workers, int query_rows,
-                                                      int split_blocks, int capacity) {
+                                                      int split_blocks, int capacity, bool fill_workers = false) {
   WorkerShares s;
   if (split_blocks > 0 && t.fixed_splits <= capacity) {
     s.fixed = split_blocks;
@@ -123,6 +127,8 @@ SNAPMLA_HOST_DEVICE inline WorkerShares worker_shares(const PlanTotals& t, int b
   }
   const int64_t chunk = split_chunk(t.blocks, num_workers, query_rows);
   int64_t used = (t.blocks + chunk - 1) / chunk;
+  const int64_t equal_share = (t.blocks + num_workers - 1) / num_workers;
+  if (fill_workers && chunk <= equal_share) used = num_workers;
   if (used < 1) used = 1;
   if (used > num_workers) used = num_workers;
   s.workers = int(used);

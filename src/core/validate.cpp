@@ -381,5 +381,12 @@ Fp8PScale resolved_p_scale(const char* op, Fp8PScale p_scale) {
        std::string("expected unset, 'auto', 'per_page' or 'carried' in the environment, got '") + v + "'");
 }
 
+bool plan_fill_workers(const char* op) {
+  const char* v = std::getenv("SNAPMLA_PLAN_FILL");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "0") == 0) return false;
+  if (std::strcmp(v, "1") == 0) return true;
+  fail(op, "SNAPMLA_PLAN_FILL", std::string("expected unset, '0' or '1' in the environment, got '") + v + "'");
+}
+
 }  // namespace detail
 }  // namespace snapmla

@@ -49,6 +49,10 @@ void check_decode(const char* op, const QueryBf16& q, const PagedBf16Cache& cach
 // environment's SNAPMLA_FP8_P_SCALE says `carried` (a bad value is an error naming it).
 Fp8PScale resolved_p_scale(const char* op, Fp8PScale p_scale);
 
+// The planner's lab option: the environment's SNAPMLA_PLAN_FILL (unset or 0: off, 1: on; any
+// other value is an error naming it). On, worker_shares' fill_workers (core/split_rule.hpp).
+bool plan_fill_workers(const char* op);
+
 // The debug checks' tables (check_page_table, check_slot_mapping): the view, then its contents
 // where they are host memory (the caller copies device tables to the host first).
 void validate(const char* op, const PageTable& pages, const char* name = "pages");

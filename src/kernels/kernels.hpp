@@ -20,7 +20,7 @@ void quantize_query(const QueryBf16& q, const QuantizedQuery& out, Stream s);
 void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const KvRows& out,
                     Stream s);
 void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, Stream s, int query_rows,
-                 int split_blocks);
+                 int split_blocks, bool fill_workers);
 void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
                 const DecodeOutput& out, const DecodeOptions& options);
 void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,

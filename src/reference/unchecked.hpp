@@ -11,7 +11,8 @@ void append(const PagedFp8Cache& cache, const KvRows& kv, const SlotMapping& slo
 void append(const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& slots);
 void quantize_query(const QueryBf16& q, const QuantizedQuery& out);
 void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const KvRows& out);
-void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, int query_rows, int split_blocks);
+void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, int query_rows, int split_blocks,
+                 bool fill_workers);
 // A sequence whose page indices or length are out of range gets NaN rows (what the GPU does);
 // snapmla::decode_* on host memory has rejected such tables before.
 void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
