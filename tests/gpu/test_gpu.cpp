@@ -326,10 +326,9 @@ TEST(GpuCacheOps, AppendQuantizeQueryGatherAreByteIdenticalToTheReference) {
   EXPECT_EQ(0, std::memcmp(gg.download().data(), g.data(), g.size() * 2));
 }
 
-TEST(GpuPlan, SameSplitsAsTheReference) {
-  REQUIRE_GPU();
-  auto rng = make_rng();
-  SNAPMLA_TRACE_SEED();
+// The GPU planner's plans byte for byte against the reference's on random batches (both read
+// the planner's options from the environment, so they plan alike under any setting).
+void expect_gpu_plans_match_the_reference(std::mt19937_64& rng) {
   for (int trial = 0; trial < 24; ++trial) {
     // The last trials have more sequences than the GPU planner's block (1024 threads), so its
     // scans run over several tiles; one of them is b = 1024 x 4 with a 256K sequence among them.
@@ -362,6 +361,35 @@ TEST(GpuPlan, SameSplitsAsTheReference) {
     ASSERT_EQ(gbeg.download(), beg) << "b=" << b << " workers=" << workers;
     ASSERT_EQ(gws.download(), ws) << "b=" << b << " workers=" << workers;
   }
+}
+
+// SNAPMLA_PLAN_FILL=1 (a lab option of the planner, core/split_rule.hpp): the same plans on both
+// paths, b = 16 x 8K on 132 workers among them (every worker busy under the option).
+TEST(GpuPlan, SameSplitsAsTheReferenceUnderPlanFill) {
+  REQUIRE_GPU();
+  ScopedEnv fill("SNAPMLA_PLAN_FILL", "1");
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  expect_gpu_plans_match_the_reference(rng);
+  std::vector<int32_t> lens(16, 8192), table(16, 0);
+  PageTable hp{table.data(), lens.data(), 16, 4096, Device::cpu()};
+  const size_t cap = size_t(split_plan_capacity(16, 132));
+  std::vector<int32_t> off(17), beg(cap), ws(cap);
+  ref::plan_splits(hp, 132, {off.data(), beg.data(), int(cap), 16, Device::cpu(), ws.data()}, 64);
+  DeviceBuffer<int32_t> glens(lens), gtable(table), goff(off.size()), gbeg(cap), gws(cap);
+  gws.poison();
+  plan_splits({gtable.get(), glens.get(), 16, 4096, kGpu}, 132, {goff.get(), gbeg.get(), int(cap), 16, kGpu, gws.get()},
+              nullptr, 64);
+  const std::vector<int32_t> got = gws.download();
+  ASSERT_EQ(got, ws);
+  for (int w = 0; w < 132; ++w) EXPECT_LT(got[size_t(w)], got[size_t(w + 1)]) << "worker " << w << " has work";
+}
+
+TEST(GpuPlan, SameSplitsAsTheReference) {
+  REQUIRE_GPU();
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  expect_gpu_plans_match_the_reference(rng);
   // Batch-invariant plans (split_blocks): with room for the fixed splits and without (then the
   // default plan), on one and several tiles of sequences.
   for (int trial = 0; trial < 12; ++trial) {
