@@ -266,6 +266,28 @@ TEST(DecodeFp8Carried, WithinE4m3RoundingOfPUnderTheCarriedScale) {
         << "element " << i;
 }
 
+// SNAPMLA_FP8_P_SCALE=carried_wide: the carried scales only for calls of more than 16 query rows
+// (the 64-row tile's under kAuto), the per-page ones for the narrow tile's.
+TEST(DecodeFp8Carried, CarriedWideKeepsPerPageScalesForNarrowCalls) {
+  auto rng = make_rng();
+  const char* old = std::getenv("SNAPMLA_FP8_P_SCALE");
+  const std::string saved = old ? old : "";
+  for (const int h : {16, 8, 32, 128}) {
+    Batch B = make_batch(rng, {300}, 1, h);
+    DecodeOptions carried = options(B), per_page = options(B);
+    carried.p_scale = Fp8PScale::kCarried;
+    per_page.p_scale = Fp8PScale::kPerPage;
+    const auto want_carried = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), carried);
+    const auto want_per_page = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), per_page);
+    ::setenv("SNAPMLA_FP8_P_SCALE", "carried_wide", 1);
+    const auto got = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
+    if (old) ::setenv("SNAPMLA_FP8_P_SCALE", saved.c_str(), 1);
+    else ::unsetenv("SNAPMLA_FP8_P_SCALE");
+    ASSERT_NE(want_carried.out, want_per_page.out) << "h = " << h << ": the two rules must differ here";
+    EXPECT_EQ(got.out, h > 16 ? want_carried.out : want_per_page.out) << "h = " << h;
+  }
+}
+
 // The environment's SNAPMLA_FP8_P_SCALE picks the rule under kAuto, on the CPU path as on the GPU;
 // a value it does not know is an error naming it; an explicit option wins over it.
 TEST(DecodeFp8Carried, EnvironmentPicksTheRuleUnderAuto) {

@@ -371,14 +371,16 @@ void check_decode(const char* op, const QueryBf16& q, const PagedBf16Cache& cach
   check_decode_args(op, q, cache, pages, out, options, faults);
 }
 
-Fp8PScale resolved_p_scale(const char* op, Fp8PScale p_scale) {
+Fp8PScale resolved_p_scale(const char* op, Fp8PScale p_scale, int rows) {
   if (p_scale != Fp8PScale::kAuto) return p_scale;
   const char* v = std::getenv("SNAPMLA_FP8_P_SCALE");
   if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0 || std::strcmp(v, "per_page") == 0)
     return Fp8PScale::kPerPage;
   if (std::strcmp(v, "carried") == 0) return Fp8PScale::kCarried;
+  if (std::strcmp(v, "carried_wide") == 0) return rows > kNarrowRows ? Fp8PScale::kCarried : Fp8PScale::kPerPage;
   fail(op, "SNAPMLA_FP8_P_SCALE",
-       std::string("expected unset, 'auto', 'per_page' or 'carried' in the environment, got '") + v + "'");
+       std::string("expected unset, 'auto', 'per_page', 'carried' or 'carried_wide' in the environment, got '") + v +
+           "'");
 }
 
 bool plan_fill_workers(const char* op) {

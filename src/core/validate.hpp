@@ -45,9 +45,13 @@ void check_decode(const char* op, const QuantizedQuery& q, const PagedFp8Cache& 
 void check_decode(const char* op, const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
                   const DecodeOutput* out, const DecodeOptions& options, TableFaults faults);
 
-// decode_fp8's P' scale rule for a call: options.p_scale, where kAuto is kPerPage unless the
-// environment's SNAPMLA_FP8_P_SCALE says `carried` (a bad value is an error naming it).
-Fp8PScale resolved_p_scale(const char* op, Fp8PScale p_scale);
+// decode_fp8's P' scale rule for a call of `rows` query rows per sequence (seqlen_q x
+// num_heads): options.p_scale, where kAuto is kPerPage unless the environment's
+// SNAPMLA_FP8_P_SCALE says `carried` (every call, on the 64-row tile) or `carried_wide` (kCarried
+// only for calls of more than kNarrowRows rows, which the 64-row tile runs anyway; kPerPage for
+// the narrow tile's). A bad value is an error naming it.
+inline constexpr int kNarrowRows = 16;  // calls of at most this many rows run the narrow tile under kAuto
+Fp8PScale resolved_p_scale(const char* op, Fp8PScale p_scale, int rows);
 
 // The planner's lab option: the environment's SNAPMLA_PLAN_FILL (unset or 0: off, 1: on; any
 // other value is an error naming it). On, worker_shares' fill_workers (core/split_rule.hpp).

@@ -783,7 +783,7 @@ Fp8Tile tile_of_call(int rows, Fp8Tile tile, Fp8PScale p_scale) {
 void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
                 const DecodeOutput& out, const DecodeOptions& options) {
   DecodeParams p = make_params(q.batch, q.seqlen_q, q.num_heads, pages, out, options);
-  const Fp8PScale p_scale = detail::resolved_p_scale("decode_fp8", options.p_scale);
+  const Fp8PScale p_scale = detail::resolved_p_scale("decode_fp8", options.p_scale, p.rows);
   const Fp8Tile tile = tile_of_call(p.rows, options.fp8_tile, p_scale);
   if (q.batch == 0) return;
   p.q_nope = reinterpret_cast<const uint8_t*>(q.nope);

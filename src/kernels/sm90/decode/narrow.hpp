@@ -4,12 +4,13 @@
 
 #include <cuda.h>
 
+#include "core/validate.hpp"
 #include "params.hpp"
 #include "snapmla/formats.hpp"
 
 namespace snapmla::cuda {
 
-inline constexpr int kNarrowTileRows = 16;
+inline constexpr int kNarrowTileRows = snapmla::detail::kNarrowRows;  // core/validate.hpp: the P' scale rule reads it too
 
 // The narrow kernel plus the combine of split sequences (p.rows <= kNarrowTileRows).
 void launch_decode_fp8_narrow(const DecodeParams& p, const CUtensorMap& tm_latent, const CUtensorMap& tm_rope,
