@@ -6,7 +6,7 @@
 # in .whl/; then the whole pytest suite in one interpreter (the PyTorch GPU tests run there).
 #   lab/h200_suite.sh [OUT_DIR]     (default $OUT or /tmp/h200); its logs come back as OUT_DIR/h200_suite.tgz
 # HOST_COST=1 adds the eager host cost per call against FlashMLA's extensions (lab/py_call_overhead.py, .peers/).
-# SAN=1 adds compute-sanitizer (lab/h200_sanitize.sh). FILL=1 reruns the GPU suite under SNAPMLA_PLAN_FILL=1. SWEEP=1 / GRID=1 add the bench's sweep / grid with the peers (.peers/) into OUT_DIR/results
+# SAN=1 adds compute-sanitizer (lab/h200_sanitize.sh). GPU_ENVS="NAME=VALUE ..." reruns the GPU suite under each setting. SWEEP=1 / GRID=1 add the bench's sweep / grid with the peers (.peers/) into OUT_DIR/results
 # (h200_sweep.*, h200.*), BENCH_ARGS passed to both (e.g. lab variants: --env LABEL:NAME=VALUE).
 # Exit status: the number of parts that failed.
 set -uo pipefail
@@ -30,16 +30,18 @@ for suite in snapmla_tests snapmla_gpu_tests; do
   grep -E "^\[  FAILED  \]" "$out/$suite.log" | head -20
   [ $rc -eq 0 ] || failed=$((failed + 1))
 done
-# FILL=1: the GPU suite again with the planner's lab option SNAPMLA_PLAN_FILL=1 (every decode on
-# plans made under it; the plan checks compare both planners under it).
-if [ -n "${FILL:-}" ]; then
-  stamp "snapmla_gpu_tests under SNAPMLA_PLAN_FILL=1"
-  SNAPMLA_PLAN_FILL=1 timeout ${TEST_TIMEOUT:-300} .devbin/snapmla_gpu_tests > "$out/snapmla_gpu_tests_fill.log" 2>&1
+# GPU_ENVS="NAME=VALUE ...": the GPU suite again under each lab setting (e.g. the planner's
+# SNAPMLA_PLAN_FILL=1, decode_fp8's SNAPMLA_FP8_P_SCALE=carried_wide): every decode and plan check
+# then runs with it on both paths.
+for setting in ${GPU_ENVS:-}; do
+  stamp "snapmla_gpu_tests under $setting"
+  log="$out/snapmla_gpu_tests_${setting//[^A-Za-z0-9_]/_}.log"
+  env "$setting" timeout ${TEST_TIMEOUT:-300} .devbin/snapmla_gpu_tests > "$log" 2>&1
   rc=$?
-  echo "snapmla_gpu_tests (fill) exit: $rc"
-  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$out/snapmla_gpu_tests_fill.log" | head -20
+  echo "snapmla_gpu_tests ($setting) exit: $rc"
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$log" | head -20
   [ $rc -eq 0 ] || failed=$((failed + 1))
-fi
+done
 # SAN=1: compute-sanitizer (lab/h200_sanitize.sh) before the Python part.
 if [ -n "${SAN:-}" ]; then
   stamp "memcheck / racecheck / synccheck"
