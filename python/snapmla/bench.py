@@ -28,6 +28,7 @@ rates (`--bw`, `--fp8-tflops`, `--bf16-tflops`, measured on the GPU once).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import datetime
 import importlib.util
@@ -183,20 +184,27 @@ def peer_kernels(torch, peers, x, s_q, h):
             "pr54_fp8": lambda t: f8(q8, cache8, t, x.seqlens, x.scale, True)}
 
 
+@contextlib.contextmanager
+def env_setting(name, value):
+    """The environment's `name` = value inside the block, as it was after it."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
 def with_env(call, name, value):
     """`call` with the environment's `name` = value around it (SNAPMLA_FP8_TILE: decode_fp8's
     64-row tile under kAuto; SNAPMLA_FP8_P_SCALE: its P' scale rule under kAuto; both read per
     call, so a graph captured inside keeps them)."""
     def run(t):
-        old = os.environ.get(name)
-        os.environ[name] = value
-        try:
+        with env_setting(name, value):
             return call(t)
-        finally:
-            if old is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = old
     return run
 
 
@@ -250,8 +258,8 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
         "bf16": lambda t: snapmla.decode_bf16(q, bf_cache, t, seqlens, softmax_scale=scale, plan=plan),
     }
     for label, name, value in env_variants(args):
-        # the variant's own plan, made under its setting (SNAPMLA_PLAN_FILL changes the plan)
-        vplan = with_env(lambda _: snapmla.plan_splits(seqlens, workers, query_rows=s_q * h), name, value)(None)
+        with env_setting(name, value):  # the variant's own plan (SNAPMLA_PLAN_FILL changes it)
+            vplan = snapmla.plan_splits(seqlens, workers, query_rows=s_q * h)
         kernels[f"fp8_{label}"] = with_env(
             lambda t, p=vplan: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=p), name, value)
     if args.split_blocks:

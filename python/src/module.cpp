@@ -452,6 +452,9 @@ NB_MODULE(_C, m) {
   m.attr("ROPE_DIM") = kRopeDim;
   m.attr("HEAD_DIM") = kHeadDim;
   m.attr("PAGE_SIZE") = kPageSize;
+  // The FP8 format's constants, for emulations of its arithmetic (tools/quality's diagnostics).
+  m.attr("E4M3_MAX") = kE4m3Max;
+  m.attr("MIN_AMAX") = kMinAmax;
   // The limits every entry point checks (src/core/validate.cpp), and the decode kernels' query
   // rows per CTA, for the Python layer (snapmla.flash_mla, snapmla.bench).
   m.attr("MIN_HEADS") = kMinHeads;

@@ -238,7 +238,29 @@ def e4m3_saturate(x):
     return x.float().clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
 
 
-class PagedMLACache:
+class CacheState:
+    """What every cache of the study keeps besides its rows: the tokens written so far (the same
+    for every sequence), the last of them (the next decode's previous-token embedding), the
+    capacity, and the per-layer record of the last attend call (PagedMLACache, when set)."""
+
+    def __init__(self, kind: str, max_len: int):
+        self.kind = kind
+        self.length = 0
+        self.last_token = None  # [B]: the token at position length - 1 (the model's next prev)
+        self.max_len = max_len
+        self.record = False
+        self.recorded = {}
+
+    def advance(self, n: int, last_token=None) -> None:
+        self.length += n
+        self.last_token = None if last_token is None else last_token.detach().clone()
+
+    def check_room(self, arg: str, n: int) -> None:
+        if self.length + n > self.max_len:
+            raise ValueError(f"{arg}: {self.length} + {n} tokens exceed the cache's max_len {self.max_len}")
+
+
+class PagedMLACache(CacheState):
     """One paged cache per layer for a batch of sequences of equal length, in shuffled pages,
     read through the library's decode kernels:
 
@@ -258,10 +280,7 @@ class PagedMLACache:
     def __init__(self, kind: str, n_layers: int, batch: int, max_len: int, device, seed: int = 0):
         if kind not in CACHE_KINDS:
             raise ValueError(f"kind: expected one of {CACHE_KINDS}, got {kind!r}")
-        self.kind = kind
-        self.length = 0
-        self.last_token = None  # [B]: the token at position length - 1 (the model's next prev)
-        self.max_len = max_len
+        super().__init__(kind, max_len)
         page = snapmla.PAGE_SIZE
         pages_per_seq = (max_len + page - 1) // page
         num_pages = batch * pages_per_seq
@@ -270,14 +289,8 @@ class PagedMLACache:
         like = torch.empty(1, dtype=torch.bfloat16, device=device)
         alloc = snapmla.alloc_bf16_cache if kind == "bf16" else snapmla.alloc_fp8_cache
         self.layers = [alloc(num_pages, like) for _ in range(n_layers)]
-        # layer -> (q [B, n, h, 576], kv [B, n, 576], lse [B, n, h]) of the last attend call,
-        # kept when record is set (the cache statistics)
-        self.record = False
-        self.recorded = {}
-
-    def advance(self, n: int, last_token=None) -> None:
-        self.length += n
-        self.last_token = None if last_token is None else last_token.detach().clone()
+        # record / recorded: layer -> (q [B, n, h, 576], kv [B, n, 576], lse [B, n, h]) of the
+        # last attend call, kept when record is set (the cache statistics)
 
     def _slots(self, n: int, device):
         pos = torch.arange(self.length, self.length + n, device=device)
@@ -290,8 +303,7 @@ class PagedMLACache:
         last_token [B] is the last of those n tokens (what the next decode's previous-token
         embedding takes)."""
         B, n, _ = rows[0].shape
-        if self.length + n > self.max_len:
-            raise ValueError(f"rows: {self.length} + {n} tokens exceed the cache's max_len {self.max_len}")
+        self.check_room("rows", n)
         slots = self._slots(n, rows[0].device).reshape(-1).contiguous()
         for layer, r in enumerate(rows):
             self._write(layer, r.reshape(B * n, LATENT + ROPE).contiguous(), slots)
@@ -310,8 +322,7 @@ class PagedMLACache:
     def attend(self, layer: int, q, kv, softmax_scale: float):
         """q [B, n, h, 576], kv [B, n, 576] (bf16) -> out [B, n, h, 512] (bf16)."""
         B, n, h, _ = q.shape
-        if self.length + n > self.max_len:
-            raise ValueError(f"n: {self.length} + {n} tokens exceed the cache's max_len {self.max_len}")
+        self.check_room("n", n)
         dev = q.device
         slots = self._slots(n, dev)
         self._write(layer, kv.reshape(B * n, LATENT + ROPE).contiguous(), slots.reshape(-1).contiguous())
@@ -353,7 +364,6 @@ class PagedMLACache:
 #   emu_fp8_pv  FP8 PV only: exact scores; P' = e4m3(P x s_t / sigma) per row and 64-token
 #               block (sigma = the block's max P x s_t / 448), V the e4m3 latent, l from P
 EMULATED_KINDS = ("emu_bf16", "emu_fp8", "emu_fp8_qk", "emu_fp8_pv")
-E4M3_MAX, MIN_AMAX = 448.0, 1e-10  # the library's kE4m3Max and kMinAmax
 
 
 def correctly_rounded_ratio(num: float, den):
@@ -367,49 +377,43 @@ def e4m3_rows(rows):
     """rows [..., 576] -> (operand [..., 576] float32, scale [...]): the latent as e4m3 values
     and the rope as bf16, both multiplied by 448 / amax(latent) (the library's quantize_row),
     and the row's scale amax / 448."""
+    e4m3_max, min_amax = snapmla._C.E4M3_MAX, snapmla._C.MIN_AMAX
     rows = rows.float()
-    amax = rows[..., :LATENT].abs().amax(-1).clamp_min(MIN_AMAX)
-    inv = correctly_rounded_ratio(E4M3_MAX, amax)[..., None]
+    amax = rows[..., :LATENT].abs().amax(-1).clamp_min(min_amax)
+    inv = correctly_rounded_ratio(e4m3_max, amax)[..., None]
     lat = (rows[..., :LATENT] * inv).to(torch.float8_e4m3fn).float()
     rope = (rows[..., LATENT:] * inv).to(torch.bfloat16).float()
-    return torch.cat([lat, rope], dim=-1), amax / E4M3_MAX
+    return torch.cat([lat, rope], dim=-1), amax / e4m3_max
 
 
-def fp8_pv_product(p, values, scale, block: int = 64):
+def fp8_pv_product(p, values, scale):
     """sum_t P'_t sigma_b V8_t over the tokens of p [..., L] (unnormalized, exact) with values
     [B, L, 512] (e4m3 as float32) and their scales [B, L]: P' = e4m3(P s_t 448 / max_b(P s_t))
-    per row and block of `block` tokens from position 0, sigma_b = max_b(P s_t) / 448."""
+    per row and page b of tokens (snapmla.PAGE_SIZE, from position 0), sigma_b = max_b(P s_t) / 448."""
+    e4m3_max, min_amax = snapmla._C.E4M3_MAX, snapmla._C.MIN_AMAX
     B, L = scale.shape
     w = p * scale[:, None, None, :]  # [B, n, h, L]
-    pad = (-L) % block
-    wb = F.pad(w, (0, pad)).unflatten(-1, (-1, block))  # [B, n, h, blocks, block]
-    bmax = wb.amax(-1, keepdim=True).clamp_min(MIN_AMAX)
-    q = (wb * correctly_rounded_ratio(E4M3_MAX, bmax)).to(torch.float8_e4m3fn).float() * (bmax / E4M3_MAX)
+    pad = (-L) % snapmla.PAGE_SIZE
+    wb = F.pad(w, (0, pad)).unflatten(-1, (-1, snapmla.PAGE_SIZE))  # [B, n, h, pages, PAGE_SIZE]
+    bmax = wb.amax(-1, keepdim=True).clamp_min(min_amax)
+    q = (wb * correctly_rounded_ratio(e4m3_max, bmax)).to(torch.float8_e4m3fn).float() * (bmax / e4m3_max)
     return torch.einsum("bnhl,bld->bnhd", q.flatten(-2)[..., :L], values)
 
 
-class EmulatedMLACache:
+class EmulatedMLACache(CacheState):
     """PagedMLACache's interface (fill, attend, advance) over dense BF16 rows, attention in
     float32 torch with the FP8 parts of EMULATED_KINDS: for the retrieval diagnostics only."""
 
     def __init__(self, kind: str, n_layers: int, batch: int, max_len: int, device, seed: int = 0):
         if kind not in EMULATED_KINDS:
             raise ValueError(f"kind: expected one of {EMULATED_KINDS}, got {kind!r}")
-        self.kind = kind
-        self.length = 0
-        self.last_token = None
-        self.max_len = max_len
+        super().__init__(kind, max_len)
         self.rows = [torch.zeros(batch, max_len, LATENT + ROPE, dtype=torch.bfloat16, device=device)
                      for _ in range(n_layers)]
-        self.record = False
-        self.recorded = {}
-
-    advance = PagedMLACache.advance
 
     def fill(self, rows, last_token=None) -> None:
         n = rows[0].shape[1]
-        if self.length + n > self.max_len:
-            raise ValueError(f"rows: {self.length} + {n} tokens exceed the cache's max_len {self.max_len}")
+        self.check_room("rows", n)
         for layer, r in enumerate(rows):
             self.rows[layer][:, self.length:self.length + n] = r
         self.advance(n, last_token)
@@ -417,17 +421,17 @@ class EmulatedMLACache:
     def attend(self, layer: int, q, kv, softmax_scale: float):
         """q [B, n, h, 576], kv [B, n, 576] (bf16) -> out [B, n, h, 512] (bf16)."""
         n = q.shape[1]
-        if self.length + n > self.max_len:
-            raise ValueError(f"n: {self.length} + {n} tokens exceed the cache's max_len {self.max_len}")
+        self.check_room("n", n)
         end = self.length + n
         self.rows[layer][:, self.length:end] = kv
         rows = self.rows[layer][:, :end]
         fp8_qk = self.kind in ("emu_fp8", "emu_fp8_qk")
         fp8_pv = self.kind in ("emu_fp8", "emu_fp8_pv")
+        if fp8_qk or fp8_pv:
+            operand, ks = e4m3_rows(rows)  # the rows as the FP8 cache holds them, for QK and PV
         if fp8_qk:
             qv, qs = e4m3_rows(q)
-            kv_, ks = e4m3_rows(rows)
-            s = torch.einsum("bnhd,bld->bnhl", qv, kv_) * (qs[..., None] * ks[:, None, None, :] * softmax_scale)
+            s = torch.einsum("bnhd,bld->bnhl", qv, operand) * (qs[..., None] * ks[:, None, None, :] * softmax_scale)
         else:
             s = torch.einsum("bnhd,bld->bnhl", q.float(), rows.float()) * softmax_scale
         visible = torch.arange(end, device=q.device)[None, :] < (self.length + 1 + torch.arange(n, device=q.device))[:, None]
@@ -435,8 +439,7 @@ class EmulatedMLACache:
         p = torch.exp(s - s.amax(-1, keepdim=True))
         l = p.sum(-1, keepdim=True)
         if fp8_pv:
-            values, vs = e4m3_rows(rows)
-            o = fp8_pv_product(p, values[..., :LATENT], vs)
+            o = fp8_pv_product(p, operand[..., :LATENT], ks)
         else:
             o = torch.einsum("bnhl,bld->bnhd", p, rows[..., :LATENT].float())
         return (o / l).to(torch.bfloat16)
