@@ -22,6 +22,7 @@ using test::make_batch;
 using test::make_rng;
 using test::options;
 using test::OwnedPlan;
+using test::ScopedEnv;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -270,8 +271,6 @@ TEST(DecodeFp8Carried, WithinE4m3RoundingOfPUnderTheCarriedScale) {
 // (the 64-row tile's under kAuto), the per-page ones for the narrow tile's.
 TEST(DecodeFp8Carried, CarriedWideKeepsPerPageScalesForNarrowCalls) {
   auto rng = make_rng();
-  const char* old = std::getenv("SNAPMLA_FP8_P_SCALE");
-  const std::string saved = old ? old : "";
   for (const int h : {16, 8, 32, 128}) {
     Batch B = make_batch(rng, {300}, 1, h);
     DecodeOptions carried = options(B), per_page = options(B);
@@ -279,10 +278,10 @@ TEST(DecodeFp8Carried, CarriedWideKeepsPerPageScalesForNarrowCalls) {
     per_page.p_scale = Fp8PScale::kPerPage;
     const auto want_carried = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), carried);
     const auto want_per_page = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), per_page);
-    ::setenv("SNAPMLA_FP8_P_SCALE", "carried_wide", 1);
-    const auto got = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
-    if (old) ::setenv("SNAPMLA_FP8_P_SCALE", saved.c_str(), 1);
-    else ::unsetenv("SNAPMLA_FP8_P_SCALE");
+    const auto got = [&] {
+      ScopedEnv wide("SNAPMLA_FP8_P_SCALE", "carried_wide");
+      return ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
+    }();
     ASSERT_NE(want_carried.out, want_per_page.out) << "h = " << h << ": the two rules must differ here";
     EXPECT_EQ(got.out, h > 16 ? want_carried.out : want_per_page.out) << "h = " << h;
   }
@@ -594,24 +593,6 @@ TEST(SplitKv, PlanCoversEverySequenceAndBalancesTheWorkers) {
   }
 }
 
-// SNAPMLA_PLAN_FILL (a lab option of the planner) for the span of a test.
-class PlanFillEnv {
- public:
-  explicit PlanFillEnv(const char* value) : had_(std::getenv(kName) != nullptr) {
-    if (had_) saved_ = std::getenv(kName);
-    ::setenv(kName, value, 1);
-  }
-  ~PlanFillEnv() {
-    if (had_) ::setenv(kName, saved_.c_str(), 1);
-    else ::unsetenv(kName);
-  }
-
- private:
-  static constexpr const char* kName = "SNAPMLA_PLAN_FILL";
-  bool had_;
-  std::string saved_;
-};
-
 // SNAPMLA_PLAN_FILL=1: where the chunk is the equal share, every worker gets a share instead of
 // ceil(blocks / chunk) of them. b = 16 x 8K on 132 workers (h = 64): 128 used and 124 busy with
 // 17 blocks (plus fixed costs) by default, all 132 busy with 16 under the option; the plans stay
@@ -632,7 +613,7 @@ TEST(SplitKv, FillWorkersOptionGivesEveryWorkerAShare) {
   const PageTable single{tab1.data(), one.data(), 1, 128, Device::cpu()};
   const OwnedPlan single_base(single, 66, 128);
   {
-    PlanFillEnv on("1");
+    ScopedEnv on("SNAPMLA_PLAN_FILL", "1");
     const OwnedPlan filled(pages, 132, 64);
     const int64_t worst = expect_balanced_plan(filled, seqlens, 132, 64, true);
     EXPECT_EQ(busy(filled), 132);
@@ -654,7 +635,7 @@ TEST(SplitKv, FillWorkersOptionGivesEveryWorkerAShare) {
       if (::testing::Test::HasFailure()) FAIL() << "trial " << trial << ": b = " << b << ", workers = " << w;
     }
   }
-  PlanFillEnv bad("yes");
+  ScopedEnv bad("SNAPMLA_PLAN_FILL", "yes");
   EXPECT_ARG_ERROR(OwnedPlan(pages, 132, 64), "SNAPMLA_PLAN_FILL");
 }
 

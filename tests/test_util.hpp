@@ -213,4 +213,28 @@ inline double rel_l2(const std::vector<float>& a, const std::vector<double>& b) 
     }                                                                                  \
   } while (0)
 
+// An environment variable set for a scope (the lab options are read from the environment per
+// call) and put back as it was, unset included, when the scope ends.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* was = std::getenv(name);
+    had_ = was != nullptr;
+    if (had_) saved_ = was;
+    set(value);
+  }
+  void set(const char* value) { ::setenv(name_, value, 1); }
+  ~ScopedEnv() {
+    if (had_) ::setenv(name_, saved_.c_str(), 1);
+    else ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string saved_;
+};
+
 }  // namespace snapmla::test

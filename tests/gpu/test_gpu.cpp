@@ -22,6 +22,7 @@ using test::Batch;
 using device_memory::DeviceBuffer;
 using test::make_batch;
 using test::make_rng;
+using test::ScopedEnv;
 
 #define REQUIRE_GPU()                                                                     \
   do {                                                                                    \
@@ -30,30 +31,6 @@ using test::make_rng;
   } while (0)
 
 const Device kGpu = Device::cuda(0);
-
-// An environment variable set for a scope (the lab options are read from the environment per
-// call) and put back as it was, unset included, when the scope ends.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* was = std::getenv(name);
-    had_ = was != nullptr;
-    if (had_) saved_ = was;
-    set(value);
-  }
-  void set(const char* value) { setenv(name_, value, 1); }
-  ~ScopedEnv() {
-    if (had_) setenv(name_, saved_.c_str(), 1);
-    else unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string saved_;
-};
 
 // Device mirror of a test::Batch (caches, tables and queries), outputs poisoned.
 struct GpuBatch {
