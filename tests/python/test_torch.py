@@ -20,11 +20,6 @@ needs_gpu = pytest.mark.skipif(not GPU, reason="no sm_90 GPU (or a build without
 DEVICES = ["cpu"] + (["cuda"] if GPU else [])
 
 
-def rel_l2(a, b):
-    a, b = a.double().cpu(), b.double().cpu()
-    return float((a - b).norm() / b.norm().clamp_min(1e-300))
-
-
 class Case:
     """A batch of paged sequences in an FP8 and a BF16 cache (NaN in every unused slot), a
     query, and the tensors a decode step takes, on `device`."""
@@ -96,6 +91,32 @@ def score_magnitude(qq, case):
     return max_score_terms(q, k, case)
 
 
+def fp8_row_bounds(qq, case, mag):
+    """The per-row bound on |decode_fp8 - reference| (L2 over a row's 512 outputs) that the C++ GPU
+    tests derive: a score error of at most delta = 2^-9 x mag moves each softmax weight by a
+    factor within e^(+-2 delta), so the row moves by at most ~2 delta x || sum_t p_t |v_t| ||; 4e-3 x
+    that norm more covers e4m3 roundings of P' and bf16 roundings that flip near a boundary.
+    Returns [b, s_q, h] (the output's row layout); causal rows see seqlen - s_q + i + 1 tokens."""
+    q = dequantized(qq.nope, qq.rope, qq.scale)  # [b, s_q, h, 576]
+    fp8 = snapmla.PagedFp8Cache(*(p.cpu() for p in case.fp8))
+    slots = case.slots.long().cpu()
+    k = dequantized(fp8.latent.reshape(-1, 512)[slots], fp8.rope.reshape(-1, 64)[slots],
+                    fp8.scale.reshape(-1)[slots])  # [tokens, 576]
+    b, s_q, h, _ = q.shape
+    weighted = torch.zeros(b, s_q, h, dtype=torch.float64)
+    start = 0
+    for i, n in enumerate(case.seqlens_np.tolist()):
+        for j in range(s_q):
+            seen = max(0, n - s_q + j + 1)
+            if seen:
+                rows = k[start:start + seen]
+                p = torch.softmax(q[i, j] @ rows.T * case.scale, dim=-1)  # [h, seen]
+                weighted[i, j] = (p @ rows[:, :512].abs()).norm(dim=-1)
+        start += n
+    delta = 2.0 ** -9 * mag.permute(0, 2, 1)  # [b, s_q, h]
+    return (2 * delta + 4e-3) * weighted + 1e-6
+
+
 def poisoned_out(case):
     b, s_q, h = case.q.shape[:3]
     out = torch.full((b, s_q, h, 512), float("nan"), dtype=torch.bfloat16, device=case.q.device)
@@ -128,10 +149,14 @@ def test_native_api_on_torch_tensors(rng, device):
         # 2^-10.5 of the magnitude of its terms, softmax_scale * sum_d |q_d k_d| (dequantized),
         # and so is the lse: bound it per row by 2^-9 of the largest such magnitude among the
         # row's tokens, as the C++ GPU tests do. (A bound relative to |lse| alone failed once on
-        # the H200: 0.107 against 0.102.) Outputs: the global rel-L2 of those tests.
-        assert rel_l2(out[1:].float(), ref_out[1:].float()) < 1e-2
-        lerr = (lse.cpu() - ref_lse).abs()
+        # the H200: 0.107 against 0.102.) Outputs: the same tests' per-row bound (fp8_row_bounds);
+        # a global rel-L2 bound is not derived, and a short batch like this one (1 + 100 + 700
+        # tokens) averages few e4m3 roundings of P' (1.05e-2 once on the H200 against 1e-2).
         mag = score_magnitude(qq, case)  # [b, h, s_q]
+        row_err = (out.cpu().double() - ref_out.double()).norm(dim=-1)  # [b, s_q, h]
+        bound = fp8_row_bounds(qq, case, mag)
+        assert bool((row_err <= bound).all()), float((row_err / bound).max())
+        lerr = (lse.cpu() - ref_lse).abs()
         seen = torch.isfinite(ref_lse)
         assert torch.equal(torch.isneginf(lse.cpu()), ~seen)
         assert bool((lerr[seen] <= 2.0 ** -9 * mag[seen]).all()), float((lerr[seen] / mag[seen]).max())
