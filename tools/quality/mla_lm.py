@@ -374,16 +374,13 @@ def correctly_rounded_ratio(num: float, den):
 
 
 def e4m3_rows(rows):
-    """rows [..., 576] -> (operand [..., 576] float32, scale [...]): the latent as e4m3 values
-    and the rope as bf16, both multiplied by 448 / amax(latent) (the library's quantize_row),
-    and the row's scale amax / 448."""
-    e4m3_max, min_amax = snapmla._C.E4M3_MAX, snapmla._C.MIN_AMAX
-    rows = rows.float()
-    amax = rows[..., :LATENT].abs().amax(-1).clamp_min(min_amax)
-    inv = correctly_rounded_ratio(e4m3_max, amax)[..., None]
-    lat = (rows[..., :LATENT] * inv).to(torch.float8_e4m3fn).float()
-    rope = (rows[..., LATENT:] * inv).to(torch.bfloat16).float()
-    return torch.cat([lat, rope], dim=-1), amax / e4m3_max
+    """rows [..., 576] (bf16) -> (operand [..., 576] float32, scale [...]): the latent as e4m3
+    values and the rope as bf16, both multiplied by 448 / amax(latent), and the row's scale
+    amax / 448. That is the library's per-token quantization, which append and quantize_query
+    share, so it is quantize_query's, each row taken as a one-query, one-head batch entry."""
+    qq = snapmla.quantize_query(rows.to(torch.bfloat16).reshape(-1, 1, 1, LATENT + ROPE).contiguous())
+    operand = torch.cat([qq.nope.float(), qq.rope.float()], dim=-1)
+    return operand.reshape(rows.shape), qq.scale.reshape(rows.shape[:-1])
 
 
 def fp8_pv_product(p, values, scale):
