@@ -576,22 +576,28 @@ TEST(SplitKv, WorkerRangesDoNotChangeTheSplits) {
   }
 }
 
-TEST(SplitKv, PlanCoversEverySequenceAndBalancesTheWorkers) {
+// expect_balanced_plan on 300 random batches (lengths up to max_len, empty ones, one very long
+// among short ones, all of 0-2 tokens; b up to 64, and 1024), with query rows up to max_rows (0:
+// none), planned under the environment's planner options (fill: SNAPMLA_PLAN_FILL=1 is set).
+void expect_random_plans_balanced(int max_len, int max_rows, bool fill) {
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
-  std::uniform_int_distribution<int> len(0, 5000), workers(1, 300), batch(1, 64);
+  std::uniform_int_distribution<int> len(0, max_len), workers(1, 300), batch(1, 64), rows(0, max_rows);
   for (int trial = 0; trial < 300; ++trial) {
-    const int b = trial % 50 == 7 ? 1024 : batch(rng), w = workers(rng);
+    const int b = trial % 50 == 7 ? 1024 : batch(rng), w = workers(rng), r = rows(rng);
     std::vector<int32_t> seqlens(static_cast<size_t>(b)), table(static_cast<size_t>(b), 0);
     for (auto& l : seqlens) l = len(rng) * (trial % 3 == 0 ? int(rng() % 2) : 1);  // empty ones too
     if (trial % 5 == 4) seqlens[rng() % size_t(b)] = 256 * 1024;  // one very long among short ones
     if (trial % 7 == 6) std::fill(seqlens.begin(), seqlens.end(), int32_t(rng() % 3));  // 0-2 tokens
     PageTable pages{table.data(), seqlens.data(), b, 4096, Device::cpu()};
-    OwnedPlan P(pages, w);
-    expect_balanced_plan(P, seqlens, w, 0);
-    if (::testing::Test::HasFailure()) FAIL() << "trial " << trial << ": b = " << b << ", workers = " << w;
+    OwnedPlan P(pages, w, r);
+    expect_balanced_plan(P, seqlens, w, r, fill);
+    if (::testing::Test::HasFailure())
+      FAIL() << "trial " << trial << ": b = " << b << ", workers = " << w << ", query_rows = " << r;
   }
 }
+
+TEST(SplitKv, PlanCoversEverySequenceAndBalancesTheWorkers) { expect_random_plans_balanced(5000, 0, false); }
 
 // SNAPMLA_PLAN_FILL=1: where the chunk is the equal share, every worker gets a share instead of
 // ceil(blocks / chunk) of them. b = 16 x 8K on 132 workers (h = 64): 128 used and 124 busy with
@@ -621,19 +627,7 @@ TEST(SplitKv, FillWorkersOptionGivesEveryWorkerAShare) {
     const OwnedPlan single_filled(single, 66, 128);
     EXPECT_EQ(single_filled.offsets, single_base.offsets) << "b = 1, 8K, h = 128: the sqrt rule's 4-block splits";
     EXPECT_EQ(single_filled.begins, single_base.begins);
-    auto rng = make_rng();
-    SNAPMLA_TRACE_SEED();
-    std::uniform_int_distribution<int> len(0, 20000), workers(1, 300), batch(1, 64), rows(0, 512);
-    for (int trial = 0; trial < 300; ++trial) {
-      const int b = batch(rng), w = workers(rng), r = rows(rng);
-      std::vector<int32_t> lens(static_cast<size_t>(b)), tab(static_cast<size_t>(b), 0);
-      for (auto& l : lens) l = len(rng) * (trial % 3 == 0 ? int(rng() % 2) : 1);
-      if (trial % 5 == 4) lens[rng() % size_t(b)] = 256 * 1024;
-      const PageTable p{tab.data(), lens.data(), b, 4096, Device::cpu()};
-      const OwnedPlan P(p, w, r);
-      expect_balanced_plan(P, lens, w, r, true);
-      if (::testing::Test::HasFailure()) FAIL() << "trial " << trial << ": b = " << b << ", workers = " << w;
-    }
+    expect_random_plans_balanced(20000, 512, true);
   }
   ScopedEnv bad("SNAPMLA_PLAN_FILL", "yes");
   EXPECT_ARG_ERROR(OwnedPlan(pages, 132, 64), "SNAPMLA_PLAN_FILL");
