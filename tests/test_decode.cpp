@@ -189,12 +189,16 @@ class DecodeFp8Shapes : public ::testing::TestWithParam<Shape> {};
 // fp32's reach of a rounding boundary (a handful per million weights). Each element is within
 // the flips' bound (Exact::flip_bound) plus fp32 rounding (1e-5 of its weighted magnitude);
 // rel-L2 measured 1e-7..5e-7, and 2.4e-4 where one flip hit a weight of a nearly one-hot row.
+// That is the per-page rule; under kAuto, calls of more than 16 rows carry the scales
+// (DecodeFp8Carried below), and are held to the carried rule's bound against exact P.
 TEST_P(DecodeFp8Shapes, MatchesIndependentFormulation) {
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
   const Shape& s = GetParam();
   Batch B = make_batch(rng, s.seqlens, s.s_q, s.h);
-  const ref::DecodeResultF32 r = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
+  DecodeOptions per_page = options(B);
+  per_page.p_scale = Fp8PScale::kPerPage;
+  const ref::DecodeResultF32 r = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), per_page);
   const Exact E = independent_fp8(B, true);
   const double err = test::rel_l2(r.out, E.out);
   std::printf("[ info ] h=%d s_q=%d: rel-L2 emulation vs independent %.2e\n", s.h, s.s_q, err);
@@ -209,6 +213,16 @@ TEST_P(DecodeFp8Shapes, MatchesIndependentFormulation) {
   for (size_t i = 0; i < r.out.size(); ++i)
     ASSERT_LE(std::fabs(r.out[i] - X.out[i]), E.p_quant_bound[i] + 1e-5 * X.abs_weighted[i] + 1e-30)
         << "element " << i;
+  ScopedEnv rule("SNAPMLA_FP8_P_SCALE", "");
+  const ref::DecodeResultF32 a = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
+  if (s.h * s.s_q <= 16) {
+    EXPECT_EQ(a.out, r.out) << "kAuto on 16 rows or fewer: the per-page rule";
+  } else {
+    for (size_t i = 0; i < a.out.size(); ++i)
+      ASSERT_LE(std::fabs(a.out[i] - X.out[i]), E.p_quant_bound_carried[i] + 1e-5 * X.abs_weighted[i] + 1e-30)
+          << "kAuto, element " << i;
+  }
+  expect_lse_close(a.lse, E.lse, 2e-6);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -267,63 +281,73 @@ TEST(DecodeFp8Carried, WithinE4m3RoundingOfPUnderTheCarriedScale) {
         << "element " << i;
 }
 
-// SNAPMLA_FP8_P_SCALE=carried_wide: the carried scales only for calls of more than 16 query rows
-// (the 64-row tile's under kAuto), the per-page ones for the narrow tile's.
-TEST(DecodeFp8Carried, CarriedWideKeepsPerPageScalesForNarrowCalls) {
+// Under kAuto the P' scales are carried where the call runs the transposing 64-row tile (more than
+// 16 query rows), and per page on the narrow tile's calls and on the V^T-register tile (asked for
+// in the options or by SNAPMLA_FP8_TILE=vregs), on the CPU path as on the GPU.
+TEST(DecodeFp8Carried, AutoCarriesTheScalesOnTheTransposingTileOnly) {
   auto rng = make_rng();
-  for (const int h : {16, 8, 32, 128}) {
+  ScopedEnv rule("SNAPMLA_FP8_P_SCALE", "");  // the suite may run under either rule
+  ScopedEnv tile("SNAPMLA_FP8_TILE", "");
+  for (const auto& [h, s_q] : {std::pair{16, 1}, std::pair{8, 2}, std::pair{8, 3}, std::pair{32, 1}, std::pair{128, 1}}) {
+    SCOPED_TRACE("h = " + std::to_string(h) + ", s_q = " + std::to_string(s_q));
+    Batch B = make_batch(rng, {300, 77}, s_q, h);
+    DecodeOptions carried = options(B), per_page = options(B);
+    carried.p_scale = Fp8PScale::kCarried;
+    per_page.p_scale = Fp8PScale::kPerPage;
+    const auto want_carried = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), carried);
+    const auto want_per_page = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), per_page);
+    ASSERT_NE(want_carried.out, want_per_page.out) << "the two rules must differ here";
+    const bool wide = h * s_q > 16;
+    EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)).out,
+              wide ? want_carried.out : want_per_page.out);
+    DecodeOptions rows64 = options(B), vregs = options(B);
+    rows64.fp8_tile = Fp8Tile::kRows64;
+    vregs.fp8_tile = Fp8Tile::kRows64VRegs;
+    EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), rows64).out,
+              wide ? want_carried.out : want_per_page.out);
+    EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), vregs).out, want_per_page.out);
+    tile.set("vregs");
+    EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)).out, want_per_page.out);
+    EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), rows64).out,
+              wide ? want_carried.out : want_per_page.out);
+    tile.set("transposed");  // read only where it picks the rule: a wide call under kAuto
+    if (wide) EXPECT_ARG_ERROR(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)), "SNAPMLA_FP8_TILE");
+    else EXPECT_NO_THROW(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)));
+    tile.set("");
+  }
+}
+
+// The environment's SNAPMLA_FP8_P_SCALE picks the rule under kAuto, on the CPU path as on the GPU:
+// `carried` for every call (the narrow tile's included), `per_page` for every call; a value it
+// does not know is an error naming it; an explicit option wins over it.
+TEST(DecodeFp8Carried, EnvironmentPicksTheRuleUnderAuto) {
+  auto rng = make_rng();
+  ScopedEnv rule("SNAPMLA_FP8_P_SCALE", "");
+  for (const int h : {16, 64}) {
+    SCOPED_TRACE("h = " + std::to_string(h));
     Batch B = make_batch(rng, {300}, 1, h);
     DecodeOptions carried = options(B), per_page = options(B);
     carried.p_scale = Fp8PScale::kCarried;
     per_page.p_scale = Fp8PScale::kPerPage;
     const auto want_carried = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), carried);
     const auto want_per_page = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), per_page);
-    const auto got = [&] {
-      ScopedEnv wide("SNAPMLA_FP8_P_SCALE", "carried_wide");
-      return ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
-    }();
-    ASSERT_NE(want_carried.out, want_per_page.out) << "h = " << h << ": the two rules must differ here";
-    EXPECT_EQ(got.out, h > 16 ? want_carried.out : want_per_page.out) << "h = " << h;
+    ASSERT_NE(want_carried.out, want_per_page.out);
+    rule.set("carried");
+    EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)).out, want_carried.out);
+    EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), per_page).out, want_per_page.out);
+    rule.set("per_page");
+    EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)).out, want_per_page.out);
+    EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), carried).out, want_carried.out);
+    for (const char* bad : {"sometimes", "carried_wide"}) {
+      rule.set(bad);
+      EXPECT_ARG_ERROR(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)), "SNAPMLA_FP8_P_SCALE");
+    }
+    rule.set("");
   }
-}
-
-// The environment's SNAPMLA_FP8_P_SCALE picks the rule under kAuto, on the CPU path as on the GPU;
-// a value it does not know is an error naming it; an explicit option wins over it.
-TEST(DecodeFp8Carried, EnvironmentPicksTheRuleUnderAuto) {
-  auto rng = make_rng();
   Batch B = make_batch(rng, {300}, 1, 16);
-  DecodeOptions carried = options(B);
-  carried.p_scale = Fp8PScale::kCarried;
-  const auto want = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), carried);
-  const auto per_page = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
-  const char* old = std::getenv("SNAPMLA_FP8_P_SCALE");
-  const std::string saved = old ? old : "";
-  ::setenv("SNAPMLA_FP8_P_SCALE", "carried", 1);
-  const auto got = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
-  DecodeOptions forced = options(B);
-  forced.p_scale = Fp8PScale::kPerPage;
-  const auto forced_out = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), forced);
-  ::setenv("SNAPMLA_FP8_P_SCALE", "sometimes", 1);
-  bool named = false;
-  try {
-    ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
-  } catch (const Error& e) {
-    named = e.argument() == "SNAPMLA_FP8_P_SCALE";
-  }
-  if (old) ::setenv("SNAPMLA_FP8_P_SCALE", saved.c_str(), 1);
-  else ::unsetenv("SNAPMLA_FP8_P_SCALE");
-  EXPECT_TRUE(named);
-  EXPECT_EQ(got.out, want.out);
-  EXPECT_EQ(forced_out.out, per_page.out);
-  EXPECT_NE(got.out, per_page.out);
   DecodeOptions bad = options(B);
   bad.p_scale = static_cast<Fp8PScale>(7);
-  try {
-    ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), bad);
-    ADD_FAILURE() << "p_scale 7 accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.argument(), "options.p_scale");
-  }
+  EXPECT_ARG_ERROR(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), bad), "options.p_scale");
 }
 
 TEST(DecodeBf16, WithinBf16RoundingOfPOfExactSoftmax) {
@@ -352,8 +376,11 @@ TEST(SplitKv, SplitPlusCombineEqualsUnsplitWithinFloatRounding) {
   int max_splits = 0;
   for (int b = 0; b < B.batch; ++b) max_splits = std::max(max_splits, P.offsets[b + 1] - P.offsets[b]);
   ASSERT_GE(max_splits, 4) << "the test needs sequences that really are split";
-  const auto whole = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
-  const auto split = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B, &P.plan));
+  // The per-page P' scales (the carried ones restart at each split: DecodeFp8Carried).
+  DecodeOptions whole_opt = options(B), split_opt = options(B, &P.plan);
+  whole_opt.p_scale = split_opt.p_scale = Fp8PScale::kPerPage;
+  const auto whole = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), whole_opt);
+  const auto split = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), split_opt);
   // P'/sigma is the same whatever the running max, so only fp32 rounding differs (see above).
   std::vector<double> w(whole.out.begin(), whole.out.end());
   const double err = test::rel_l2(split.out, w);
@@ -710,34 +737,40 @@ TEST(Causal, EachQuerySeesExactlyItsPrefix) {
   SNAPMLA_TRACE_SEED();
   const int s_q = 4, h = 16;
   Batch B = make_batch(rng, {130, 3, 64}, s_q, h);
-  const auto all = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
-  const auto all16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), options(B));
-  for (int b = 0; b < B.batch; ++b)
-    for (int i = 0; i < s_q; ++i) {
-      // The same query alone (s_q = 1) over the sequence cut to the tokens it may see.
-      const size_t r0 = (size_t(b) * s_q + i) * h;
-      int32_t len = visible(B.seqlens[b], s_q, i);
-      PageTable one{B.block_table.data() + size_t(b) * B.max_pages, &len, 1, B.max_pages, Device::cpu()};
-      QuantizedQuery qq{B.q_nope.data() + r0 * kLatentDim, B.q_rope.data() + r0 * kRopeDim,
-                        B.q_scale.data() + r0, 1, 1, h, Device::cpu()};
-      const auto alone = ref::decode_fp8_f32(qq, B.fp8(), one, options(B));
-      QueryBf16 q16{B.q.data() + r0 * kHeadDim, 1, 1, h, Device::cpu()};
-      const auto alone16 = ref::decode_bf16_f32(q16, B.bf16_cache(), one, options(B));
-      for (int hh = 0; hh < h; ++hh) {
-        const size_t lse_i = (size_t(b) * h + hh) * s_q + i;
-        ASSERT_EQ(std::bit_cast<uint32_t>(all.lse[lse_i]), std::bit_cast<uint32_t>(alone.lse[hh]));
-        ASSERT_EQ(std::bit_cast<uint32_t>(all16.lse[lse_i]), std::bit_cast<uint32_t>(alone16.lse[hh]));
-        for (int d = 0; d < kLatentDim; ++d) {
-          ASSERT_EQ(all.out[(r0 + hh) * kLatentDim + d], alone.out[size_t(hh) * kLatentDim + d]);
-          ASSERT_EQ(all16.out[(r0 + hh) * kLatentDim + d], alone16.out[size_t(hh) * kLatentDim + d]);
+  // Under each P' scale rule, named (kAuto picks by the call's rows, 64 here and 16 alone).
+  for (const Fp8PScale rule : {Fp8PScale::kPerPage, Fp8PScale::kCarried}) {
+    SCOPED_TRACE(rule == Fp8PScale::kCarried ? "carried" : "per page");
+    DecodeOptions opt = options(B);
+    opt.p_scale = rule;
+    const auto all = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), opt);
+    const auto all16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), opt);
+    for (int b = 0; b < B.batch; ++b)
+      for (int i = 0; i < s_q; ++i) {
+        // The same query alone (s_q = 1) over the sequence cut to the tokens it may see.
+        const size_t r0 = (size_t(b) * s_q + i) * h;
+        int32_t len = visible(B.seqlens[b], s_q, i);
+        PageTable one{B.block_table.data() + size_t(b) * B.max_pages, &len, 1, B.max_pages, Device::cpu()};
+        QuantizedQuery qq{B.q_nope.data() + r0 * kLatentDim, B.q_rope.data() + r0 * kRopeDim,
+                          B.q_scale.data() + r0, 1, 1, h, Device::cpu()};
+        const auto alone = ref::decode_fp8_f32(qq, B.fp8(), one, opt);
+        QueryBf16 q16{B.q.data() + r0 * kHeadDim, 1, 1, h, Device::cpu()};
+        const auto alone16 = ref::decode_bf16_f32(q16, B.bf16_cache(), one, opt);
+        for (int hh = 0; hh < h; ++hh) {
+          const size_t lse_i = (size_t(b) * h + hh) * s_q + i;
+          ASSERT_EQ(std::bit_cast<uint32_t>(all.lse[lse_i]), std::bit_cast<uint32_t>(alone.lse[hh]));
+          ASSERT_EQ(std::bit_cast<uint32_t>(all16.lse[lse_i]), std::bit_cast<uint32_t>(alone16.lse[hh]));
+          for (int d = 0; d < kLatentDim; ++d) {
+            ASSERT_EQ(all.out[(r0 + hh) * kLatentDim + d], alone.out[size_t(hh) * kLatentDim + d]);
+            ASSERT_EQ(all16.out[(r0 + hh) * kLatentDim + d], alone16.out[size_t(hh) * kLatentDim + d]);
+          }
         }
       }
-    }
+    EXPECT_TRUE(std::isinf(all.lse[(size_t(1) * h) * s_q + 0])) << "causal: query 0 of 4 sees none of 3 tokens";
+  }
   // Without the causal mask every query sees the whole sequence.
   const auto full = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B, nullptr, false));
   for (int i = 0; i < s_q; ++i)
     EXPECT_TRUE(std::isfinite(full.lse[(size_t(1) * h) * s_q + i])) << "3-token sequence, query " << i;
-  EXPECT_TRUE(std::isinf(all.lse[(size_t(1) * h) * s_q + 0])) << "causal: query 0 of 4 sees none of 3 tokens";
 }
 
 // FlashMLA's convention on request: a row that sees no token gets lse +inf (out still 0), with
@@ -880,13 +913,16 @@ TEST(DecodedOperands, SnapMlaOperandsGiveDecodeFp8Exactly) {
   // decode_fp8_f32 bit for bit, out and lse.
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
-  for (const int s_q : {1, 3}) {
+  for (const auto& [s_q, rule] : {std::pair{1, Fp8PScale::kAuto}, std::pair{3, Fp8PScale::kAuto},
+                                  std::pair{3, Fp8PScale::kPerPage}, std::pair{1, Fp8PScale::kCarried}}) {
     const int len = 200, h = 32;
     Batch B = make_batch(rng, {len}, s_q, h);
-    const auto want = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
+    DecodeOptions opt = options(B);
+    opt.p_scale = rule;
+    const auto want = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), opt);
     const DecodedSequence d = decoded_operands(B, s_q, h, len);
     const auto got = ref::decode_fp8_decoded(d.q.data(), d.q_factor.data(), s_q, h, d.keys.data(),
-                                             d.key_scale.data(), len, /*causal=*/true);
+                                             d.key_scale.data(), len, /*causal=*/true, kPageSize, rule);
     ASSERT_EQ(got.out.size(), want.out.size());
     ASSERT_EQ(got.lse.size(), want.lse.size());
     for (size_t i = 0; i < want.out.size(); ++i) ASSERT_EQ(got.out[i], want.out[i]) << "s_q " << s_q << " out " << i;
@@ -930,6 +966,9 @@ TEST(DecodedOperands, PBlockOfOneTwoOrFourPages) {
   std::vector<float> one(kHeadDim, 0.f), f(1, 1.f);
   EXPECT_ARG_ERROR(ref::decode_fp8_decoded(one.data(), f.data(), 1, 1, one.data(), f.data(), 1, true, 96),
                    "p_block_tokens");
+  EXPECT_ARG_ERROR(ref::decode_fp8_decoded(one.data(), f.data(), 1, 1, one.data(), f.data(), 1, true, 64,
+                                           static_cast<Fp8PScale>(7)),
+                   "p_scale");
 }
 
 TEST(GroundTruth, Float64AttentionMatchesTheFormula) {

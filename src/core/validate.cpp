@@ -371,16 +371,27 @@ void check_decode(const char* op, const QueryBf16& q, const PagedBf16Cache& cach
   check_decode_args(op, q, cache, pages, out, options, faults);
 }
 
-Fp8PScale resolved_p_scale(const char* op, Fp8PScale p_scale, int rows) {
-  if (p_scale != Fp8PScale::kAuto) return p_scale;
+Fp8Tile wide_fp8_tile_of_environment(const char* op) {
+  const char* v = std::getenv("SNAPMLA_FP8_TILE");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0 || std::strcmp(v, "rows64") == 0)
+    return Fp8Tile::kRows64;
+  if (std::strcmp(v, "vregs") == 0) return Fp8Tile::kRows64VRegs;
+  fail(op, "SNAPMLA_FP8_TILE", std::string("expected unset, 'auto', 'rows64' or 'vregs' in the environment, got '") +
+                                   v + "'");
+}
+
+Fp8PScale resolved_p_scale(const char* op, const DecodeOptions& options, int rows) {
+  if (options.p_scale != Fp8PScale::kAuto) return options.p_scale;
   const char* v = std::getenv("SNAPMLA_FP8_P_SCALE");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0 || std::strcmp(v, "per_page") == 0)
-    return Fp8PScale::kPerPage;
-  if (std::strcmp(v, "carried") == 0) return Fp8PScale::kCarried;
-  if (std::strcmp(v, "carried_wide") == 0) return rows > kNarrowRows ? Fp8PScale::kCarried : Fp8PScale::kPerPage;
-  fail(op, "SNAPMLA_FP8_P_SCALE",
-       std::string("expected unset, 'auto', 'per_page', 'carried' or 'carried_wide' in the environment, got '") + v +
-           "'");
+  if (v != nullptr && std::strcmp(v, "per_page") == 0) return Fp8PScale::kPerPage;
+  if (v != nullptr && std::strcmp(v, "carried") == 0) return Fp8PScale::kCarried;
+  if (v != nullptr && *v != '\0' && std::strcmp(v, "auto") != 0)
+    fail(op, "SNAPMLA_FP8_P_SCALE",
+         std::string("expected unset, 'auto', 'per_page' or 'carried' in the environment, got '") + v + "'");
+  if (rows <= kNarrowRows) return Fp8PScale::kPerPage;
+  const Fp8Tile tile =
+      options.fp8_tile == Fp8Tile::kAuto ? wide_fp8_tile_of_environment(op) : options.fp8_tile;
+  return tile == Fp8Tile::kRows64 ? Fp8PScale::kCarried : Fp8PScale::kPerPage;
 }
 
 bool plan_fill_workers(const char* op) {

@@ -45,13 +45,20 @@ void check_decode(const char* op, const QuantizedQuery& q, const PagedFp8Cache& 
 void check_decode(const char* op, const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
                   const DecodeOutput* out, const DecodeOptions& options, TableFaults faults);
 
-// decode_fp8's P' scale rule for a call of `rows` query rows per sequence (seqlen_q x
-// num_heads): options.p_scale, where kAuto is kPerPage unless the environment's
-// SNAPMLA_FP8_P_SCALE says `carried` (every call, on the 64-row tile) or `carried_wide` (kCarried
-// only for calls of more than kNarrowRows rows, which the 64-row tile runs anyway; kPerPage for
-// the narrow tile's). A bad value is an error naming it.
 inline constexpr int kNarrowRows = 16;  // calls of at most this many rows run the narrow tile under kAuto
-Fp8PScale resolved_p_scale(const char* op, Fp8PScale p_scale, int rows);
+
+// decode_fp8's 64-row tile under Fp8Tile::kAuto: kRows64, or kRows64VRegs when the environment's
+// SNAPMLA_FP8_TILE says `vregs` (read per call, for trying that tile in an engine without changing
+// its code). A bad value is an error naming it.
+Fp8Tile wide_fp8_tile_of_environment(const char* op);
+
+// decode_fp8's P' scale rule for a call of `rows` query rows per sequence (seqlen_q x num_heads),
+// the same on both paths: options.p_scale, where kAuto is the environment's SNAPMLA_FP8_P_SCALE
+// when it says `per_page` or `carried`, and otherwise kCarried for the calls that run the
+// transposing 64-row tile (more than kNarrowRows rows, options.fp8_tile kRows64, or kAuto with
+// wide_fp8_tile_of_environment() kRows64) and kPerPage for the others (the narrow and V^T-register
+// tiles compute only the per-page rule). A bad value is an error naming it.
+Fp8PScale resolved_p_scale(const char* op, const DecodeOptions& options, int rows);
 
 // The planner's lab option: the environment's SNAPMLA_PLAN_FILL (unset or 0: off, 1: on; any
 // other value is an error naming it). On, worker_shares' fill_workers (core/split_rule.hpp).

@@ -216,7 +216,7 @@ DecodeResultF32 fp8_f32(const QuantizedQuery& q, const PagedFp8Cache& cache, con
       qv[r * kHeadDim + kLatentDim + d] = to_float(q.rope[r * kRopeDim + d]);
     qf[r] = options.softmax_scale * q.scale[r];
   }
-  const detail::PvMode mode = detail::resolved_p_scale("decode_fp8", options.p_scale, q.seqlen_q * q.num_heads) ==
+  const detail::PvMode mode = detail::resolved_p_scale("decode_fp8", options, q.seqlen_q * q.num_heads) ==
                                        Fp8PScale::kCarried
                                  ? detail::PvMode::kFp8Carried
                                  : detail::PvMode::kFp8;

@@ -11,7 +11,7 @@ namespace snapmla::ref {
 
 DecodeResultF32 decode_fp8_decoded(const float* q, const float* q_factor, int seqlen_q,
                                    int num_heads, const float* keys, const float* key_scale,
-                                   int seqlen_k, bool causal, int p_block_tokens) {
+                                   int seqlen_k, bool causal, int p_block_tokens, Fp8PScale p_scale) {
   constexpr const char* op = "ref::decode_fp8_decoded";
   if (p_block_tokens != 64 && p_block_tokens != 128 && p_block_tokens != 256)
     detail::fail(op, "p_block_tokens", "expected 64, 128 or 256, got " + std::to_string(p_block_tokens));
@@ -19,6 +19,13 @@ DecodeResultF32 decode_fp8_decoded(const float* q, const float* q_factor, int se
   if (num_heads < 1) detail::fail(op, "num_heads", "expected >= 1, got " + std::to_string(num_heads));
   if (seqlen_k < 0) detail::fail(op, "seqlen_k", "expected >= 0, got " + std::to_string(seqlen_k));
   const int rows = seqlen_q * num_heads;
+  DecodeOptions rule;
+  rule.p_scale = p_scale;
+  if (p_scale != Fp8PScale::kAuto && p_scale != Fp8PScale::kPerPage && p_scale != Fp8PScale::kCarried)
+    detail::fail(op, "p_scale", "expected kAuto, kPerPage or kCarried, got " + std::to_string(int(p_scale)));
+  const detail::PvMode mode = detail::resolved_p_scale(op, rule, rows) == Fp8PScale::kCarried
+                                  ? detail::PvMode::kFp8Carried
+                                  : detail::PvMode::kFp8;
   std::vector<detail::QueryRow> qrows(rows);
   for (int r = 0; r < rows; ++r) {
     const int i = r / num_heads;
@@ -32,7 +39,7 @@ DecodeResultF32 decode_fp8_decoded(const float* q, const float* q_factor, int se
   constexpr int kRowsPerTask = 8;
   detail::parallel_for((rows + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t g) {
     const int r0 = int(g) * kRowsPerTask, count = std::min(kRowsPerTask, rows - r0);
-    detail::attend_rows(qrows.data() + r0, count, ks, 0, seqlen_k, detail::PvMode::kFp8, p_block_tokens,
+    detail::attend_rows(qrows.data() + r0, count, ks, 0, seqlen_k, mode, p_block_tokens,
                         res.out.data() + size_t(r0) * kLatentDim, lse_rows.data() + r0);
   });
   res.lse.resize(rows);

@@ -303,8 +303,31 @@ TEST(GpuCacheOps, AppendQuantizeQueryGatherAreByteIdenticalToTheReference) {
   EXPECT_EQ(0, std::memcmp(gg.download().data(), g.data(), g.size() * 2));
 }
 
-// The GPU planner's plans byte for byte against the reference's on random batches (both read
-// the planner's options from the environment, so they plan alike under any setting).
+// One batch's plan on both paths, byte for byte: offsets, split begins and worker starts, the
+// unused capacity too (-1 in both planners; the GPU's buffers are poisoned before). Returns the
+// worker starts. `what` names the batch in a failure.
+std::vector<int32_t> expect_gpu_plan_matches_the_reference(const std::vector<int32_t>& lens, int workers, int query_rows,
+                                                            int split_blocks, int cap, const std::string& what) {
+  const int b = int(lens.size());
+  std::vector<int32_t> table(size_t(b), 0);
+  PageTable hp{table.data(), lens.data(), b, 4096, Device::cpu()};
+  std::vector<int32_t> off(static_cast<size_t>(b) + 1), beg(static_cast<size_t>(cap)), ws(static_cast<size_t>(cap));
+  ref::plan_splits(hp, workers, {off.data(), beg.data(), cap, b, Device::cpu(), ws.data()}, query_rows, split_blocks);
+  DeviceBuffer<int32_t> glens(lens), gtable(table), goff(off.size()), gbeg{size_t(cap)}, gws{size_t(cap)};
+  goff.poison();
+  gbeg.poison();
+  gws.poison();
+  plan_splits({gtable.get(), glens.get(), b, 4096, kGpu}, workers, {goff.get(), gbeg.get(), cap, b, kGpu, gws.get()},
+              nullptr, query_rows, split_blocks);
+  const std::vector<int32_t> got = gws.download();
+  EXPECT_EQ(goff.download(), off) << what;
+  EXPECT_EQ(gbeg.download(), beg) << what;
+  EXPECT_EQ(got, ws) << what;
+  return got;
+}
+
+// The GPU planner's plans against the reference's on random batches (both read the planner's
+// options from the environment, so they plan alike under any setting).
 void expect_gpu_plans_match_the_reference(std::mt19937_64& rng) {
   for (int trial = 0; trial < 24; ++trial) {
     // The last trials have more sequences than the GPU planner's block (1024 threads), so its
@@ -319,24 +342,13 @@ void expect_gpu_plans_match_the_reference(std::mt19937_64& rng) {
     const int kind = trial % 3;
     int query_rows = kind == 1 ? 1 + int(rng() % 512) : (kind == 2 ? 16 << (rng() % 5) : 0);
     if (trial == 2) query_rows = 128;
-    std::vector<int32_t> lens(b), table(b, 0);
+    std::vector<int32_t> lens(b);
     for (auto& l : lens) l = int32_t(rng() % (kind == 1 ? 3000 : 70000)) * int(rng() % 4 != 0);
     if (kind == 2) std::fill(lens.begin(), lens.end(), trial == 2 ? 8192 : int32_t(1 + rng() % 40000));
     if (trial == 23) lens[rng() % b] = 256 * 1024;
-    PageTable hp{table.data(), lens.data(), b, 4096, Device::cpu()};
-    const size_t cap = size_t(split_plan_capacity(b, workers));
-    std::vector<int32_t> off(b + 1), beg(cap), ws(cap);
-    ref::plan_splits(hp, workers, {off.data(), beg.data(), int(cap), b, Device::cpu(), ws.data()}, query_rows);
-    DeviceBuffer<int32_t> glens(lens), gtable(table), goff(off.size()), gbeg(cap), gws(cap);
-    goff.poison();
-    gbeg.poison();
-    gws.poison();
-    plan_splits({gtable.get(), glens.get(), b, 4096, kGpu}, workers,
-                {goff.get(), gbeg.get(), int(cap), b, kGpu, gws.get()}, nullptr, query_rows);
-    // Byte for byte, the unused capacity too (-1 in both planners; poisoned before).
-    ASSERT_EQ(goff.download(), off) << "b=" << b << " workers=" << workers;
-    ASSERT_EQ(gbeg.download(), beg) << "b=" << b << " workers=" << workers;
-    ASSERT_EQ(gws.download(), ws) << "b=" << b << " workers=" << workers;
+    expect_gpu_plan_matches_the_reference(lens, workers, query_rows, 0, split_plan_capacity(b, workers),
+                                          "b=" + std::to_string(b) + " workers=" + std::to_string(workers));
+    if (::testing::Test::HasFailure()) return;
   }
 }
 
@@ -348,17 +360,9 @@ TEST(GpuPlan, SameSplitsAsTheReferenceUnderPlanFill) {
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
   expect_gpu_plans_match_the_reference(rng);
-  std::vector<int32_t> lens(16, 8192), table(16, 0);
-  PageTable hp{table.data(), lens.data(), 16, 4096, Device::cpu()};
-  const size_t cap = size_t(split_plan_capacity(16, 132));
-  std::vector<int32_t> off(17), beg(cap), ws(cap);
-  ref::plan_splits(hp, 132, {off.data(), beg.data(), int(cap), 16, Device::cpu(), ws.data()}, 64);
-  DeviceBuffer<int32_t> glens(lens), gtable(table), goff(off.size()), gbeg(cap), gws(cap);
-  gws.poison();
-  plan_splits({gtable.get(), glens.get(), 16, 4096, kGpu}, 132, {goff.get(), gbeg.get(), int(cap), 16, kGpu, gws.get()},
-              nullptr, 64);
-  const std::vector<int32_t> got = gws.download();
-  ASSERT_EQ(got, ws);
+  const std::vector<int32_t> got =
+      expect_gpu_plan_matches_the_reference(std::vector<int32_t>(16, 8192), 132, 64, 0, split_plan_capacity(16, 132),
+                                            "b=16 x 8K on 132 workers");
   for (int w = 0; w < 132; ++w) EXPECT_LT(got[size_t(w)], got[size_t(w + 1)]) << "worker " << w << " has work";
 }
 
@@ -372,23 +376,15 @@ TEST(GpuPlan, SameSplitsAsTheReference) {
   for (int trial = 0; trial < 12; ++trial) {
     const int b = trial >= 9 ? 1100 + int(rng() % 900) : 1 + int(rng() % 300);
     const int workers = 1 + int(rng() % 200), split_blocks = 1 + int(rng() % 16);
-    std::vector<int32_t> lens(b), table(b, 0);
+    std::vector<int32_t> lens(b);
     for (auto& l : lens) l = int32_t(rng() % 20000) * int(rng() % 5 != 0);
     int64_t need = 0;
     for (int32_t l : lens) need += std::max<int64_t>(1, ((l + 63) / 64 + split_blocks - 1) / split_blocks);
     const int cap = trial % 3 == 2 ? split_plan_capacity(b, workers) : int(std::max<int64_t>(need, b + workers));
-    PageTable hp{table.data(), lens.data(), b, 4096, Device::cpu()};
-    std::vector<int32_t> off(b + 1), beg(cap), ws(cap);
-    ref::plan_splits(hp, workers, {off.data(), beg.data(), cap, b, Device::cpu(), ws.data()}, 0, split_blocks);
-    DeviceBuffer<int32_t> glens(lens), gtable(table), goff(off.size()), gbeg{size_t(cap)}, gws{size_t(cap)};
-    goff.poison();
-    gbeg.poison();
-    gws.poison();
-    plan_splits({gtable.get(), glens.get(), b, 4096, kGpu}, workers, {goff.get(), gbeg.get(), cap, b, kGpu, gws.get()},
-                nullptr, 0, split_blocks);
-    ASSERT_EQ(goff.download(), off) << "fixed b=" << b << " L=" << split_blocks << " cap=" << cap;
-    ASSERT_EQ(gbeg.download(), beg) << "fixed b=" << b << " L=" << split_blocks << " cap=" << cap;
-    ASSERT_EQ(gws.download(), ws) << "fixed b=" << b << " L=" << split_blocks << " cap=" << cap;
+    expect_gpu_plan_matches_the_reference(lens, workers, 0, split_blocks, cap,
+                                          "fixed b=" + std::to_string(b) + " L=" + std::to_string(split_blocks) +
+                                              " cap=" + std::to_string(cap));
+    if (::testing::Test::HasFailure()) return;
   }
 }
 
@@ -452,7 +448,7 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
     else if (o == "16") tiles = {};
   }
   // Each tile with the per-page P' scales, and the 64-row tile with the carried ones
-  // (Fp8PScale::kCarried, a lab option) against the reference's carried rule.
+  // (Fp8PScale::kCarried, kAuto's rule for that tile) against the reference's carried rule.
   struct Run {
     Fp8Tile tile;
     Fp8PScale p_scale;
@@ -591,7 +587,9 @@ TEST(GpuDecodeGaussian, FlashMlaTolerances) {
   // decode_fp8 with its own bounds (see MatchesTheCpuEmulation): wgmma's FP8 accumulator.
   const Diff d8 = compare(as_float(G.out.download()), want8);
   std::printf("[ info ] decode_fp8 gaussian: rel-L2 %.2e, max |err| %.2e\n", d8.rel_l2, d8.max_abs);
-  EXPECT_LE(d8.rel_l2, 1e-2);
+  // 128 query rows: the carried P' scales under kAuto, whose gross bound is 2e-2
+  // (MatchesTheCpuEmulation says why); the per-row bounds below are the real check.
+  EXPECT_LE(d8.rel_l2, 2e-2);
   const Fp8RowStats stats = fp8_row_stats(B);
   expect_fp8_lse(stats, G.lse.download(), r8.lse);
   const double ratio = expect_fp8_rows(B, stats, as_float(G.out.download()), want8);

@@ -207,11 +207,12 @@ def test_emulated_cache_rows_are_the_librarys_fp8_bytes():
     assert torch.equal((operand * scale[:, None]).to(torch.bfloat16), snapmla.gather_dequant(layer, slots))
 
 
-def test_emulated_attention_reproduces_the_kernels_and_splits_their_error():
-    """EmulatedMLACache: emu_fp8 is decode_fp8's arithmetic (each output row within one bf16 ulp,
-    relative), emu_bf16 is decode_bf16 up to its bf16 P (2^-9 per weight), and the two partial
+def test_emulated_attention_reproduces_the_kernels_and_splits_their_error(monkeypatch):
+    """EmulatedMLACache: emu_fp8 is decode_fp8's arithmetic under the per-page P' scales (each
+    output row within one bf16 ulp, relative), emu_bf16 is decode_bf16 up to its bf16 P (2^-9 per weight), and the two partial
     emulations carry the FP8 error's two independent parts: FP8 QK and FP8 PV each move the
     output, and their squared errors add up to the whole's."""
+    monkeypatch.setenv("SNAPMLA_FP8_P_SCALE", "per_page")  # the rule the emulation computes
     B, h, scale = 2, 16, 1 / math.sqrt(192)
     sizes = (150, 6, 3)  # more than two 64-token blocks, then chunks of s_q = 2 and 1
     for trial in range(2):
@@ -246,9 +247,11 @@ def test_emulated_attention_reproduces_the_kernels_and_splits_their_error():
         mla_lm.EmulatedMLACache("fp8", 1, 1, 8, "cpu")
 
 
-def test_retrieval_diagnostics_run_every_emulated_kind():
+def test_retrieval_diagnostics_run_every_emulated_kind(monkeypatch):
     """retrieval_batch through the emulated kinds beside the caches: every kind answers, the
-    emulation of decode_fp8 answers as decode_fp8 does, and the report has a row per kind."""
+    emulation of decode_fp8 answers as decode_fp8 does (under the per-page P' scales, the rule it
+    computes), and the report has a row per kind."""
+    monkeypatch.setenv("SNAPMLA_FP8_P_SCALE", "per_page")
     cfg = mla_lm.Config(d_model=64, n_layers=2, n_heads=16, d_ff=128)
     model = mla_lm.MLALM(cfg, seed=0).eval()
     kinds = quality.KINDS + mla_lm.EMULATED_KINDS

@@ -80,15 +80,22 @@ def bf16_score_magnitude(case):
     return max_score_terms(case.q.cpu().double().abs(), case.kv.cpu().double().abs(), case)
 
 
-def score_magnitude(qq, case):
-    """max_score_terms of the FP8 query and cache, dequantized (all tokens of the sequence: an
-    upper bound on what a causal query sees)."""
-    q = dequantized(qq.nope, qq.rope, qq.scale).abs()  # [b, s_q, h, 576]
+def dequantized_operands(qq, case):
+    """The FP8 query [b, s_q, h, 576] and the cache's rows of the case's tokens [tokens, 576] (in
+    slot order), dequantized on the CPU."""
+    q = dequantized(qq.nope, qq.rope, qq.scale)
     fp8 = snapmla.PagedFp8Cache(*(p.cpu() for p in case.fp8))
     slots = case.slots.long().cpu()
     k = dequantized(fp8.latent.reshape(-1, 512)[slots], fp8.rope.reshape(-1, 64)[slots],
-                    fp8.scale.reshape(-1)[slots]).abs()  # [tokens, 576]
-    return max_score_terms(q, k, case)
+                    fp8.scale.reshape(-1)[slots])
+    return q, k
+
+
+def score_magnitude(qq, case):
+    """max_score_terms of the FP8 query and cache, dequantized (all tokens of the sequence: an
+    upper bound on what a causal query sees)."""
+    q, k = dequantized_operands(qq, case)
+    return max_score_terms(q.abs(), k.abs(), case)
 
 
 def fp8_row_bounds(qq, case, mag):
@@ -97,11 +104,7 @@ def fp8_row_bounds(qq, case, mag):
     factor within e^(+-2 delta), so the row moves by at most ~2 delta x || sum_t p_t |v_t| ||; 4e-3 x
     that norm more covers e4m3 roundings of P' and bf16 roundings that flip near a boundary.
     Returns [b, s_q, h] (the output's row layout); causal rows see seqlen - s_q + i + 1 tokens."""
-    q = dequantized(qq.nope, qq.rope, qq.scale)  # [b, s_q, h, 576]
-    fp8 = snapmla.PagedFp8Cache(*(p.cpu() for p in case.fp8))
-    slots = case.slots.long().cpu()
-    k = dequantized(fp8.latent.reshape(-1, 512)[slots], fp8.rope.reshape(-1, 64)[slots],
-                    fp8.scale.reshape(-1)[slots])  # [tokens, 576]
+    q, k = dequantized_operands(qq, case)
     b, s_q, h, _ = q.shape
     weighted = torch.zeros(b, s_q, h, dtype=torch.float64)
     start = 0

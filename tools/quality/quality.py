@@ -83,7 +83,7 @@ KIND_LABEL = {
     "tensor_fp8": "per-tensor FP8, scale 1.0, through decode_fp8",
     # --retrieval-diagnostics: attention emulated in float32 torch (mla_lm.EmulatedMLACache)
     "emu_bf16": "emulated: float32 attention over the BF16 rows",
-    "emu_fp8": "emulated: FP8 QK and FP8 PV (as decode_fp8)",
+    "emu_fp8": "emulated: FP8 QK and FP8 PV (as decode_fp8 with per-page P' scales)",
     "emu_fp8_qk": "emulated: FP8 QK only",
     "emu_fp8_pv": "emulated: FP8 PV only",
 }
