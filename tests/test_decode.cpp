@@ -189,8 +189,9 @@ class DecodeFp8Shapes : public ::testing::TestWithParam<Shape> {};
 // fp32's reach of a rounding boundary (a handful per million weights). Each element is within
 // the flips' bound (Exact::flip_bound) plus fp32 rounding (1e-5 of its weighted magnitude);
 // rel-L2 measured 1e-7..5e-7, and 2.4e-4 where one flip hit a weight of a nearly one-hot row.
-// That is the per-page rule; under kAuto, calls of more than 16 rows carry the scales
-// (DecodeFp8Carried below), and are held to the carried rule's bound against exact P.
+// That is the per-page rule, kAuto's; under SNAPMLA_FP8_P_SCALE=carried_wide, calls of more than
+// 16 rows carry the scales (DecodeFp8Carried below) and are held to that rule's bound against
+// exact P.
 TEST_P(DecodeFp8Shapes, MatchesIndependentFormulation) {
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
@@ -214,13 +215,15 @@ TEST_P(DecodeFp8Shapes, MatchesIndependentFormulation) {
     ASSERT_LE(std::fabs(r.out[i] - X.out[i]), E.p_quant_bound[i] + 1e-5 * X.abs_weighted[i] + 1e-30)
         << "element " << i;
   ScopedEnv rule("SNAPMLA_FP8_P_SCALE", "");
+  EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)).out, r.out) << "kAuto: the per-page rule";
+  rule.set("carried_wide");
   const ref::DecodeResultF32 a = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B));
   if (s.h * s.s_q <= 16) {
-    EXPECT_EQ(a.out, r.out) << "kAuto on 16 rows or fewer: the per-page rule";
+    EXPECT_EQ(a.out, r.out) << "carried_wide on 16 rows or fewer: the per-page rule";
   } else {
     for (size_t i = 0; i < a.out.size(); ++i)
       ASSERT_LE(std::fabs(a.out[i] - X.out[i]), E.p_quant_bound_carried[i] + 1e-5 * X.abs_weighted[i] + 1e-30)
-          << "kAuto, element " << i;
+          << "carried_wide, element " << i;
   }
   expect_lse_close(a.lse, E.lse, 2e-6);
 }
@@ -281,12 +284,13 @@ TEST(DecodeFp8Carried, WithinE4m3RoundingOfPUnderTheCarriedScale) {
         << "element " << i;
 }
 
-// Under kAuto the P' scales are carried where the call runs the transposing 64-row tile (more than
-// 16 query rows), and per page on the narrow tile's calls and on the V^T-register tile (asked for
-// in the options or by SNAPMLA_FP8_TILE=vregs), on the CPU path as on the GPU.
-TEST(DecodeFp8Carried, AutoCarriesTheScalesOnTheTransposingTileOnly) {
+// SNAPMLA_FP8_P_SCALE=carried_wide: the P' scales carried where the call runs the transposing
+// 64-row tile (more than 16 query rows), per page on the narrow tile's calls and on the
+// V^T-register tile (asked for in the options or by SNAPMLA_FP8_TILE=vregs), on the CPU path as on
+// the GPU. Unset, kAuto is the per-page rule on every call.
+TEST(DecodeFp8Carried, CarriedWideCarriesTheScalesOnTheTransposingTileOnly) {
   auto rng = make_rng();
-  ScopedEnv rule("SNAPMLA_FP8_P_SCALE", "");  // the suite may run under either rule
+  ScopedEnv rule("SNAPMLA_FP8_P_SCALE", "");  // the suite may run under any rule
   ScopedEnv tile("SNAPMLA_FP8_TILE", "");
   for (const auto& [h, s_q] : {std::pair{16, 1}, std::pair{8, 2}, std::pair{8, 3}, std::pair{32, 1}, std::pair{128, 1}}) {
     SCOPED_TRACE("h = " + std::to_string(h) + ", s_q = " + std::to_string(s_q));
@@ -297,12 +301,14 @@ TEST(DecodeFp8Carried, AutoCarriesTheScalesOnTheTransposingTileOnly) {
     const auto want_carried = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), carried);
     const auto want_per_page = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), per_page);
     ASSERT_NE(want_carried.out, want_per_page.out) << "the two rules must differ here";
+    EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)).out, want_per_page.out) << "unset";
     const bool wide = h * s_q > 16;
-    EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)).out,
-              wide ? want_carried.out : want_per_page.out);
     DecodeOptions rows64 = options(B), vregs = options(B);
     rows64.fp8_tile = Fp8Tile::kRows64;
     vregs.fp8_tile = Fp8Tile::kRows64VRegs;
+    rule.set("carried_wide");
+    EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)).out,
+              wide ? want_carried.out : want_per_page.out);
     EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), rows64).out,
               wide ? want_carried.out : want_per_page.out);
     EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), vregs).out, want_per_page.out);
@@ -314,12 +320,13 @@ TEST(DecodeFp8Carried, AutoCarriesTheScalesOnTheTransposingTileOnly) {
     if (wide) EXPECT_ARG_ERROR(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)), "SNAPMLA_FP8_TILE");
     else EXPECT_NO_THROW(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)));
     tile.set("");
+    rule.set("");
   }
 }
 
 // The environment's SNAPMLA_FP8_P_SCALE picks the rule under kAuto, on the CPU path as on the GPU:
-// `carried` for every call (the narrow tile's included), `per_page` for every call; a value it
-// does not know is an error naming it; an explicit option wins over it.
+// `carried` for every call (the narrow tile's included), `per_page` (the default's rule) for every
+// call; a value it does not know is an error naming it; an explicit option wins over it.
 TEST(DecodeFp8Carried, EnvironmentPicksTheRuleUnderAuto) {
   auto rng = make_rng();
   ScopedEnv rule("SNAPMLA_FP8_P_SCALE", "");
@@ -338,7 +345,7 @@ TEST(DecodeFp8Carried, EnvironmentPicksTheRuleUnderAuto) {
     rule.set("per_page");
     EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)).out, want_per_page.out);
     EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), carried).out, want_carried.out);
-    for (const char* bad : {"sometimes", "carried_wide"}) {
+    for (const char* bad : {"sometimes", "carried_narrow"}) {
       rule.set(bad);
       EXPECT_ARG_ERROR(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)), "SNAPMLA_FP8_P_SCALE");
     }
@@ -737,7 +744,7 @@ TEST(Causal, EachQuerySeesExactlyItsPrefix) {
   SNAPMLA_TRACE_SEED();
   const int s_q = 4, h = 16;
   Batch B = make_batch(rng, {130, 3, 64}, s_q, h);
-  // Under each P' scale rule, named (kAuto picks by the call's rows, 64 here and 16 alone).
+  // Under each P' scale rule, named (carried_wide would pick by the call's rows, 64 here and 16 alone).
   for (const Fp8PScale rule : {Fp8PScale::kPerPage, Fp8PScale::kCarried}) {
     SCOPED_TRACE(rule == Fp8PScale::kCarried ? "carried" : "per page");
     DecodeOptions opt = options(B);

@@ -147,13 +147,12 @@ enum class Fp8Tile { kAuto, kRows64, kNarrow16, kRows64VRegs };
 //   kCarried: the previous page's sigma (moved into this page's running max) is kept while the
 //             page's max P' quantizes to [448 / 32, 448] under it; otherwise a new sigma puts
 //             max P' at 448 / 4. The accumulator is rescaled only on the pages that take a new
-//             sigma. The transposing 64-row tile only (a call that asks for it runs that tile
-//             whatever its rows; the narrow and V^T-register tiles are errors).
-//   kAuto:    kCarried for the calls that run the transposing 64-row tile (more than 16 query
-//             rows per sequence, fp8_tile kRows64, or kAuto unless SNAPMLA_FP8_TILE picks the
-//             V^T-register tile), kPerPage for the others; the
-//             environment's SNAPMLA_FP8_P_SCALE = `per_page` or `carried` overrides it (read per
-//             call: for comparing the rules in an engine without code changes).
+//             sigma. An option: faster on the bench's flat attention, slower in the e2e engine
+//             (docs/kernels.md). The transposing 64-row tile only (a call that asks for it runs
+//             that tile whatever its rows; the narrow and V^T-register tiles are errors).
+//   kAuto:    kPerPage, unless the environment's SNAPMLA_FP8_P_SCALE says `carried` (every call)
+//             or `carried_wide` (the calls of more than 16 rows that run the transposing 64-row
+//             tile); read per call, for comparing the rules in an engine without code changes.
 enum class Fp8PScale { kAuto, kPerPage, kCarried };
 
 // P' quantized under a carried sigma: kept while max P' / sigma lies in [448 / kCarryFall, 448];

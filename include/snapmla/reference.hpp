@@ -41,8 +41,8 @@ DecodeResultF32 decode_bf16_f32(const QueryBf16& q, const PagedBf16Cache& cache,
 //   times the row's query scale; key_scale [seqlen_k] the token's scale.
 // p_block_tokens: the online-softmax step and P' quantization block (one sigma per row per
 // block of 64, 128 or 256 tokens). decode_fp8's kernels use 64 (kPageSize), as decode_fp8_f32.
-// p_scale: the P' scale rule, resolved as decode_fp8's DecodeOptions::p_scale is (kAuto: carried
-// for more than 16 rows, unless the environment's SNAPMLA_FP8_P_SCALE picks one).
+// p_scale: the P' scale rule, resolved as decode_fp8's DecodeOptions::p_scale is (kAuto: per page,
+// unless the environment's SNAPMLA_FP8_P_SCALE picks the carried scales).
 // Results as decode_fp8_f32's: out [seqlen_q, num_heads, 512], lse [num_heads, seqlen_q].
 DecodeResultF32 decode_fp8_decoded(const float* q, const float* q_factor, int seqlen_q,
                                    int num_heads, const float* keys, const float* key_scale,

@@ -228,14 +228,14 @@ def parse_env_variant(text: str):
 
 def env_variants(args):
     """The lab variants of decode_fp8 timed beside the default, each as (label, environment
-    variable, value): --vregs, --per-page, --carried, --plan-fill and every --env."""
+    variable, value): --vregs, --carried, --carried-wide, --plan-fill and every --env."""
     out = []
     if getattr(args, "vregs", False):
         out.append(("vregs", "SNAPMLA_FP8_TILE", "vregs"))
-    if getattr(args, "per_page", False):
-        out.append(("per_page", "SNAPMLA_FP8_P_SCALE", "per_page"))
     if getattr(args, "carried", False):
         out.append(("carried", "SNAPMLA_FP8_P_SCALE", "carried"))
+    if getattr(args, "carried_wide", False):
+        out.append(("carried_wide", "SNAPMLA_FP8_P_SCALE", "carried_wide"))
     if getattr(args, "plan_fill", False):
         out.append(("fill", "SNAPMLA_PLAN_FILL", "1"))
     out += [parse_env_variant(t) for t in (getattr(args, "env", None) or [])]
@@ -428,13 +428,12 @@ def main(argv=None):
                     help="the batch sweep (SWEEP) instead of --cases; writes h200_sweep.{json,md,png}")
     ap.add_argument("--vregs", action="store_true",
                     help="also time decode_fp8's V^T-register 64-row tile (fp8_vregs_us; not yet the default)")
-    ap.add_argument("--per-page", action="store_true",
-                    help="also time decode_fp8 with the per-page P' scales on every call "
-                         "(SNAPMLA_FP8_P_SCALE=per_page: fp8_per_page_us; the default carries them on the "
-                         "64-row tile)")
     ap.add_argument("--carried", action="store_true",
                     help="also time decode_fp8 with the carried P' scales on every call, the narrow tile's "
-                         "included (SNAPMLA_FP8_P_SCALE=carried: fp8_carried_us)")
+                         "included (SNAPMLA_FP8_P_SCALE=carried: fp8_carried_us; an option)")
+    ap.add_argument("--carried-wide", action="store_true",
+                    help="also time decode_fp8 with the carried P' scales on the calls that run the "
+                         "transposing 64-row tile (SNAPMLA_FP8_P_SCALE=carried_wide: fp8_carried_wide_us)")
     ap.add_argument("--plan-fill", action="store_true",
                     help="also time decode_fp8 on the plan made with SNAPMLA_PLAN_FILL=1 (every worker gets a "
                          "share where the chunk is the equal share: fp8_fill_us; a lab option)")

@@ -383,11 +383,13 @@ Fp8Tile wide_fp8_tile_of_environment(const char* op) {
 Fp8PScale resolved_p_scale(const char* op, const DecodeOptions& options, int rows) {
   if (options.p_scale != Fp8PScale::kAuto) return options.p_scale;
   const char* v = std::getenv("SNAPMLA_FP8_P_SCALE");
-  if (v != nullptr && std::strcmp(v, "per_page") == 0) return Fp8PScale::kPerPage;
-  if (v != nullptr && std::strcmp(v, "carried") == 0) return Fp8PScale::kCarried;
-  if (v != nullptr && *v != '\0' && std::strcmp(v, "auto") != 0)
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0 || std::strcmp(v, "per_page") == 0)
+    return Fp8PScale::kPerPage;
+  if (std::strcmp(v, "carried") == 0) return Fp8PScale::kCarried;
+  if (std::strcmp(v, "carried_wide") != 0)
     fail(op, "SNAPMLA_FP8_P_SCALE",
-         std::string("expected unset, 'auto', 'per_page' or 'carried' in the environment, got '") + v + "'");
+         std::string("expected unset, 'auto', 'per_page', 'carried' or 'carried_wide' in the environment, got '") + v +
+             "'");
   if (rows <= kNarrowRows) return Fp8PScale::kPerPage;
   const Fp8Tile tile =
       options.fp8_tile == Fp8Tile::kAuto ? wide_fp8_tile_of_environment(op) : options.fp8_tile;

@@ -53,11 +53,11 @@ inline constexpr int kNarrowRows = 16;  // calls of at most this many rows run t
 Fp8Tile wide_fp8_tile_of_environment(const char* op);
 
 // decode_fp8's P' scale rule for a call of `rows` query rows per sequence (seqlen_q x num_heads),
-// the same on both paths: options.p_scale, where kAuto is the environment's SNAPMLA_FP8_P_SCALE
-// when it says `per_page` or `carried`, and otherwise kCarried for the calls that run the
-// transposing 64-row tile (more than kNarrowRows rows, options.fp8_tile kRows64, or kAuto with
-// wide_fp8_tile_of_environment() kRows64) and kPerPage for the others (the narrow and V^T-register
-// tiles compute only the per-page rule). A bad value is an error naming it.
+// the same on both paths: options.p_scale, where kAuto is kPerPage unless the environment's
+// SNAPMLA_FP8_P_SCALE says `carried` (every call, on the transposing 64-row tile) or
+// `carried_wide` (kCarried for the calls that run that tile anyway: more than kNarrowRows rows,
+// options.fp8_tile kRows64, or kAuto with wide_fp8_tile_of_environment() kRows64; kPerPage for the
+// narrow and V^T-register tiles' calls). A bad value is an error naming it.
 Fp8PScale resolved_p_scale(const char* op, const DecodeOptions& options, int rows);
 
 // The planner's lab option: the environment's SNAPMLA_PLAN_FILL (unset or 0: off, 1: on; any

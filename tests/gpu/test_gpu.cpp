@@ -448,7 +448,7 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
     else if (o == "16") tiles = {};
   }
   // Each tile with the per-page P' scales, and the 64-row tile with the carried ones
-  // (Fp8PScale::kCarried, kAuto's rule for that tile) against the reference's carried rule.
+  // (Fp8PScale::kCarried, an option) against the reference's carried rule.
   struct Run {
     Fp8Tile tile;
     Fp8PScale p_scale;
@@ -587,9 +587,10 @@ TEST(GpuDecodeGaussian, FlashMlaTolerances) {
   // decode_fp8 with its own bounds (see MatchesTheCpuEmulation): wgmma's FP8 accumulator.
   const Diff d8 = compare(as_float(G.out.download()), want8);
   std::printf("[ info ] decode_fp8 gaussian: rel-L2 %.2e, max |err| %.2e\n", d8.rel_l2, d8.max_abs);
-  // 128 query rows: the carried P' scales under kAuto, whose gross bound is 2e-2
-  // (MatchesTheCpuEmulation says why); the per-row bounds below are the real check.
-  EXPECT_LE(d8.rel_l2, 2e-2);
+  // Under kAuto the per-page rule's gross bound; 2e-2 where the environment picks the carried
+  // scales (MatchesTheCpuEmulation says why). The per-row bounds below are the real check.
+  const char* rule = std::getenv("SNAPMLA_FP8_P_SCALE");
+  EXPECT_LE(d8.rel_l2, rule != nullptr && std::string(rule).rfind("carried", 0) == 0 ? 2e-2 : 1e-2);
   const Fp8RowStats stats = fp8_row_stats(B);
   expect_fp8_lse(stats, G.lse.download(), r8.lse);
   const double ratio = expect_fp8_rows(B, stats, as_float(G.out.download()), want8);

@@ -42,8 +42,8 @@ def test_variants_are_the_lab_options_asked_for():
     assert bench.variants(args) == ["carried"]
     args.vregs = True
     assert bench.variants(args) == ["vregs", "carried"]
-    args.per_page = True
-    assert bench.env_variants(args)[1] == ("per_page", "SNAPMLA_FP8_P_SCALE", "per_page")
+    args.carried_wide = True
+    assert bench.env_variants(args)[2] == ("carried_wide", "SNAPMLA_FP8_P_SCALE", "carried_wide")
     args.plan_fill = True
     assert bench.env_variants(args)[-1] == ("fill", "SNAPMLA_PLAN_FILL", "1")
     assert bench.variants(bench.argparse.Namespace()) == []

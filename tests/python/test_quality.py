@@ -212,7 +212,7 @@ def test_emulated_attention_reproduces_the_kernels_and_splits_their_error(monkey
     output row within one bf16 ulp, relative), emu_bf16 is decode_bf16 up to its bf16 P (2^-9 per weight), and the two partial
     emulations carry the FP8 error's two independent parts: FP8 QK and FP8 PV each move the
     output, and their squared errors add up to the whole's."""
-    monkeypatch.setenv("SNAPMLA_FP8_P_SCALE", "per_page")  # the rule the emulation computes
+    monkeypatch.setenv("SNAPMLA_FP8_P_SCALE", "per_page")  # the rule the emulation computes, whatever the suite's
     B, h, scale = 2, 16, 1 / math.sqrt(192)
     sizes = (150, 6, 3)  # more than two 64-token blocks, then chunks of s_q = 2 and 1
     for trial in range(2):

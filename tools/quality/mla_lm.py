@@ -358,9 +358,9 @@ class PagedMLACache(CacheState):
 # Attention emulated in torch (float32) over the BF16 rows, with SnapMLA's FP8 arithmetic
 # switched on per part: a diagnostic that tells which part of decode_fp8 changes an answer.
 #   emu_bf16    neither part: float32 attention over the BF16 rows
-#   emu_fp8     both parts: should answer as decode_fp8 does under SNAPMLA_FP8_P_SCALE=per_page
-#               (P' scaled per page, as below; the carried scales, decode_fp8's default on calls of
-#               more than 16 query rows, put some pages' P' on another e4m3 grid)
+#   emu_fp8     both parts: should answer as decode_fp8 does with its default per-page P' scales
+#               (as below; SNAPMLA_FP8_P_SCALE=carried or carried_wide puts some pages' P' on
+#               another e4m3 grid)
 #   emu_fp8_qk  FP8 scores only: per-row e4m3 query and cache operands (scale amax / 448, rope
 #               bf16 divided by the same scale), P and V as emu_bf16
 #   emu_fp8_pv  FP8 PV only: exact scores; P' = e4m3(P x s_t / sigma) per row and 64-token
