@@ -31,7 +31,7 @@ for suite in snapmla_tests snapmla_gpu_tests; do
   [ $rc -eq 0 ] || failed=$((failed + 1))
 done
 # GPU_ENVS="NAME=VALUE ...": the GPU suite again under each lab setting (e.g. the planner's
-# SNAPMLA_PLAN_FILL=1, decode_fp8's SNAPMLA_FP8_P_SCALE=per_page): every decode and plan check
+# SNAPMLA_PLAN_FILL=1, decode_fp8's SNAPMLA_FP8_P_SCALE=carried_wide): every decode and plan check
 # then runs with it on both paths.
 for setting in ${GPU_ENVS:-}; do
   stamp "snapmla_gpu_tests under $setting"
