@@ -285,9 +285,10 @@ TEST(DecodeFp8Carried, WithinE4m3RoundingOfPUnderTheCarriedScale) {
 }
 
 // SNAPMLA_FP8_P_SCALE=carried_wide: the P' scales carried where the call runs the transposing
-// 64-row tile (more than 16 query rows), per page on the narrow tile's calls and on the
-// V^T-register tile (asked for in the options or by SNAPMLA_FP8_TILE=vregs), on the CPU path as on
-// the GPU. Unset, kAuto is the per-page rule on every call.
+// 64-row tile (more than 16 query rows under fp8_tile kAuto, any rows under kRows64), per page on
+// the narrow tile's calls and on the V^T-register tile (asked for in the options or by
+// SNAPMLA_FP8_TILE=vregs), on the CPU path as on the GPU. Unset, kAuto is the per-page rule on
+// every call.
 TEST(DecodeFp8Carried, CarriedWideCarriesTheScalesOnTheTransposingTileOnly) {
   auto rng = make_rng();
   ScopedEnv rule("SNAPMLA_FP8_P_SCALE", "");  // the suite may run under any rule
@@ -309,13 +310,11 @@ TEST(DecodeFp8Carried, CarriedWideCarriesTheScalesOnTheTransposingTileOnly) {
     rule.set("carried_wide");
     EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)).out,
               wide ? want_carried.out : want_per_page.out);
-    EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), rows64).out,
-              wide ? want_carried.out : want_per_page.out);
+    EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), rows64).out, want_carried.out);
     EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), vregs).out, want_per_page.out);
     tile.set("vregs");
     EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)).out, want_per_page.out);
-    EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), rows64).out,
-              wide ? want_carried.out : want_per_page.out);
+    EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), rows64).out, want_carried.out);
     tile.set("transposed");  // read only where it picks the rule: a wide call under kAuto
     if (wide) EXPECT_ARG_ERROR(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)), "SNAPMLA_FP8_TILE");
     else EXPECT_NO_THROW(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)));

@@ -151,8 +151,9 @@ enum class Fp8Tile { kAuto, kRows64, kNarrow16, kRows64VRegs };
 //             (docs/kernels.md). The transposing 64-row tile only (a call that asks for it runs
 //             that tile whatever its rows; the narrow and V^T-register tiles are errors).
 //   kAuto:    kPerPage, unless the environment's SNAPMLA_FP8_P_SCALE says `carried` (every call)
-//             or `carried_wide` (the calls of more than 16 rows that run the transposing 64-row
-//             tile); read per call, for comparing the rules in an engine without code changes.
+//             or `carried_wide` (the calls that run the transposing 64-row tile: more than 16
+//             rows under fp8_tile kAuto, any under kRows64); read per call, for comparing the
+//             rules in an engine without code changes.
 enum class Fp8PScale { kAuto, kPerPage, kCarried };
 
 // P' quantized under a carried sigma: kept while max P' / sigma lies in [448 / kCarryFall, 448];

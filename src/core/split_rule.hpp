@@ -119,7 +119,7 @@ SNAPMLA_HOST_DEVICE inline PlanTotals merge(const PlanTotals& a, const PlanTotal
 // the GPU planner cannot report the overflow, and both planners make the same plan); the
 // workers' shares are then the equal ones.
 SNAPMLA_HOST_DEVICE inline WorkerShares worker_shares(const PlanTotals& t, int batch, int num_workers, int query_rows,
-                                                      int split_blocks, int capacity, bool fill_workers = false) {
+                                                      int split_blocks, int capacity, bool fill_workers) {
   WorkerShares s;
   if (split_blocks > 0 && t.fixed_splits <= capacity) {
     s.fixed = split_blocks;

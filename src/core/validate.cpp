@@ -158,8 +158,7 @@ static void validate(const char* op, const DecodeOptions& o, int batch) {
          "expected a finite value > 0, got " + std::to_string(o.softmax_scale));
   if (!std::isinf(o.empty_lse))
     fail(op, "options.empty_lse", "expected -inf or +inf, got " + std::to_string(o.empty_lse));
-  if (o.p_scale != Fp8PScale::kAuto && o.p_scale != Fp8PScale::kPerPage && o.p_scale != Fp8PScale::kCarried)
-    fail(op, "options.p_scale", "expected kAuto, kPerPage or kCarried, got " + std::to_string(int(o.p_scale)));
+  check_p_scale(op, "options.p_scale", o.p_scale);
   if (o.plan != nullptr) {
     validate(op, *o.plan, "options.plan");
     if (o.plan->batch != batch)
@@ -371,6 +370,11 @@ void check_decode(const char* op, const QueryBf16& q, const PagedBf16Cache& cach
   check_decode_args(op, q, cache, pages, out, options, faults);
 }
 
+void check_p_scale(const char* op, const char* argument, Fp8PScale p_scale) {
+  if (p_scale != Fp8PScale::kAuto && p_scale != Fp8PScale::kPerPage && p_scale != Fp8PScale::kCarried)
+    fail(op, argument, "expected kAuto, kPerPage or kCarried, got " + std::to_string(int(p_scale)));
+}
+
 Fp8Tile wide_fp8_tile_of_environment(const char* op) {
   const char* v = std::getenv("SNAPMLA_FP8_TILE");
   if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0 || std::strcmp(v, "rows64") == 0)
@@ -378,6 +382,27 @@ Fp8Tile wide_fp8_tile_of_environment(const char* op) {
   if (std::strcmp(v, "vregs") == 0) return Fp8Tile::kRows64VRegs;
   fail(op, "SNAPMLA_FP8_TILE", std::string("expected unset, 'auto', 'rows64' or 'vregs' in the environment, got '") +
                                    v + "'");
+}
+
+Fp8Tile fp8_tile_of_call(const char* op, int rows, Fp8Tile tile, Fp8PScale p_scale) {
+  if (p_scale == Fp8PScale::kCarried) {
+    if (tile == Fp8Tile::kAuto || tile == Fp8Tile::kRows64) return Fp8Tile::kRows64;
+    fail(op, "options.p_scale",
+         "expected kAuto or kPerPage with options.fp8_tile kNarrow16 or kRows64VRegs (kCarried runs on the "
+         "64-row tile only), got kCarried");
+  }
+  switch (tile) {
+    case Fp8Tile::kAuto: return rows <= kNarrowRows ? Fp8Tile::kNarrow16 : wide_fp8_tile_of_environment(op);
+    case Fp8Tile::kRows64:
+    case Fp8Tile::kRows64VRegs: return tile;
+    case Fp8Tile::kNarrow16:
+      if (rows > kNarrowRows)
+        fail(op, "options.fp8_tile",
+             "expected kAuto, kRows64 or kRows64VRegs for a call with more than 16 query rows (num_heads * "
+             "seqlen_q), got kNarrow16 with " + std::to_string(rows) + " rows");
+      return tile;
+  }
+  fail(op, "options.fp8_tile", "expected kAuto, kRows64, kRows64VRegs or kNarrow16");
 }
 
 Fp8PScale resolved_p_scale(const char* op, const DecodeOptions& options, int rows) {
@@ -390,10 +415,8 @@ Fp8PScale resolved_p_scale(const char* op, const DecodeOptions& options, int row
     fail(op, "SNAPMLA_FP8_P_SCALE",
          std::string("expected unset, 'auto', 'per_page', 'carried' or 'carried_wide' in the environment, got '") + v +
              "'");
-  if (rows <= kNarrowRows) return Fp8PScale::kPerPage;
-  const Fp8Tile tile =
-      options.fp8_tile == Fp8Tile::kAuto ? wide_fp8_tile_of_environment(op) : options.fp8_tile;
-  return tile == Fp8Tile::kRows64 ? Fp8PScale::kCarried : Fp8PScale::kPerPage;
+  return fp8_tile_of_call(op, rows, options.fp8_tile, Fp8PScale::kPerPage) == Fp8Tile::kRows64 ? Fp8PScale::kCarried
+                                                                                               : Fp8PScale::kPerPage;
 }
 
 bool plan_fill_workers(const char* op) {

@@ -45,6 +45,9 @@ void check_decode(const char* op, const QuantizedQuery& q, const PagedFp8Cache& 
 void check_decode(const char* op, const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
                   const DecodeOutput* out, const DecodeOptions& options, TableFaults faults);
 
+// options.p_scale (or `argument`): kAuto, kPerPage or kCarried, else an error naming it.
+void check_p_scale(const char* op, const char* argument, Fp8PScale p_scale);
+
 inline constexpr int kNarrowRows = 16;  // calls of at most this many rows run the narrow tile under kAuto
 
 // decode_fp8's 64-row tile under Fp8Tile::kAuto: kRows64, or kRows64VRegs when the environment's
@@ -52,12 +55,19 @@ inline constexpr int kNarrowRows = 16;  // calls of at most this many rows run t
 // its code). A bad value is an error naming it.
 Fp8Tile wide_fp8_tile_of_environment(const char* op);
 
+// The tile decode_fp8 runs a call of `rows` query rows per sequence on, under the P' scale rule
+// p_scale (resolved): `tile` (DecodeOptions::fp8_tile) where it forces one, else the narrow tile
+// when the rows fit it and the 64-row one of wide_fp8_tile_of_environment otherwise. kCarried
+// runs on the transposing 64-row tile only (whatever the rows); with a forced narrow or
+// V^T-register tile it is an error naming options.p_scale, as the narrow tile forced on more
+// rows than it holds names options.fp8_tile.
+Fp8Tile fp8_tile_of_call(const char* op, int rows, Fp8Tile tile, Fp8PScale p_scale);
+
 // decode_fp8's P' scale rule for a call of `rows` query rows per sequence (seqlen_q x num_heads),
 // the same on both paths: options.p_scale, where kAuto is kPerPage unless the environment's
 // SNAPMLA_FP8_P_SCALE says `carried` (every call, on the transposing 64-row tile) or
-// `carried_wide` (kCarried for the calls that run that tile anyway: more than kNarrowRows rows,
-// options.fp8_tile kRows64, or kAuto with wide_fp8_tile_of_environment() kRows64; kPerPage for the
-// narrow and V^T-register tiles' calls). A bad value is an error naming it.
+// `carried_wide` (kCarried for the calls that fp8_tile_of_call puts on that tile anyway, kPerPage
+// for the narrow and V^T-register tiles' calls). A bad value is an error naming it.
 Fp8PScale resolved_p_scale(const char* op, const DecodeOptions& options, int rows);
 
 // The planner's lab option: the environment's SNAPMLA_PLAN_FILL (unset or 0: off, 1: on; any

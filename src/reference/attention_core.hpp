@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "snapmla/formats.hpp"
 #include "snapmla/types.hpp"
 
 namespace snapmla::detail {
@@ -15,6 +16,11 @@ enum class PvMode {
   kFp8Carried,  // kFp8 with the previous block's sigma kept while P' fits it (Fp8PScale::kCarried)
   kBf16,        // P rounded to bf16 (the FlashMLA BF16 kernel), V unscaled
 };
+
+// decode_fp8's PV mode under a resolved P' scale rule (core/validate.hpp's resolved_p_scale).
+inline PvMode fp8_pv_mode(Fp8PScale resolved) {
+  return resolved == Fp8PScale::kCarried ? PvMode::kFp8Carried : PvMode::kFp8;
+}
 
 // One sequence's keys: values [n, 576] (the first 512 are also V), scale [n] (s_t, applied to
 // the score and, in kFp8 mode, folded into P).

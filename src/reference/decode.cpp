@@ -216,10 +216,8 @@ DecodeResultF32 fp8_f32(const QuantizedQuery& q, const PagedFp8Cache& cache, con
       qv[r * kHeadDim + kLatentDim + d] = to_float(q.rope[r * kRopeDim + d]);
     qf[r] = options.softmax_scale * q.scale[r];
   }
-  const detail::PvMode mode = detail::resolved_p_scale("decode_fp8", options, q.seqlen_q * q.num_heads) ==
-                                       Fp8PScale::kCarried
-                                 ? detail::PvMode::kFp8Carried
-                                 : detail::PvMode::kFp8;
+  const detail::PvMode mode =
+      detail::fp8_pv_mode(detail::resolved_p_scale("decode_fp8", options, q.seqlen_q * q.num_heads));
   DecodeResultF32 r = run_decode({q.batch, q.seqlen_q, q.num_heads}, qv, qf, pages, cache.num_pages, options,
                     mode, [&](int b, int len, float* kv, float* scale) {
                       const int32_t* table = pages.block_table + int64_t(b) * pages.max_pages;

@@ -19,13 +19,10 @@ DecodeResultF32 decode_fp8_decoded(const float* q, const float* q_factor, int se
   if (num_heads < 1) detail::fail(op, "num_heads", "expected >= 1, got " + std::to_string(num_heads));
   if (seqlen_k < 0) detail::fail(op, "seqlen_k", "expected >= 0, got " + std::to_string(seqlen_k));
   const int rows = seqlen_q * num_heads;
-  DecodeOptions rule;
+  detail::check_p_scale(op, "p_scale", p_scale);
+  DecodeOptions rule;  // the rule's other inputs at their defaults (fp8_tile kAuto)
   rule.p_scale = p_scale;
-  if (p_scale != Fp8PScale::kAuto && p_scale != Fp8PScale::kPerPage && p_scale != Fp8PScale::kCarried)
-    detail::fail(op, "p_scale", "expected kAuto, kPerPage or kCarried, got " + std::to_string(int(p_scale)));
-  const detail::PvMode mode = detail::resolved_p_scale(op, rule, rows) == Fp8PScale::kCarried
-                                  ? detail::PvMode::kFp8Carried
-                                  : detail::PvMode::kFp8;
+  const detail::PvMode mode = detail::fp8_pv_mode(detail::resolved_p_scale(op, rule, rows));
   std::vector<detail::QueryRow> qrows(rows);
   for (int r = 0; r < rows; ++r) {
     const int i = r / num_heads;

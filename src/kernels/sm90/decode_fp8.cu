@@ -741,42 +741,13 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
   }
 }
 
-// The tile a call runs: the narrow one (decode_fp8_narrow.cu) when all of a sequence's query rows
-// fit it, else a 64-row one (core/validate.hpp's wide_fp8_tile_of_environment: kRows64 unless
-// SNAPMLA_FP8_TILE says `vregs`); DecodeOptions::fp8_tile forces one (benchmarks and tests compare
-// them on the same inputs).
-// Fp8PScale::kCarried runs on the transposing 64-row tile only: a call that asks for it (explicitly,
-// or SNAPMLA_FP8_P_SCALE=carried under kAuto) runs that tile whatever its rows, and the other tiles
-// are errors naming options.p_scale.
-Fp8Tile tile_of_call(int rows, Fp8Tile tile, Fp8PScale p_scale) {
-  if (p_scale == Fp8PScale::kCarried) {
-    if (tile == Fp8Tile::kAuto || tile == Fp8Tile::kRows64) return Fp8Tile::kRows64;
-    detail::fail("decode_fp8", "options.p_scale",
-                 "expected kAuto or kPerPage with options.fp8_tile kNarrow16 or kRows64VRegs (kCarried runs on the "
-                 "64-row tile only), got kCarried");
-  }
-  switch (tile) {
-    case Fp8Tile::kAuto:
-      return rows <= kNarrowTileRows ? Fp8Tile::kNarrow16 : detail::wide_fp8_tile_of_environment("decode_fp8");
-    case Fp8Tile::kRows64:
-    case Fp8Tile::kRows64VRegs: return tile;
-    case Fp8Tile::kNarrow16:
-      if (rows > kNarrowTileRows)
-        detail::fail("decode_fp8", "options.fp8_tile",
-                     "expected kAuto, kRows64 or kRows64VRegs for a call with more than 16 query rows (num_heads * "
-                     "seqlen_q), got kNarrow16 with " + std::to_string(rows) + " rows");
-      return tile;
-  }
-  detail::fail("decode_fp8", "options.fp8_tile", "expected kAuto, kRows64, kRows64VRegs or kNarrow16");
-}
-
 }  // namespace
 
 void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
                 const DecodeOutput& out, const DecodeOptions& options) {
   DecodeParams p = make_params(q.batch, q.seqlen_q, q.num_heads, pages, out, options);
   const Fp8PScale p_scale = detail::resolved_p_scale("decode_fp8", options, p.rows);
-  const Fp8Tile tile = tile_of_call(p.rows, options.fp8_tile, p_scale);
+  const Fp8Tile tile = detail::fp8_tile_of_call("decode_fp8", p.rows, options.fp8_tile, p_scale);
   if (q.batch == 0) return;
   p.q_nope = reinterpret_cast<const uint8_t*>(q.nope);
   p.q_rope = reinterpret_cast<const uint16_t*>(q.rope);
