@@ -227,20 +227,28 @@ __device__ __forceinline__ void publish_page(const Smem& sm, const RowView& rv, 
 // w = exp(s - max_page s) s_t and lift = exp(max_page s - m), so the reference's max P' is
 // lift max w and its P' = w lift / sigma: after the hand-off only the row's factors and one
 // multiply per weight (lift / sigma, folded into one factor) remain. Same hand-offs as
-// softmax_page (Max, then Free); the caller publishes.
-__device__ __forceinline__ PageFactors softmax_page_early(float (&acc)[8][4], const Smem& sm, const RowView& rv,
-                                                          const Work& w, int j, int c, int nblk) {
+// softmax_page (Max, then Free); the caller publishes. Two steps, page_factors_early (up to the
+// factors; the Max hand-off) and store_page_p (the Free hand-off and the P' stores), so that a
+// loop order may issue the other consumer's PV between them (Fp8Loop::kEarlyPv).
+struct EarlyPage {
   PageFactors f;
+  float by[2];  // P' = w x by
+  bool none;    // no row of the warp sees the page
+};
+
+__device__ __forceinline__ EarlyPage page_factors_early(float (&acc)[8][4], const Smem& sm, const RowView& rv,
+                                                        const Work& w, int j, int c, int nblk) {
+  EarlyPage e;
   const int s = j % Cfg::kStages;
   const int blk = w.begin + j * Cfg::kPageTokens;
   const int r0 = rv.r0, q = rv.q;
   const bool full = __all_sync(0xffffffffu, blk + Cfg::kPageTokens <= min(rv.vis[0], rv.vis[1]));
-  const bool none = __all_sync(0xffffffffu, blk >= max(rv.vis[0], rv.vis[1]));
+  e.none = __all_sync(0xffffffffu, blk >= max(rv.vis[0], rv.vis[1]));
   float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f}, wmax[2] = {0.f, 0.f};
   if (full) {
     page_scores<false, true, true>(acc, rv.factor, rv.vis, blk, sm.scale(s), q, mx);
     page_probs<false>(acc, mx, sm.scale(s), q, sum, wmax);  // w, against the page's own max
-  } else if (!none) {
+  } else if (!e.none) {
     page_scores<true, true, true>(acc, rv.factor, rv.vis, blk, sm.scale(s), q, mx);
     page_probs<true>(acc, mx, sm.scale(s), q, sum, wmax);
   }
@@ -263,22 +271,29 @@ __device__ __forceinline__ PageFactors softmax_page_early(float (&acc)[8][4], co
   // and spilled here): lift = exp(max_page s - m) is 0 where the row saw nothing (mx = -inf), and
   // also where the page's weights are below 2^-126 of the running max's, which the reference
   // quantizes to 0 anyway (P' < 448 x 2^-126 / kMinAmax), so such a page leaves the row as it is.
-  float by[2];  // P' = w x by
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     const float lift = fast_exp(fmaxf(mx[ri] - m_cur[ri], -128.f));  // mx = m = -inf: NaN, then -128
     const float seen = fminf(lift * 0x1p126f, 1.f);                    // 0 or 1 (ex2 flushes to zero)
     const float a = fmaxf(lift * wmax[ri], kMinAmax);                   // max P' against the running max
     const float inv = __fdividef(kE4m3Max, a) * seen;
-    f.sig[ri] = a * (1.f / kE4m3Max) * seen;
-    f.rho[ri] = fast_exp(m_prev[ri] - m_cur[ri]) * inv;
-    f.lsum[ri] = sum[ri] * lift * inv;
-    by[ri] = inv * lift;
+    e.f.sig[ri] = a * (1.f / kE4m3Max) * seen;
+    e.f.rho[ri] = fast_exp(m_prev[ri] - m_cur[ri]) * inv;
+    e.f.lsum[ri] = sum[ri] * lift * inv;
+    e.by[ri] = inv * lift;
   }
+  return e;
+}
+
+// store_page_p: page j's P' (e4m3, from the weights in acc) into its P buffer, once the other
+// consumer's PV of page j - 2 has left it (Free).
+__device__ __forceinline__ void store_page_p(const float (&acc)[8][4], const Smem& sm, const RowView& rv,
+                                             const EarlyPage& e, int j, int c) {
   if (j >= 2) hand_sync<Fp8Barrier::kFree>(c);  // the other's PV of page j - 2 is done
   uint8_t* pt = sm.p_tile(j);
+  const int r0 = rv.r0, q = rv.q;
   auto p_word = [&](int ri, int hh) { return pt + km_offset(r0 + 8 * ri, 16 * hh + 4 * q, Cfg::kPageTokens); };
-  if (none) {
+  if (e.none) {
 #pragma unroll
     for (int ri = 0; ri < 2; ++ri)
 #pragma unroll
@@ -288,12 +303,19 @@ __device__ __forceinline__ PageFactors softmax_page_early(float (&acc)[8][4], co
     for (int ri = 0; ri < 2; ++ri)
 #pragma unroll
       for (int hh = 0; hh < 4; ++hh)
-        ptx::sts32(p_word(ri, hh), e4m3x4(__fmul_rn(acc[2 * hh][2 * ri], by[ri]), __fmul_rn(acc[2 * hh][2 * ri + 1], by[ri]),
-                                          __fmul_rn(acc[2 * hh + 1][2 * ri], by[ri]),
-                                          __fmul_rn(acc[2 * hh + 1][2 * ri + 1], by[ri])));
+        ptx::sts32(p_word(ri, hh), e4m3x4(__fmul_rn(acc[2 * hh][2 * ri], e.by[ri]),
+                                          __fmul_rn(acc[2 * hh][2 * ri + 1], e.by[ri]),
+                                          __fmul_rn(acc[2 * hh + 1][2 * ri], e.by[ri]),
+                                          __fmul_rn(acc[2 * hh + 1][2 * ri + 1], e.by[ri])));
   }
   wg::fence_proxy_async();  // P written with st.shared, read by wgmma
-  return f;
+}
+
+__device__ __forceinline__ PageFactors softmax_page_early(float (&acc)[8][4], const Smem& sm, const RowView& rv,
+                                                          const Work& w, int j, int c, int nblk) {
+  const EarlyPage e = page_factors_early(acc, sm, rv, w, j, c, nblk);
+  store_page_p(acc, sm, rv, e, j, c);
+  return e.f;
 }
 
 // softmax_and_publish: softmax_page_early, then publish_page (the per-page P' scales).
@@ -362,11 +384,57 @@ struct CarriedScale {
   }
 };
 
-// kCarried: Fp8PScale::kCarried's P' scales (CarriedScale) instead of the per-page ones.
-template <bool kCarried>
+// One iteration of the consumers' loop under Fp8Loop::kEarlyPv: the owner's page j up to its
+// factors; the PV of the other's page j - 1 issued; page j's P' stored and published under that
+// PV; the PV of page j once page j - 1's has retired; the QK of page j + 2. The P(j - 1) hand-off
+// comes before the P' stores, so a barrier of the owner's own warps orders them before its PV
+// (kOwnPageLate).
+__device__ __forceinline__ void early_pv_iteration(float (&o)[32][4], float (&acc)[8][4], SoftmaxState& st,
+                                                   const Smem& sm, const RowView& rv, const Work& w,
+                                                   const uint32_t (&qa)[4][4], uint64_t qn, int j, int c, int nblk) {
+  const bool mine = j < nblk;
+  EarlyPage e;
+  if (mine) e = page_factors_early(acc, sm, rv, w, j, c, nblk);
+  if (j > 0) {
+    hand_sync<Fp8Barrier::kP>(1 - c);  // page j - 1's P' and factors, from its owner
+    float r[2];
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const float2 x = sm.factors_of(j - 1, rv.r0 + 8 * ri);
+      r[ri] = apply_page(st, ri, x.x, x.y, 0.f);
+    }
+    rescale_accumulate(o, r, sm, j - 1, c);
+  }
+  float r_own[2] = {1.f, 1.f};  // the output's factor for page j (applied to l and sigma here)
+  if (mine) {
+    store_page_p(acc, sm, rv, e, j, c);
+    publish_page(sm, rv, e.f, j, c);
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) r_own[ri] = apply_page(st, ri, e.f.sig[ri], e.f.rho[ri], e.f.lsum[ri]);
+  }
+  wg::wait<0>();
+  wg::fence_operands(o);
+  if (j > 0) {
+    mbar::arrive(&sm.vt_empty[(j - 1) % kVtStages]);
+    if (j + 1 < nblk) hand_arrive<Fp8Barrier::kFree>(1 - c);  // page j + 1's P' may go there
+  }
+  if (mine) {
+    ptx::named_barrier(int(Fp8Barrier::kOwnPageLate) + c, 128);  // all of this consumer's P'(j) is stored
+    rescale_accumulate(o, r_own, sm, j, c);
+  }
+  score(acc, sm, qa, qn, min(j + 2, nblk - 1));
+  wg::wait<1>();
+  wg::fence_operands(o);
+  if (mine) mbar::arrive(&sm.vt_empty[j % kVtStages]);
+}
+
+// kLoop: the loop's order (Fp8Loop); kCarried: Fp8PScale::kCarried's P' scales (CarriedScale)
+// instead of the per-page ones.
+template <Fp8Loop kLoop>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     decode_fp8_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                       const __grid_constant__ CUtensorMap tm_rope, const __grid_constant__ CUtensorMap tm_q) {
+  constexpr bool kCarried = kLoop == Fp8Loop::kCarried;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   ptx::launch_dependents();  // a programmatic combine's blocks may start (they wait for this grid)
   const SplitRange range = splits_of_worker(p, grid_worker(p));
@@ -456,6 +524,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const bool mine = j < nblk;
       wg::wait<0>();
       wg::fence_operands(acc);
+      if constexpr (kLoop == Fp8Loop::kEarlyPv) {
+        early_pv_iteration(o, acc, st, sm, rv, w, qa, qn, j, c, nblk);
+        continue;
+      }
       PageFactors f;
       float r_prev[2];  // kCarried: page j - 1's factor, taken before page j's P'
       if constexpr (kCarried) {
@@ -769,11 +841,18 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
     launch_decode<Fp8VRegsConfig, decode_fp8_vregs_kernel>("decode_fp8", int(sizeof(Fp8VRegsSmem)), p, options, tm_latent, tm_rope,
                                            tm_q, tm_q_rope);
   } else if (p_scale == Fp8PScale::kCarried) {
-    launch_decode<Fp8TileConfig, decode_fp8_kernel<true>>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent,
-                                                          tm_rope, tm_q);
+    launch_decode<Fp8TileConfig, decode_fp8_kernel<Fp8Loop::kCarried>>("decode_fp8", int(sizeof(Fp8TileSmem)), p,
+                                                                      options, tm_latent, tm_rope, tm_q);
   } else {
-    launch_decode<Fp8TileConfig, decode_fp8_kernel<false>>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent,
-                                                           tm_rope, tm_q);
+    switch (detail::fp8_loop_of_environment("decode_fp8")) {
+      case detail::Fp8LoopOrder::kEarlyPv:
+        launch_decode<Fp8TileConfig, decode_fp8_kernel<Fp8Loop::kEarlyPv>>("decode_fp8", int(sizeof(Fp8TileSmem)), p,
+                                                                          options, tm_latent, tm_rope, tm_q);
+        break;
+      default:
+        launch_decode<Fp8TileConfig, decode_fp8_kernel<Fp8Loop::kPerPage>>("decode_fp8", int(sizeof(Fp8TileSmem)), p,
+                                                                          options, tm_latent, tm_rope, tm_q);
+    }
   }
 }
 
