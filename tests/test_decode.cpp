@@ -12,7 +12,6 @@
 #include <random>
 
 #include "core/split_rule.hpp"
-#include "core/validate.hpp"
 #include "test_util.hpp"
 
 namespace snapmla {
@@ -321,21 +320,6 @@ TEST(DecodeFp8Carried, CarriedWideCarriesTheScalesOnTheTransposingTileOnly) {
     else EXPECT_NO_THROW(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)));
     tile.set("");
     rule.set("");
-  }
-}
-
-// The transposing tile's lab loop order (SNAPMLA_FP8_LOOP, read by the GPU path's dispatch): the
-// default unset or empty, each order by its name, anything else an error naming the variable.
-TEST(DecodeFp8Loop, EnvironmentNamesTheOrder) {
-  ScopedEnv loop("SNAPMLA_FP8_LOOP", "");
-  EXPECT_EQ(detail::fp8_loop_of_environment("decode_fp8"), detail::Fp8LoopOrder::kDefault);
-  loop.set("default");
-  EXPECT_EQ(detail::fp8_loop_of_environment("decode_fp8"), detail::Fp8LoopOrder::kDefault);
-  loop.set("early_pv");
-  EXPECT_EQ(detail::fp8_loop_of_environment("decode_fp8"), detail::Fp8LoopOrder::kEarlyPv);
-  for (const char* bad : {"early", "EARLY_PV", "late_pv"}) {
-    loop.set(bad);
-    EXPECT_ARG_ERROR(detail::fp8_loop_of_environment("decode_fp8"), "SNAPMLA_FP8_LOOP");
   }
 }
 

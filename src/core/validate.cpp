@@ -384,14 +384,6 @@ Fp8Tile wide_fp8_tile_of_environment(const char* op) {
                                    v + "'");
 }
 
-Fp8LoopOrder fp8_loop_of_environment(const char* op) {
-  const char* v = std::getenv("SNAPMLA_FP8_LOOP");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "default") == 0) return Fp8LoopOrder::kDefault;
-  if (std::strcmp(v, "early_pv") == 0) return Fp8LoopOrder::kEarlyPv;
-  fail(op, "SNAPMLA_FP8_LOOP",
-       std::string("expected unset, 'default' or 'early_pv' in the environment, got '") + v + "'");
-}
-
 Fp8Tile fp8_tile_of_call(const char* op, int rows, Fp8Tile tile, Fp8PScale p_scale) {
   if (p_scale == Fp8PScale::kCarried) {
     if (tile == Fp8Tile::kAuto || tile == Fp8Tile::kRows64) return Fp8Tile::kRows64;

@@ -70,13 +70,6 @@ Fp8Tile fp8_tile_of_call(const char* op, int rows, Fp8Tile tile, Fp8PScale p_sca
 // for the narrow and V^T-register tiles' calls). A bad value is an error naming it.
 Fp8PScale resolved_p_scale(const char* op, const DecodeOptions& options, int rows);
 
-// The order of the transposing 64-row tile's consumer loop under the per-page P' scales, a lab
-// option read per call from the environment's SNAPMLA_FP8_LOOP: unset or `default`; `early_pv`,
-// the other consumer's PV of page j - 1 issued before the owner stores page j's P' (the stores run
-// under that PV). Every order computes the same values. A bad value is an error naming it.
-enum class Fp8LoopOrder { kDefault, kEarlyPv };
-Fp8LoopOrder fp8_loop_of_environment(const char* op);
-
 // The planner's lab option: the environment's SNAPMLA_PLAN_FILL (unset or 0: off, 1: on; any
 // other value is an error naming it). On, worker_shares' fill_workers (core/split_rule.hpp).
 bool plan_fill_workers(const char* op);

@@ -447,30 +447,21 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
     else if (o == "16" && narrow) tiles = {Fp8Tile::kNarrow16};
     else if (o == "16") tiles = {};
   }
-  // Each tile with the per-page P' scales, the 64-row tile also in its lab loop order
-  // (SNAPMLA_FP8_LOOP=early_pv, the same values) and with the carried scales (Fp8PScale::kCarried,
-  // an option) against the reference's carried rule.
+  // Each tile with the per-page P' scales, and the 64-row tile with the carried ones
+  // (Fp8PScale::kCarried, an option) against the reference's carried rule.
   struct Run {
     Fp8Tile tile;
     Fp8PScale p_scale;
-    const char* loop = "";  // SNAPMLA_FP8_LOOP
   };
   std::vector<Run> runs;
   for (const Fp8Tile tile_kind : tiles) runs.push_back({tile_kind, Fp8PScale::kPerPage});
-  if (std::find(tiles.begin(), tiles.end(), Fp8Tile::kRows64) != tiles.end()) {
-    runs.push_back({Fp8Tile::kRows64, Fp8PScale::kPerPage, "early_pv"});
+  if (std::find(tiles.begin(), tiles.end(), Fp8Tile::kRows64) != tiles.end())
     runs.push_back({Fp8Tile::kRows64, Fp8PScale::kCarried});
-  }
   std::optional<ref::DecodeResultF32> want_carried;
   for (const Run& run : runs) {
     const Fp8Tile tile_kind = run.tile;
     const bool carried = run.p_scale == Fp8PScale::kCarried;
-    ScopedEnv loop("SNAPMLA_FP8_LOOP", run.loop);
-    const char* tile = carried                          ? "64c"
-                       : *run.loop != '\0'              ? "64e"
-                       : tile_kind == Fp8Tile::kNarrow16 ? "16"
-                       : tile_kind == Fp8Tile::kRows64   ? "64"
-                                                         : "64v";
+    const char* tile = carried ? "64c" : tile_kind == Fp8Tile::kNarrow16 ? "16" : tile_kind == Fp8Tile::kRows64 ? "64" : "64v";
     if (carried && !want_carried) {
       DecodeOptions o = cpu_opt;
       o.p_scale = Fp8PScale::kCarried;
@@ -948,13 +939,6 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
     EXPECT_ARG_ERROR(decode_fp8(G2.qq(), G2.fp8(), G2.pages(), G2.output(), test::options(B2)), "SNAPMLA_FP8_TILE");
     // A call of 16 rows or fewer runs the narrow tile whatever it says.
     EXPECT_NO_THROW(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)));
-  }
-  {
-    // The transposing tile's lab loop order, checked where it is read (a call that runs that tile).
-    Batch B2 = make_batch(rng, {100}, 2, 16);
-    GpuBatch G2(B2);
-    ScopedEnv env("SNAPMLA_FP8_LOOP", "late_pv");
-    EXPECT_ARG_ERROR(decode_fp8(G2.qq(), G2.fp8(), G2.pages(), G2.output(), test::options(B2)), "SNAPMLA_FP8_LOOP");
   }
   {
     // The combine's lab options, checked where they are read, before anything is launched.

@@ -4,16 +4,17 @@
 // pipeline.cuh - the page ring and its loader; transposer.cuh - V^T for the PV; softmax.cuh - the
 // per-page online softmax; scheduler.cuh - grid item -> split; epilogue.cuh - the output.
 //
-// Per page j, consumer c = j % 2 (its owner) runs the main loop's steps:
+// Per page j, consumer c = j % 2 (its owner) runs the main loop's steps (per_page_iteration):
 //   score               QK of page j (HGMMA m64n64k16 for the rope from Q registers, QGMMA
 //                       m64n64k32 over the latent), issued one iteration ahead;
-//   softmax_and_publish the reference's per-page step on its scores: exponentials against the
+//   page_factors_early  the reference's per-page step on its scores: exponentials against the
 //                       page's own row max, then the running max after page j - 1 from the other
-//                       consumer, P' / sigma (e4m3, sigma per row and page) into the page's P
-//                       buffer, (sigma, alpha / sigma) per row published;
+//                       consumer and the page's factors (sigma, alpha / sigma) per row;
 //   rescale_accumulate  both consumers, each for its 256 output dims: O <- O * r + P' V^T for
 //                       the other's page j - 1 and its own page j (QGMMA m64n256k32, both
-//                       operands in shared memory; r is one multiply per row).
+//                       operands in shared memory; r is one multiply per row);
+//   store_page_p        P' / sigma (e4m3, sigma per row and page) into the page's P buffer and
+//                       the factors published, while the PV of page j - 1 runs.
 // The two consumers run half a pair apart: one's softmax under the other's wgmmas. After the
 // pages, a sequence with one split writes its bf16 output through shared memory as whole 128-byte
 // rows; a split sequence writes fp32 partials for the combine.
@@ -105,7 +106,7 @@ __device__ __forceinline__ void rescale_accumulate(float (&o)[32][4], const floa
   wg::commit();
 }
 
-// What softmax_and_publish leaves the owner's own PV of the page: per row, sigma_j (0: nothing
+// What a page's softmax step leaves the owner's own PV of the page: per row, sigma_j (0: nothing
 // visible), rho_j = alpha_j / sigma_j and the page's row sum over sigma_j. Under CarriedScale:
 // sigma_j, the output's factor r_j itself in rho, and lsum (already applied to l).
 struct PageFactors {
@@ -144,7 +145,7 @@ struct RowView {
 // page's stage where the view says the owner does, and signals the other consumer's next page
 // (Max, after the running max). The exponentials wait for the running max here: the carried P'
 // scales' rule (CarriedScale) needs it before P', and the V^T-register tile takes this step as it
-// is; the per-page rule's transposing tile runs softmax_page_early. The P hand-off is the caller's
+// is; the per-page rule's transposing tile runs page_factors_early and store_page_p. The P hand-off is the caller's
 // (publish_page, or the V^T-register tile's, which publishes other factors).
 template <typename View, typename PageScale = PerPageScale>
 __device__ __forceinline__ PageFactors softmax_page(float (&acc)[8][4], const View& sm,
@@ -221,15 +222,14 @@ __device__ __forceinline__ void publish_page(const Smem& sm, const RowView& rv, 
   hand_arrive<Fp8Barrier::kP>(c);
 }
 
-// softmax_page_early, the per-page P' scales' step (the transposing tile's): softmax_page's result
-// up to fp32 rounding, with the exponentials taken against the page's own row max before the
+// The per-page P' scales' step (the transposing tile's): softmax_page's result up to fp32 rounding, with the exponentials taken against the page's own row max before the
 // running max arrives from the other consumer. Against the running max m the page's weights are w lift with
 // w = exp(s - max_page s) s_t and lift = exp(max_page s - m), so the reference's max P' is
 // lift max w and its P' = w lift / sigma: after the hand-off only the row's factors and one
 // multiply per weight (lift / sigma, folded into one factor) remain. Same hand-offs as
 // softmax_page (Max, then Free); the caller publishes. Two steps, page_factors_early (up to the
-// factors; the Max hand-off) and store_page_p (the Free hand-off and the P' stores), so that a
-// loop order may issue the other consumer's PV between them (Fp8Loop::kEarlyPv).
+// factors; the Max hand-off) and store_page_p (the Free hand-off and the P' stores), so that the
+// loop issues the other consumer's PV between them (per_page_iteration).
 struct EarlyPage {
   PageFactors f;
   float by[2];  // P' = w x by
@@ -311,21 +311,6 @@ __device__ __forceinline__ void store_page_p(const float (&acc)[8][4], const Sme
   wg::fence_proxy_async();  // P written with st.shared, read by wgmma
 }
 
-__device__ __forceinline__ PageFactors softmax_page_early(float (&acc)[8][4], const Smem& sm, const RowView& rv,
-                                                          const Work& w, int j, int c, int nblk) {
-  const EarlyPage e = page_factors_early(acc, sm, rv, w, j, c, nblk);
-  store_page_p(acc, sm, rv, e, j, c);
-  return e.f;
-}
-
-// softmax_and_publish: softmax_page_early, then publish_page (the per-page P' scales).
-__device__ __forceinline__ PageFactors softmax_and_publish(float (&acc)[8][4], const Smem& sm, const RowView& rv,
-                                                           const Work& w, int j, int c, int nblk) {
-  const PageFactors f = softmax_page_early(acc, sm, rv, w, j, c, nblk);
-  publish_page(sm, rv, f, j, c);
-  return f;
-}
-
 // Fp8PScale::kCarried's step per page. The owner of page j decides its sigma from the state after
 // page j - 1, so it first takes page j - 1's (sigma, r) from the other consumer (the P hand-off,
 // before its own P' instead of after) and applies them to its l and sigma; then page j's, which
@@ -384,12 +369,13 @@ struct CarriedScale {
   }
 };
 
-// One iteration of the consumers' loop under Fp8Loop::kEarlyPv: the owner's page j up to its
-// factors; the PV of the other's page j - 1 issued; page j's P' stored and published under that
-// PV; the PV of page j once page j - 1's has retired; the QK of page j + 2. The P(j - 1) hand-off
-// comes before the P' stores, so a barrier of the owner's own warps orders them before its PV
-// (kOwnPageLate).
-__device__ __forceinline__ void early_pv_iteration(float (&o)[32][4], float (&acc)[8][4], SoftmaxState& st,
+// One iteration of the consumers' loop under the per-page P' scales: the owner's page j up to its
+// factors; the PV of the other's page j - 1 issued; page j's P' stored and published while that
+// PV runs; the PV of page j once page j - 1's has retired; the QK of page j + 2. (Storing P'
+// before issuing the PV of page j - 1, the order up to 4018d8e, left the stores in the chain:
+// 1-4% slower at h = 64-128 on the H200.) The P(j - 1) hand-off comes before the P' stores, so a
+// barrier of the owner's own warps orders them before its PV (kOwnPage).
+__device__ __forceinline__ void per_page_iteration(float (&o)[32][4], float (&acc)[8][4], SoftmaxState& st,
                                                    const Smem& sm, const RowView& rv, const Work& w,
                                                    const uint32_t (&qa)[4][4], uint64_t qn, int j, int c, int nblk) {
   const bool mine = j < nblk;
@@ -419,7 +405,7 @@ __device__ __forceinline__ void early_pv_iteration(float (&o)[32][4], float (&ac
     if (j + 1 < nblk) hand_arrive<Fp8Barrier::kFree>(1 - c);  // page j + 1's P' may go there
   }
   if (mine) {
-    ptx::named_barrier(int(Fp8Barrier::kOwnPageLate) + c, 128);  // all of this consumer's P'(j) is stored
+    ptx::named_barrier(int(Fp8Barrier::kOwnPage) + c, 128);  // all of this consumer's P'(j) is stored
     rescale_accumulate(o, r_own, sm, j, c);
   }
   score(acc, sm, qa, qn, min(j + 2, nblk - 1));
@@ -428,13 +414,11 @@ __device__ __forceinline__ void early_pv_iteration(float (&o)[32][4], float (&ac
   if (mine) mbar::arrive(&sm.vt_empty[j % kVtStages]);
 }
 
-// kLoop: the loop's order (Fp8Loop); kCarried: Fp8PScale::kCarried's P' scales (CarriedScale)
-// instead of the per-page ones.
-template <Fp8Loop kLoop>
+// kCarried: Fp8PScale::kCarried's P' scales (CarriedScale) instead of the per-page ones.
+template <bool kCarried>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     decode_fp8_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                       const __grid_constant__ CUtensorMap tm_rope, const __grid_constant__ CUtensorMap tm_q) {
-  constexpr bool kCarried = kLoop == Fp8Loop::kCarried;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   ptx::launch_dependents();  // a programmatic combine's blocks may start (they wait for this grid)
   const SplitRange range = splits_of_worker(p, grid_worker(p));
@@ -511,8 +495,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
     float acc[8][4];  // S of this consumer's page, issued behind the previous iteration's PVs
     const uint64_t qn = wg::desc_sw128(sm.q_latent);
-    // Iteration j: softmax_and_publish of page j (if j < nblk), then rescale_accumulate of pages
-    // j - 1 (the other consumer's) and j for this output half, then score of page j + 2. Every
+    // Iteration j: the softmax of page j (if j < nblk), rescale_accumulate of pages j - 1 (the
+    // other consumer's) and j for this output half, then score of page j + 2. Every
     // iteration issues exactly one QK and waits for it (past the last page it repeats the last one,
     // whose stage still holds it); the PVs depend only on j and nblk, and every wait is on all
     // paths (ptxas serializes every wgmma when it cannot see a group retired before its registers
@@ -524,58 +508,33 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const bool mine = j < nblk;
       wg::wait<0>();
       wg::fence_operands(acc);
-      if constexpr (kLoop == Fp8Loop::kEarlyPv) {
-        early_pv_iteration(o, acc, st, sm, rv, w, qa, qn, j, c, nblk);
+      if constexpr (!kCarried) {
+        per_page_iteration(o, acc, st, sm, rv, w, qa, qn, j, c, nblk);
         continue;
       }
+      // The carried scales: page j - 1's factor is taken before page j's P' (take_previous_page).
       PageFactors f;
-      float r_prev[2];  // kCarried: page j - 1's factor, taken before page j's P'
-      if constexpr (kCarried) {
-        if (mine) {
-          f = softmax_page(acc, sm, rv, w, j, c, nblk, CarriedScale{st, sm, rv.r0, j, c, r_prev});
-          publish_page(sm, rv, f, j, c);
-        } else {
-          take_previous_page(st, sm, rv.r0, j, c, r_prev);
-        }
-      } else if (mine) {
-        f = softmax_and_publish(acc, sm, rv, w, j, c, nblk);
+      float r_prev[2];
+      if (mine) {
+        f = softmax_page(acc, sm, rv, w, j, c, nblk, CarriedScale{st, sm, rv.r0, j, c, r_prev});
+        publish_page(sm, rv, f, j, c);
+      } else {
+        take_previous_page(st, sm, rv.r0, j, c, r_prev);
       }
       // PV of page j - 1 (the other's P', in place once its owner arrived), then of page j.
       if (j > 0) {
         const int jo = j - 1;
-        float r[2];
-        if constexpr (kCarried) {
-          r[0] = r_prev[0];
-          r[1] = r_prev[1];
-        } else {
-          hand_sync<Fp8Barrier::kP>(1 - c);
-#pragma unroll
-          for (int ri = 0; ri < 2; ++ri) {
-            const float2 x = sm.factors_of(jo, rv.r0 + 8 * ri);
-            r[ri] = apply_page(st, ri, x.x, x.y, 0.f);
-          }
-        }
-        rescale_accumulate<kCarried>(o, r, sm, jo, c);
+        rescale_accumulate<true>(o, r_prev, sm, jo, c);
         wg::wait<0>();
         wg::fence_operands(o);
         mbar::arrive(&sm.vt_empty[jo % kVtStages]);
         if (j + 1 < nblk) hand_arrive<Fp8Barrier::kFree>(1 - c);  // page j + 1's P' may go there
       }
       if (mine) {
-        float r[2];
-        if constexpr (kCarried) {
-          r[0] = f.rho[0];  // applied to l and sigma already
-          r[1] = f.rho[1];
-          // All of this page's P' is written (the P(j - 1) sync came before the writes).
-          ptx::named_barrier(int(Fp8Barrier::kOwnPageCarried) + c, 128);
-        } else {
-#pragma unroll
-          for (int ri = 0; ri < 2; ++ri) r[ri] = apply_page(st, ri, f.sig[ri], f.rho[ri], f.lsum[ri]);
-          // All of this page's P' is written: for j > 0 the P(j - 1) sync above ordered this
-          // consumer's warps; page 0 has none before it.
-          if (j == 0) ptx::bar_sync<int(Fp8Barrier::kOwnPage0), 128>();
-        }
-        rescale_accumulate<kCarried>(o, r, sm, j, c);
+        // All of this page's P' is written (the P(j - 1) sync came before the writes); its r is
+        // in rho, applied to l and sigma already.
+        ptx::named_barrier(int(Fp8Barrier::kOwnPage) + c, 128);
+        rescale_accumulate<true>(o, f.rho, sm, j, c);
       }
       score(acc, sm, qa, qn, min(j + 2, nblk - 1));
       wg::wait<1>();
@@ -841,18 +800,11 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
     launch_decode<Fp8VRegsConfig, decode_fp8_vregs_kernel>("decode_fp8", int(sizeof(Fp8VRegsSmem)), p, options, tm_latent, tm_rope,
                                            tm_q, tm_q_rope);
   } else if (p_scale == Fp8PScale::kCarried) {
-    launch_decode<Fp8TileConfig, decode_fp8_kernel<Fp8Loop::kCarried>>("decode_fp8", int(sizeof(Fp8TileSmem)), p,
-                                                                      options, tm_latent, tm_rope, tm_q);
+    launch_decode<Fp8TileConfig, decode_fp8_kernel<true>>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent,
+                                                          tm_rope, tm_q);
   } else {
-    switch (detail::fp8_loop_of_environment("decode_fp8")) {
-      case detail::Fp8LoopOrder::kEarlyPv:
-        launch_decode<Fp8TileConfig, decode_fp8_kernel<Fp8Loop::kEarlyPv>>("decode_fp8", int(sizeof(Fp8TileSmem)), p,
-                                                                          options, tm_latent, tm_rope, tm_q);
-        break;
-      default:
-        launch_decode<Fp8TileConfig, decode_fp8_kernel<Fp8Loop::kPerPage>>("decode_fp8", int(sizeof(Fp8TileSmem)), p,
-                                                                          options, tm_latent, tm_rope, tm_q);
-    }
+    launch_decode<Fp8TileConfig, decode_fp8_kernel<false>>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent,
+                                                           tm_rope, tm_q);
   }
 }
 

@@ -49,25 +49,15 @@ enum class Fp8Barrier : int {
   kMax = 2,      // 2, 3
   kP = 4,        // 4, 5
   kFree = 6,     // 6, 7
-  kOwnPage0 = 8, // consumer 0's warps among themselves after page 0's P' (no hand-off before it)
   kTransposers = 9,  // the transposer warps among themselves (a page's V^T fix-up)
-  // Under Fp8PScale::kCarried (10, 11): consumer c's warps among themselves after each page's P'
-  // (the hand-off of page j - 1 comes before the P' writes there, so it cannot order them).
-  kOwnPageCarried = 10,
-  // Under Fp8Loop::kEarlyPv (10, 11), the same: the P'(j) stores follow the P(j - 1) hand-off.
-  kOwnPageLate = 10,
-  // The V^T-register tile (fp8_vregs_tile.cuh, its own kernel) uses the ids above but kOwnPage0,
-  // kTransposers and kOwnPageCarried, and:
+  // 10, 11: consumer c's warps among themselves after each page's P' (the hand-off of page j - 1
+  // comes before the P' writes, so it cannot order them).
+  kOwnPage = 10,
+  // The V^T-register tile (fp8_vregs_tile.cuh, its own kernel) uses the ids above but kTransposers
+  // and kOwnPage, and:
   kRowTotals = 10,   // the rows' output scales written for the accumulator columns (both consumers)
   kOwnRows = 11,     // 11, 12: consumer c's warps among themselves after publishing its page's factors
 };
-
-// The order of the consumers' loop (decode_fp8_kernel's template argument). kPerPage: per page j,
-// the owner's softmax and P' stores, then the PVs of pages j - 1 and j, then the QK of page j + 2.
-// kCarried: the same order under Fp8PScale::kCarried. kEarlyPv (per-page scales): the PV of the
-// other's page j - 1 issued before the owner's P' stores of page j, which then run under it. The
-// per-page orders compute the same values.
-enum class Fp8Loop { kPerPage, kCarried, kEarlyPv };
 
 // The shared-memory plan (its layout: offsets and size come from this struct, not from hand-kept
 // sums; the kernel addresses it through Fp8TileView). Tiles are K-major in 8 x 16-byte core matrices; the Q latent and the
