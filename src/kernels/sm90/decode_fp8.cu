@@ -145,8 +145,9 @@ struct RowView {
 // page's stage where the view says the owner does, and signals the other consumer's next page
 // (Max, after the running max). The exponentials wait for the running max here: the carried P'
 // scales' rule (CarriedScale) needs it before P', and the V^T-register tile takes this step as it
-// is; the per-page rule's transposing tile runs page_factors_early and store_page_p. The P hand-off is the caller's
-// (publish_page, or the V^T-register tile's, which publishes other factors).
+// is; the per-page rule's transposing tile runs page_factors_early and store_page_p. The P
+// hand-off is the caller's (publish_page, or the V^T-register tile's, which publishes other
+// factors).
 template <typename View, typename PageScale = PerPageScale>
 __device__ __forceinline__ PageFactors softmax_page(float (&acc)[8][4], const View& sm,
                                                            const RowView& rv, const Work& w, int j, int c,
@@ -222,8 +223,9 @@ __device__ __forceinline__ void publish_page(const Smem& sm, const RowView& rv, 
   hand_arrive<Fp8Barrier::kP>(c);
 }
 
-// The per-page P' scales' step (the transposing tile's): softmax_page's result up to fp32 rounding, with the exponentials taken against the page's own row max before the
-// running max arrives from the other consumer. Against the running max m the page's weights are w lift with
+// The per-page P' scales' step (the transposing tile's): softmax_page's result up to fp32
+// rounding, with the exponentials taken against the page's own row max before the running max
+// arrives from the other consumer. Against the running max m the page's weights are w lift with
 // w = exp(s - max_page s) s_t and lift = exp(max_page s - m), so the reference's max P' is
 // lift max w and its P' = w lift / sigma: after the hand-off only the row's factors and one
 // multiply per weight (lift / sigma, folded into one factor) remain. Same hand-offs as
