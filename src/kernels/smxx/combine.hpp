@@ -23,6 +23,8 @@ struct CombineParams {
 
 // programmatic: launch as a programmatic dependent of the kernel before it on the stream (its
 // blocks wait for that kernel's results at their start), so the launch overlaps its tail.
-void combine(const CombineParams& p, cudaStream_t stream, bool programmatic);
+// preload: each task's first partial rows loaded before its lse is formed (a lab option; the same
+// bits).
+void combine(const CombineParams& p, cudaStream_t stream, bool programmatic, bool preload);
 
 }  // namespace snapmla::cuda
