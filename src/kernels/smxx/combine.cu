@@ -95,11 +95,6 @@ __device__ __forceinline__ int warps_per_task(int splits, int tasks, int blocks)
 // waves at b = 8, h = 128, 8K: +3.4 us on a 47 us decode): a block of a sequence with one split
 // exits at once, but the GPU still launches it, and one block per 8 tasks (b = 128, h = 128: 8192
 // blocks where no sequence is split) cost ~4 us per call.
-// kPreload (a lab option, SNAPMLA_COMBINE_PRELOAD=1): a task's first group of partial rows is
-// prefetched into L1 before its lse is formed, so the two global-memory latencies overlap instead
-// of adding up (a prefetch holds no registers; the kernel is at its 64). The same arithmetic in the
-// same order, so the same bits.
-template <bool kPreload>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_kernel(CombineParams p) {
   ptx::grid_dependency_wait();  // the decode's partials (launched as its programmatic dependent)
   const int b = blockIdx.x;
@@ -115,13 +110,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_ker
     const bool active = task < tasks;
     const int r = active ? task / kQuarters : 0, quarter = task % kQuarters;
     const float* lse_of = p.partial_lse + r;  // split k's at k * rows
-    const int d0 = quarter * (kLatentDim / kQuarters) + 4 * lane;
-    const float* src = p.partial_out + int64_t(r) * kLatentDim + d0;  // split k's at k * rows * 512
-    if (kPreload && active)
-      for (int k = lo + part * kGroup; k < min(hi, lo + (part + 1) * kGroup); ++k)
-        asm volatile("prefetch.global.L1 [%0];" ::"l"(src + k * split_stride));
     const float total = active ? combined_lse(lse_of, p.rows, lo, hi, lane) : NAN;
     const bool sums = active && total > -INFINITY;  // false for NaN too
+    const int d0 = quarter * (kLatentDim / kQuarters) + 4 * lane;
+    const float* src = p.partial_out + int64_t(r) * kLatentDim + d0;  // split k's at k * rows * 512
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int g0 = lo; g0 < hi; g0 += W * kGroup) {  // a round: W groups, one per part
       const int mine = g0 + part * kGroup;
@@ -150,7 +142,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_ker
 
 }  // namespace
 
-void combine(const CombineParams& p, cudaStream_t stream, bool programmatic, bool preload) {
+void combine(const CombineParams& p, cudaStream_t stream, bool programmatic) {
   if (p.batch == 0) return;
   // The current device's SM count (the dispatch made the output's device current): a grid-size
   // heuristic only, so a failed query falls back to the H200's.
@@ -180,8 +172,7 @@ void combine(const CombineParams& p, cudaStream_t stream, bool programmatic, boo
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = programmatic ? 1 : 0;
-  if (preload) check(cudaLaunchKernelEx(&config, combine_kernel<true>, p), "combine_kernel");
-  else check(cudaLaunchKernelEx(&config, combine_kernel<false>, p), "combine_kernel");
+  check(cudaLaunchKernelEx(&config, combine_kernel, p), "combine_kernel");
 }
 
 }  // namespace snapmla::cuda

@@ -23,8 +23,6 @@ struct CombineParams {
 
 // programmatic: launch as a programmatic dependent of the kernel before it on the stream (its
 // blocks wait for that kernel's results at their start), so the launch overlaps its tail.
-// preload: each task's first partial rows loaded before its lse is formed (a lab option; the same
-// bits).
-void combine(const CombineParams& p, cudaStream_t stream, bool programmatic, bool preload);
+void combine(const CombineParams& p, cudaStream_t stream, bool programmatic);
 
 }  // namespace snapmla::cuda

@@ -106,15 +106,6 @@ inline bool combine_wave_over_workers(const char* op) {
                std::string("expected unset, 'workers' or 'batch' in the environment, got '") + v + "'");
 }
 
-// SNAPMLA_COMBINE_PRELOAD=1 in the environment (a lab option, read per call like the others): the
-// combine loads each task's first partial rows before it forms the row's lse. Unset or 0: off.
-inline bool combine_preload(const char* op) {
-  const char* v = std::getenv("SNAPMLA_COMBINE_PRELOAD");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "0") == 0) return false;
-  if (std::strcmp(v, "1") == 0) return true;
-  detail::fail(op, "SNAPMLA_COMBINE_PRELOAD",
-               std::string("expected unset, '0' or '1' in the environment, got '") + v + "'");
-}
 // A decode kernel (Config::kThreads per CTA, `smem` bytes of dynamic shared memory, arguments p
 // and then `extra`) over the decode grid, then the combine of split sequences.
 template <typename Config, auto Kernel, typename... Extra>
@@ -123,12 +114,11 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
   const cudaStream_t stream = as_stream(options.stream);
   const dim3 grid = decode_grid(op, p, options);
   // The lab options are read (and checked) before anything runs.
-  const bool programmatic = programmatic_combine(op), wave_over_workers = combine_wave_over_workers(op),
-             preload = combine_preload(op);
+  const bool programmatic = programmatic_combine(op), wave_over_workers = combine_wave_over_workers(op);
   allow_dynamic_smem<Kernel>(smem);
   Kernel<<<grid, Config::kThreads, smem, stream>>>(p, extra...);
   check_launch(op);
-  if (options.plan) combine(combine_params(p, wave_over_workers), stream, programmatic, preload);
+  if (options.plan) combine(combine_params(p, wave_over_workers), stream, programmatic);
 }
 
 }  // namespace snapmla::cuda
