@@ -737,7 +737,8 @@ TEST(GpuDecode, CombineLabOptionsGiveTheSameBits) {
       const char* op = fp8 ? "decode_fp8" : "decode_bf16";
       const auto ordinary = run(fp8, "SNAPMLA_COMBINE_PDL", "0");
       for (const bf16 v : ordinary.first) ASSERT_TRUE(std::isfinite(to_float(v))) << op;
-      for (const auto& [name, value] : {std::pair{"SNAPMLA_COMBINE_PDL", "1"}, std::pair{"SNAPMLA_COMBINE_WAVE", "batch"}}) {
+      for (const auto& [name, value] : {std::pair{"SNAPMLA_COMBINE_PDL", "1"}, std::pair{"SNAPMLA_COMBINE_WAVE", "batch"},
+                                        std::pair{"SNAPMLA_COMBINE_ROWS", "1"}}) {
         const auto other = run(fp8, name, value);
         EXPECT_EQ(std::memcmp(ordinary.first.data(), other.first.data(), ordinary.first.size() * 2), 0)
             << op << " out under " << name << "=" << value;
@@ -942,7 +943,7 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
   }
   {
     // The combine's lab options, checked where they are read, before anything is launched.
-    for (const char* name : {"SNAPMLA_COMBINE_PDL", "SNAPMLA_COMBINE_WAVE"}) {
+    for (const char* name : {"SNAPMLA_COMBINE_PDL", "SNAPMLA_COMBINE_WAVE", "SNAPMLA_COMBINE_ROWS"}) {
       ScopedEnv env(name, "yes");
       EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), name);
       EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), name);

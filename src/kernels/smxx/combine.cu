@@ -95,6 +95,66 @@ __device__ __forceinline__ int warps_per_task(int splits, int tasks, int blocks)
 // waves at b = 8, h = 128, 8K: +3.4 us on a 47 us decode): a block of a sequence with one split
 // exits at once, but the GPU still launches it, and one block per 8 tasks (b = 128, h = 128: 8192
 // blocks where no sequence is split) cost ~4 us per call.
+// The output row and lse of row r of sequence b from its four quarters' sums (NaN where the row
+// faulted, zero and the empty lse where it saw nothing).
+__device__ __forceinline__ void store_row_quarter(const CombineParams& p, int b, int r, int d0, int quarter, int lane,
+                                                  bool sums, float total, const float4& acc) {
+  uint2* out = reinterpret_cast<uint2*>(p.out + (int64_t(b) * p.rows + r) * kLatentDim + d0);
+  *out = sums ? make_uint2(bf16x2_bits(acc.x, acc.y), bf16x2_bits(acc.z, acc.w))
+              : isnan(total) ? make_uint2(bf16x2_bits(NAN, NAN), bf16x2_bits(NAN, NAN)) : make_uint2(0u, 0u);
+  if (quarter == 0 && lane == 0) {
+    const int i = r / p.num_heads, h = r % p.num_heads;
+    p.lse[(int64_t(b) * p.num_heads + h) * p.seqlen_q + i] = sums || isnan(total) ? total : p.empty_lse;
+  }
+}
+
+// Row tasks (a lab option, SNAPMLA_COMBINE_ROWS=1, for blocks whose sequence takes one warp per
+// task): a warp merges a whole row, its four quarters together, so the row's lse and each split's
+// weight are formed once instead of once per quarter, and a split's four quarter loads are in
+// flight at once. Each element takes the same additions in the same order as in its quarter task
+// (the group's weighted rows in split order, the groups' sums in group order), so the same bits.
+__device__ __forceinline__ void combine_rows(const CombineParams& p, int b, int lo, int hi, int warp, int lane) {
+  const int64_t split_stride = int64_t(p.rows) * kLatentDim;
+  for (int r = blockIdx.y * kWarpsPerBlock + warp; r < p.rows; r += gridDim.y * kWarpsPerBlock) {
+    const float* lse_of = p.partial_lse + r;  // split k's at k * rows
+    const float total = combined_lse(lse_of, p.rows, lo, hi, lane);
+    const bool sums = total > -INFINITY;  // false for NaN too
+    const float* src = p.partial_out + int64_t(r) * kLatentDim + 4 * lane;  // quarter q at q * 128
+    float4 acc[kQuarters];
+#pragma unroll
+    for (int q = 0; q < kQuarters; ++q) acc[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int g0 = lo; sums && g0 < hi; g0 += kGroup) {
+      float4 s[kQuarters];
+#pragma unroll
+      for (int q = 0; q < kQuarters; ++q) s[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int u = 0; u < kGroup; ++u) {
+        const int k = g0 + u;
+        if (k >= hi) break;
+        const float w = expf(lse_of[int64_t(k) * p.rows] - total);
+        float4 v[kQuarters];
+#pragma unroll
+        for (int q = 0; q < kQuarters; ++q)
+          v[q] = *reinterpret_cast<const float4*>(src + k * split_stride + q * (kLatentDim / kQuarters));
+        if (w == 0.f) continue;  // an empty split (lse -inf) adds nothing
+#pragma unroll
+        for (int q = 0; q < kQuarters; ++q) {
+          s[q].x += w * v[q].x;
+          s[q].y += w * v[q].y;
+          s[q].z += w * v[q].z;
+          s[q].w += w * v[q].w;
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < kQuarters; ++q) add(acc[q], s[q]);
+    }
+#pragma unroll
+    for (int q = 0; q < kQuarters; ++q)
+      store_row_quarter(p, b, r, q * (kLatentDim / kQuarters) + 4 * lane, q, lane, sums, total, acc[q]);
+  }
+}
+
+template <bool kRowTasks>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_kernel(CombineParams p) {
   ptx::grid_dependency_wait();  // the decode's partials (launched as its programmatic dependent)
   const int b = blockIdx.x;
@@ -103,6 +163,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_ker
   __shared__ float4 group_sums[kWarpsPerBlock][32];
   const int tasks = p.rows * kQuarters;
   const int W = warps_per_task(hi - lo, tasks, gridDim.y), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (kRowTasks && W == 1) {
+    combine_rows(p, b, lo, hi, warp, lane);
+    return;
+  }
   const int part = warp % W, per_pass = kWarpsPerBlock / W;
   const int64_t split_stride = int64_t(p.rows) * kLatentDim;
   for (int t0 = blockIdx.y * per_pass; t0 < tasks; t0 += gridDim.y * per_pass) {
@@ -130,19 +194,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_ker
       __syncthreads();
     }
     if (!active || part != 0) continue;
-    uint2* out = reinterpret_cast<uint2*>(p.out + (int64_t(b) * p.rows + r) * kLatentDim + d0);
-    *out = sums ? make_uint2(bf16x2_bits(acc.x, acc.y), bf16x2_bits(acc.z, acc.w))
-                : isnan(total) ? make_uint2(bf16x2_bits(NAN, NAN), bf16x2_bits(NAN, NAN)) : make_uint2(0u, 0u);
-    if (quarter == 0 && lane == 0) {
-      const int i = r / p.num_heads, h = r % p.num_heads;
-      p.lse[(int64_t(b) * p.num_heads + h) * p.seqlen_q + i] = sums || isnan(total) ? total : p.empty_lse;
-    }
+    store_row_quarter(p, b, r, d0, quarter, lane, sums, total, acc);
   }
 }
 
 }  // namespace
 
-void combine(const CombineParams& p, cudaStream_t stream, bool programmatic) {
+void combine(const CombineParams& p, cudaStream_t stream, bool programmatic, bool row_tasks) {
   if (p.batch == 0) return;
   // The current device's SM count (the dispatch made the output's device current): a grid-size
   // heuristic only, so a failed query falls back to the H200's.
@@ -172,7 +230,8 @@ void combine(const CombineParams& p, cudaStream_t stream, bool programmatic) {
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = programmatic ? 1 : 0;
-  check(cudaLaunchKernelEx(&config, combine_kernel, p), "combine_kernel");
+  if (row_tasks) check(cudaLaunchKernelEx(&config, combine_kernel<true>, p), "combine_kernel");
+  else check(cudaLaunchKernelEx(&config, combine_kernel<false>, p), "combine_kernel");
 }
 
 }  // namespace snapmla::cuda

@@ -23,6 +23,7 @@ struct CombineParams {
 
 // programmatic: launch as a programmatic dependent of the kernel before it on the stream (its
 // blocks wait for that kernel's results at their start), so the launch overlaps its tail.
-void combine(const CombineParams& p, cudaStream_t stream, bool programmatic);
+// row_tasks: a warp per row where a sequence takes one warp per task (a lab option; the same bits).
+void combine(const CombineParams& p, cudaStream_t stream, bool programmatic, bool row_tasks);
 
 }  // namespace snapmla::cuda

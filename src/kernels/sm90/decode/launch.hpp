@@ -106,6 +106,14 @@ inline bool combine_wave_over_workers(const char* op) {
                std::string("expected unset, 'workers' or 'batch' in the environment, got '") + v + "'");
 }
 
+// SNAPMLA_COMBINE_ROWS=1 in the environment (a lab option, read per call like the others): the
+// combine's row tasks (combine.cu). Unset or 0: quarter tasks.
+inline bool combine_row_tasks(const char* op) {
+  const char* v = std::getenv("SNAPMLA_COMBINE_ROWS");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "0") == 0) return false;
+  if (std::strcmp(v, "1") == 0) return true;
+  detail::fail(op, "SNAPMLA_COMBINE_ROWS", std::string("expected unset, '0' or '1' in the environment, got '") + v + "'");
+}
 // A decode kernel (Config::kThreads per CTA, `smem` bytes of dynamic shared memory, arguments p
 // and then `extra`) over the decode grid, then the combine of split sequences.
 template <typename Config, auto Kernel, typename... Extra>
@@ -114,11 +122,12 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
   const cudaStream_t stream = as_stream(options.stream);
   const dim3 grid = decode_grid(op, p, options);
   // The lab options are read (and checked) before anything runs.
-  const bool programmatic = programmatic_combine(op), wave_over_workers = combine_wave_over_workers(op);
+  const bool programmatic = programmatic_combine(op), wave_over_workers = combine_wave_over_workers(op),
+             row_tasks = combine_row_tasks(op);
   allow_dynamic_smem<Kernel>(smem);
   Kernel<<<grid, Config::kThreads, smem, stream>>>(p, extra...);
   check_launch(op);
-  if (options.plan) combine(combine_params(p, wave_over_workers), stream, programmatic);
+  if (options.plan) combine(combine_params(p, wave_over_workers), stream, programmatic, row_tasks);
 }
 
 }  // namespace snapmla::cuda
