@@ -419,12 +419,14 @@ Fp8PScale resolved_p_scale(const char* op, const DecodeOptions& options, int row
                                                                                                : Fp8PScale::kPerPage;
 }
 
-bool plan_fill_workers(const char* op) {
-  const char* v = std::getenv("SNAPMLA_PLAN_FILL");
+bool env_flag(const char* op, const char* name) {
+  const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0' || std::strcmp(v, "0") == 0) return false;
   if (std::strcmp(v, "1") == 0) return true;
-  fail(op, "SNAPMLA_PLAN_FILL", std::string("expected unset, '0' or '1' in the environment, got '") + v + "'");
+  fail(op, name, std::string("expected unset, '0' or '1' in the environment, got '") + v + "'");
 }
+
+bool plan_fill_workers(const char* op) { return env_flag(op, "SNAPMLA_PLAN_FILL"); }
 
 }  // namespace detail
 }  // namespace snapmla

@@ -70,8 +70,12 @@ Fp8Tile fp8_tile_of_call(const char* op, int rows, Fp8Tile tile, Fp8PScale p_sca
 // for the narrow and V^T-register tiles' calls). A bad value is an error naming it.
 Fp8PScale resolved_p_scale(const char* op, const DecodeOptions& options, int rows);
 
-// The planner's lab option: the environment's SNAPMLA_PLAN_FILL (unset or 0: off, 1: on; any
-// other value is an error naming it). On, worker_shares' fill_workers (core/split_rule.hpp).
+// An on/off lab option read from the environment per call: unset, empty or 0 is off, 1 is on,
+// anything else an error naming the variable.
+bool env_flag(const char* op, const char* name);
+
+// The planner's lab option: the environment's SNAPMLA_PLAN_FILL (env_flag). On, worker_shares'
+// fill_workers (core/split_rule.hpp).
 bool plan_fill_workers(const char* op);
 
 // The debug checks' tables (check_page_table, check_slot_mapping): the view, then its contents

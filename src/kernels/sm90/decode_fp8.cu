@@ -374,9 +374,9 @@ struct CarriedScale {
 // One iteration of the consumers' loop under the per-page P' scales: the owner's page j up to its
 // factors; the PV of the other's page j - 1 issued; page j's P' stored and published while that
 // PV runs; the PV of page j once page j - 1's has retired; the QK of page j + 2. (Storing P'
-// before issuing the PV of page j - 1, the order up to 4018d8e, left the stores in the chain:
-// 1-4% slower at h = 64-128 on the H200.) The P(j - 1) hand-off comes before the P' stores, so a
-// barrier of the owner's own warps orders them before its PV (kOwnPage).
+// before issuing the PV of page j - 1 left the stores in the chain: 1-4% slower at h = 64-128 on
+// the H200.) The P(j - 1) hand-off comes before the P' stores, so a barrier of the owner's own
+// warps orders them before its PV (kOwnPage).
 __device__ __forceinline__ void per_page_iteration(float (&o)[32][4], float (&acc)[8][4], SoftmaxState& st,
                                                    const Smem& sm, const RowView& rv, const Work& w,
                                                    const uint32_t (&qa)[4][4], uint64_t qn, int j, int c, int nblk) {
@@ -416,7 +416,42 @@ __device__ __forceinline__ void per_page_iteration(float (&o)[32][4], float (&ac
   if (mine) mbar::arrive(&sm.vt_empty[j % kVtStages]);
 }
 
-// kCarried: Fp8PScale::kCarried's P' scales (CarriedScale) instead of the per-page ones.
+// The same iteration under Fp8PScale::kCarried: the owner takes page j - 1's factor before page
+// j's P' (take_previous_page, inside CarriedScale), so its P' stores precede both PVs; a warp whose
+// rows all keep their sigma skips the output's rescale (rescale_accumulate<true>).
+__device__ __forceinline__ void carried_iteration(float (&o)[32][4], float (&acc)[8][4], SoftmaxState& st,
+                                                  const Smem& sm, const RowView& rv, const Work& w,
+                                                  const uint32_t (&qa)[4][4], uint64_t qn, int j, int c, int nblk) {
+  const bool mine = j < nblk;
+  PageFactors f;
+  float r_prev[2];
+  if (mine) {
+    f = softmax_page(acc, sm, rv, w, j, c, nblk, CarriedScale{st, sm, rv.r0, j, c, r_prev});
+    publish_page(sm, rv, f, j, c);
+  } else {
+    take_previous_page(st, sm, rv.r0, j, c, r_prev);
+  }
+  // PV of page j - 1 (the other's P', in place once its owner arrived), then of page j.
+  if (j > 0) {
+    rescale_accumulate<true>(o, r_prev, sm, j - 1, c);
+    wg::wait<0>();
+    wg::fence_operands(o);
+    mbar::arrive(&sm.vt_empty[(j - 1) % kVtStages]);
+    if (j + 1 < nblk) hand_arrive<Fp8Barrier::kFree>(1 - c);  // page j + 1's P' may go there
+  }
+  if (mine) {
+    // All of this page's P' is written (the P(j - 1) sync came before the writes); its r is in
+    // rho, applied to l and sigma already.
+    ptx::named_barrier(int(Fp8Barrier::kOwnPage) + c, 128);
+    rescale_accumulate<true>(o, f.rho, sm, j, c);
+  }
+  score(acc, sm, qa, qn, min(j + 2, nblk - 1));
+  wg::wait<1>();
+  wg::fence_operands(o);
+  if (mine) mbar::arrive(&sm.vt_empty[j % kVtStages]);
+}
+
+// kCarried: Fp8PScale::kCarried's P' scales (carried_iteration) instead of the per-page ones.
 template <bool kCarried>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     decode_fp8_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
@@ -507,41 +542,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int jlast = nblk > 0 ? nblk : -1;
     if (nblk > 0) score(acc, sm, qa, qn, min(c, nblk - 1));
     for (int j = c; j <= jlast; j += 2) {
-      const bool mine = j < nblk;
       wg::wait<0>();
       wg::fence_operands(acc);
-      if constexpr (!kCarried) {
-        per_page_iteration(o, acc, st, sm, rv, w, qa, qn, j, c, nblk);
-        continue;
-      }
-      // The carried scales: page j - 1's factor is taken before page j's P' (take_previous_page).
-      PageFactors f;
-      float r_prev[2];
-      if (mine) {
-        f = softmax_page(acc, sm, rv, w, j, c, nblk, CarriedScale{st, sm, rv.r0, j, c, r_prev});
-        publish_page(sm, rv, f, j, c);
-      } else {
-        take_previous_page(st, sm, rv.r0, j, c, r_prev);
-      }
-      // PV of page j - 1 (the other's P', in place once its owner arrived), then of page j.
-      if (j > 0) {
-        const int jo = j - 1;
-        rescale_accumulate<true>(o, r_prev, sm, jo, c);
-        wg::wait<0>();
-        wg::fence_operands(o);
-        mbar::arrive(&sm.vt_empty[jo % kVtStages]);
-        if (j + 1 < nblk) hand_arrive<Fp8Barrier::kFree>(1 - c);  // page j + 1's P' may go there
-      }
-      if (mine) {
-        // All of this page's P' is written (the P(j - 1) sync came before the writes); its r is
-        // in rho, applied to l and sigma already.
-        ptx::named_barrier(int(Fp8Barrier::kOwnPage) + c, 128);
-        rescale_accumulate<true>(o, f.rho, sm, j, c);
-      }
-      score(acc, sm, qa, qn, min(j + 2, nblk - 1));
-      wg::wait<1>();
-      wg::fence_operands(o);
-      if (mine) mbar::arrive(&sm.vt_empty[j % kVtStages]);
+      if constexpr (kCarried) carried_iteration(o, acc, st, sm, rv, w, qa, qn, j, c, nblk);
+      else per_page_iteration(o, acc, st, sm, rv, w, qa, qn, j, c, nblk);
     }
     wg::wait<0>();
     wg::fence_operands(acc);

@@ -28,6 +28,14 @@ constexpr int kGroup = 8;        // splits whose partial rows are in flight at o
 constexpr int kBlocksPerSm = 4;  // 8-warp blocks resident per SM (at most 64 registers a thread)
 constexpr int kMaxWarpsPerTask = kWarpsPerBlock;
 
+// s += w v per component: both task shapes weigh a partial row with it, so their bits agree.
+__device__ __forceinline__ void add_weighted(float4& s, float w, const float4& v) {
+  s.x += w * v.x;
+  s.y += w * v.y;
+  s.z += w * v.z;
+  s.w += w * v.w;
+}
+
 __device__ __forceinline__ void add(float4& a, const float4& b) {
   a.x += b.x;
   a.y += b.y;
@@ -69,10 +77,7 @@ __device__ __forceinline__ float4 group_sum(const float* lse_of, const float* sr
 #pragma unroll
   for (int u = 0; u < kGroup; ++u) {
     if (w[u] == 0.f) continue;  // an empty split (lse -inf) adds nothing
-    s.x += w[u] * v[u].x;
-    s.y += w[u] * v[u].y;
-    s.z += w[u] * v[u].z;
-    s.w += w[u] * v[u].w;
+    add_weighted(s, w[u], v[u]);
   }
   return s;
 }
@@ -87,16 +92,8 @@ __device__ __forceinline__ int warps_per_task(int splits, int tasks, int blocks)
   return w;
 }
 
-// Block (b, y) merges sequence b's tasks y * T + t, + gridDim.y * T, ... (T = 8 / W tasks per block
-// pass, warp w on task w / W as its part w % W). Every thread of a block makes the same passes
-// and rounds (the block is one sequence's, so W and the split count are the block's), which the
-// block barriers between the W warps' group sums need. The grid is at most about one wave of
-// blocks (combine below; a wave that assumed 8 resident blocks where registers allow 5 ran two
-// waves at b = 8, h = 128, 8K: +3.4 us on a 47 us decode): a block of a sequence with one split
-// exits at once, but the GPU still launches it, and one block per 8 tasks (b = 128, h = 128: 8192
-// blocks where no sequence is split) cost ~4 us per call.
-// The output row and lse of row r of sequence b from its four quarters' sums (NaN where the row
-// faulted, zero and the empty lse where it saw nothing).
+// One quarter of row r of sequence b's output from its sum (NaN where the row faulted, zero where
+// it saw nothing), and with quarter 0 the row's lse (the empty lse where it saw nothing).
 __device__ __forceinline__ void store_row_quarter(const CombineParams& p, int b, int r, int d0, int quarter, int lane,
                                                   bool sums, float total, const float4& acc) {
   uint2* out = reinterpret_cast<uint2*>(p.out + (int64_t(b) * p.rows + r) * kLatentDim + d0);
@@ -138,12 +135,7 @@ __device__ __forceinline__ void combine_rows(const CombineParams& p, int b, int 
           v[q] = *reinterpret_cast<const float4*>(src + k * split_stride + q * (kLatentDim / kQuarters));
         if (w == 0.f) continue;  // an empty split (lse -inf) adds nothing
 #pragma unroll
-        for (int q = 0; q < kQuarters; ++q) {
-          s[q].x += w * v[q].x;
-          s[q].y += w * v[q].y;
-          s[q].z += w * v[q].z;
-          s[q].w += w * v[q].w;
-        }
+        for (int q = 0; q < kQuarters; ++q) add_weighted(s[q], w, v[q]);
       }
 #pragma unroll
       for (int q = 0; q < kQuarters; ++q) add(acc[q], s[q]);
@@ -154,6 +146,14 @@ __device__ __forceinline__ void combine_rows(const CombineParams& p, int b, int 
   }
 }
 
+// Block (b, y) merges sequence b's tasks y * T + t, + gridDim.y * T, ... (T = 8 / W tasks per block
+// pass, warp w on task w / W as its part w % W). Every thread of a block makes the same passes
+// and rounds (the block is one sequence's, so W and the split count are the block's), which the
+// block barriers between the W warps' group sums need. The grid is at most about one wave of
+// blocks (combine below; a wave that assumed 8 resident blocks where registers allow 5 ran two
+// waves at b = 8, h = 128, 8K: +3.4 us on a 47 us decode): a block of a sequence with one split
+// exits at once, but the GPU still launches it, and one block per 8 tasks (b = 128, h = 128: 8192
+// blocks where no sequence is split) cost ~4 us per call.
 template <bool kRowTasks>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_kernel(CombineParams p) {
   ptx::grid_dependency_wait();  // the decode's partials (launched as its programmatic dependent)

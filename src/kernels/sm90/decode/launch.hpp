@@ -87,12 +87,7 @@ void allow_dynamic_smem(int smem) {
 // SNAPMLA_COMBINE_PDL=1 in the environment (a lab option, read per call like SNAPMLA_FP8_TILE, so
 // a CUDA graph keeps what was set at its capture): the combine launched as a programmatic
 // dependent of the decode kernel. Unset or 0: the ordinary launch.
-inline bool programmatic_combine(const char* op) {
-  const char* v = std::getenv("SNAPMLA_COMBINE_PDL");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "0") == 0) return false;
-  if (std::strcmp(v, "1") == 0) return true;
-  detail::fail(op, "SNAPMLA_COMBINE_PDL", std::string("expected unset, '0' or '1' in the environment, got '") + v + "'");
-}
+inline bool programmatic_combine(const char* op) { return detail::env_flag(op, "SNAPMLA_COMBINE_PDL"); }
 
 // SNAPMLA_COMBINE_WAVE in the environment (a lab option, read per call like SNAPMLA_COMBINE_PDL):
 // unset or `workers` shares the combine's wave among the sequences the plan can split (combine.cu),
@@ -108,12 +103,8 @@ inline bool combine_wave_over_workers(const char* op) {
 
 // SNAPMLA_COMBINE_ROWS=1 in the environment (a lab option, read per call like the others): the
 // combine's row tasks (combine.cu). Unset or 0: quarter tasks.
-inline bool combine_row_tasks(const char* op) {
-  const char* v = std::getenv("SNAPMLA_COMBINE_ROWS");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "0") == 0) return false;
-  if (std::strcmp(v, "1") == 0) return true;
-  detail::fail(op, "SNAPMLA_COMBINE_ROWS", std::string("expected unset, '0' or '1' in the environment, got '") + v + "'");
-}
+inline bool combine_row_tasks(const char* op) { return detail::env_flag(op, "SNAPMLA_COMBINE_ROWS"); }
+
 // A decode kernel (Config::kThreads per CTA, `smem` bytes of dynamic shared memory, arguments p
 // and then `extra`) over the decode grid, then the combine of split sequences.
 template <typename Config, auto Kernel, typename... Extra>
