@@ -707,10 +707,11 @@ TEST(GpuDecode, LongSequenceAgainstFloat64Truth) {
 
 // The combine's lab options change only how it is launched: SNAPMLA_COMBINE_PDL=1 when its blocks
 // start (a programmatic dependent of the decode), SNAPMLA_COMBINE_WAVE=batch how many blocks a
-// sequence gets (and so its warps per task). Both decodes give the same bits under each as with
-// the ordinary launch, on sequences split over many workers (the combine's waits matter) and on a
-// batch larger than the plan's workers (b = 100 at h = 128 on 66 workers: 6 blocks per sequence
-// instead of the default's 8).
+// sequence gets (and so its warps per task), SNAPMLA_COMBINE_TASKS=rows / quarters the task shape
+// (by default b = 5 takes quarter tasks and b = 100 at h = 128 row tasks). Both decodes give the
+// same bits under each as with the ordinary launch, on sequences split over many workers (the
+// combine's waits matter) and on a batch larger than the plan's workers (b = 100 at h = 128 on 66
+// workers: 6 blocks per sequence instead of the default's 8).
 TEST(GpuDecode, CombineLabOptionsGiveTheSameBits) {
   REQUIRE_GPU();
   auto rng = make_rng();
@@ -738,7 +739,8 @@ TEST(GpuDecode, CombineLabOptionsGiveTheSameBits) {
       const auto ordinary = run(fp8, "SNAPMLA_COMBINE_PDL", "0");
       for (const bf16 v : ordinary.first) ASSERT_TRUE(std::isfinite(to_float(v))) << op;
       for (const auto& [name, value] : {std::pair{"SNAPMLA_COMBINE_PDL", "1"}, std::pair{"SNAPMLA_COMBINE_WAVE", "batch"},
-                                        std::pair{"SNAPMLA_COMBINE_ROWS", "1"}}) {
+                                        std::pair{"SNAPMLA_COMBINE_TASKS", "rows"},
+                                        std::pair{"SNAPMLA_COMBINE_TASKS", "quarters"}}) {
         const auto other = run(fp8, name, value);
         EXPECT_EQ(std::memcmp(ordinary.first.data(), other.first.data(), ordinary.first.size() * 2), 0)
             << op << " out under " << name << "=" << value;
@@ -943,7 +945,7 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
   }
   {
     // The combine's lab options, checked where they are read, before anything is launched.
-    for (const char* name : {"SNAPMLA_COMBINE_PDL", "SNAPMLA_COMBINE_WAVE", "SNAPMLA_COMBINE_ROWS"}) {
+    for (const char* name : {"SNAPMLA_COMBINE_PDL", "SNAPMLA_COMBINE_WAVE", "SNAPMLA_COMBINE_TASKS"}) {
       ScopedEnv env(name, "yes");
       EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), name);
       EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), name);

@@ -1,15 +1,22 @@
 // combine: merge the fp32 partial results of split sequences (docs/reference.md, "Splits and
-// combine"). A task is one query row and quarter of the 512 dims (a lane takes 4 dims, one 16-byte
-// load per split), done by W warps of one block (1, 2, 4 or 8). The splits are summed in groups
-// of kGroup, each group's partial rows loaded at once and summed in split order, and the groups'
-// sums are added in group order; the W warps of a task take the groups in turn, so W changes
-// which warp sums a group but not the order of the additions: a row's bits do not depend on W,
-// which each block picks from its own sequence's split count and the grid, nor so on the batch
-// (the batch-invariant plans). Why W > 1: a sequence split over the whole GPU (b = 1: up to one
-// split per worker) has few rows, and one warp per task walked its groups one load latency at a
-// time (H200, b = 1, h = 16, 8K: 128 one-block splits, 16 groups in a row; the decode took 31.3
-// us with W = 1 and 16.6 us with W = 8). Sequences with a single split were written directly by
-// the decode kernel and are skipped here.
+// combine"). Two task shapes, the same bits (each element takes the same additions in the same
+// order): the splits are summed in groups of kGroup, each group's partial rows loaded at once and
+// summed in split order, and the groups' sums are added in group order.
+// - Quarter tasks (combine_quarter_kernel): a task is one query row and quarter of the 512 dims (a
+//   lane takes 4 dims, one 16-byte load per split), done by W warps of one block (1, 2, 4 or 8);
+//   the W warps take the groups in turn, so W changes which warp sums a group but not the order
+//   of the additions: a row's bits do not depend on W, which each block picks from its own
+//   sequence's split count and the grid, nor so on the batch (the batch-invariant plans). Why
+//   W > 1: a sequence split over the whole GPU (b = 1: up to one split per worker) has few rows,
+//   and one warp per task walked its groups one load latency at a time (H200, b = 1, h = 16, 8K:
+//   128 one-block splits, 16 groups in a row; the decode took 31.3 us with W = 1 and 16.6 us with
+//   W = 8).
+// - Row tasks (combine_row_kernel): a warp merges a whole row, so the row's lse and each split's
+//   weight are formed once instead of once per quarter, and a split's four quarter loads are in
+//   flight at once. Where a sequence has many rows per block this halves the combine (H200,
+//   b = 46, h = 128, 8K: 21.1 -> 10.3 us; b = 82, h = 128, 32K: 31.6 -> 11.4 us); where it has
+//   few, the quarter tasks' four times as many warps win (b = 4, h = 64, 8K: 5.8 vs 6.4 us).
+// Sequences with a single split were written directly by the decode kernel and are skipped here.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -105,12 +112,14 @@ __device__ __forceinline__ void store_row_quarter(const CombineParams& p, int b,
   }
 }
 
-// Row tasks (a lab option, SNAPMLA_COMBINE_ROWS=1, for blocks whose sequence takes one warp per
-// task): a warp merges a whole row, its four quarters together, so the row's lse and each split's
-// weight are formed once instead of once per quarter, and a split's four quarter loads are in
-// flight at once. Each element takes the same additions in the same order as in its quarter task
-// (the group's weighted rows in split order, the groups' sums in group order), so the same bits.
-__device__ __forceinline__ void combine_rows(const CombineParams& p, int b, int lo, int hi, int warp, int lane) {
+// Row tasks: block (b, y) merges rows y * 8 + w, + gridDim.y * 8, ... of sequence b, warp w a
+// row, its four quarters together.
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_row_kernel(CombineParams p) {
+  ptx::grid_dependency_wait();  // the decode's partials (launched as its programmatic dependent)
+  const int b = blockIdx.x;
+  const int lo = p.split_offsets[b], hi = p.split_offsets[b + 1];
+  if (hi - lo <= 1) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t split_stride = int64_t(p.rows) * kLatentDim;
   for (int r = blockIdx.y * kWarpsPerBlock + warp; r < p.rows; r += gridDim.y * kWarpsPerBlock) {
     const float* lse_of = p.partial_lse + r;  // split k's at k * rows
@@ -146,16 +155,15 @@ __device__ __forceinline__ void combine_rows(const CombineParams& p, int b, int 
   }
 }
 
-// Block (b, y) merges sequence b's tasks y * T + t, + gridDim.y * T, ... (T = 8 / W tasks per block
-// pass, warp w on task w / W as its part w % W). Every thread of a block makes the same passes
+// Quarter tasks: block (b, y) merges sequence b's tasks y * T + t, + gridDim.y * T, ... (T = 8 / W
+// tasks per block pass, warp w on task w / W as its part w % W). Every thread of a block makes the same passes
 // and rounds (the block is one sequence's, so W and the split count are the block's), which the
 // block barriers between the W warps' group sums need. The grid is at most about one wave of
 // blocks (combine below; a wave that assumed 8 resident blocks where registers allow 5 ran two
 // waves at b = 8, h = 128, 8K: +3.4 us on a 47 us decode): a block of a sequence with one split
 // exits at once, but the GPU still launches it, and one block per 8 tasks (b = 128, h = 128: 8192
 // blocks where no sequence is split) cost ~4 us per call.
-template <bool kRowTasks>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_kernel(CombineParams p) {
+__global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_quarter_kernel(CombineParams p) {
   ptx::grid_dependency_wait();  // the decode's partials (launched as its programmatic dependent)
   const int b = blockIdx.x;
   const int lo = p.split_offsets[b], hi = p.split_offsets[b + 1];
@@ -163,10 +171,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_ker
   __shared__ float4 group_sums[kWarpsPerBlock][32];
   const int tasks = p.rows * kQuarters;
   const int W = warps_per_task(hi - lo, tasks, gridDim.y), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (kRowTasks && W == 1) {
-    combine_rows(p, b, lo, hi, warp, lane);
-    return;
-  }
   const int part = warp % W, per_pass = kWarpsPerBlock / W;
   const int64_t split_stride = int64_t(p.rows) * kLatentDim;
   for (int t0 = blockIdx.y * per_pass; t0 < tasks; t0 += gridDim.y * per_pass) {
@@ -200,7 +204,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_ker
 
 }  // namespace
 
-void combine(const CombineParams& p, cudaStream_t stream, bool programmatic, bool row_tasks) {
+void combine(const CombineParams& p, cudaStream_t stream, bool programmatic, CombineTasks tasks) {
   if (p.batch == 0) return;
   // The current device's SM count (the dispatch made the output's device current): a grid-size
   // heuristic only, so a failed query falls back to the H200's.
@@ -220,7 +224,14 @@ void combine(const CombineParams& p, cudaStream_t stream, bool programmatic, boo
   const int per_seq = p.rows * kQuarters * kMaxWarpsPerTask / kWarpsPerBlock;
   const int wave = p.num_workers > 0 ? sms * kBlocksPerSm / std::min(p.batch, p.num_workers)
                                      : (sms * kBlocksPerSm + p.batch - 1) / p.batch;
-  const dim3 grid(p.batch, std::min(per_seq, std::max(1, wave)));
+  const int blocks = std::min(per_seq, std::max(1, wave));
+  // Row tasks where a sequence has at least two rows per block, else quarter tasks. Measured on the
+  // H200 over the batch sweep, whole decode time with row tasks / with quarter tasks: 0.89-1.02x
+  // (median 0.978, 69 cases) at two or more rows per block, 0.97-1.12x (median 1.017, 56 cases)
+  // below, where the row tasks leave most of the quarter tasks' warps idle.
+  const bool rows = tasks == CombineTasks::kRows || (tasks == CombineTasks::kAuto && p.rows >= 2 * blocks);
+  const int row_blocks = (p.rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  const dim3 grid(p.batch, rows ? std::min(blocks, row_blocks) : blocks);
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
@@ -230,8 +241,8 @@ void combine(const CombineParams& p, cudaStream_t stream, bool programmatic, boo
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = programmatic ? 1 : 0;
-  if (row_tasks) check(cudaLaunchKernelEx(&config, combine_kernel<true>, p), "combine_kernel");
-  else check(cudaLaunchKernelEx(&config, combine_kernel<false>, p), "combine_kernel");
+  if (rows) check(cudaLaunchKernelEx(&config, combine_row_kernel, p), "combine_row_kernel");
+  else check(cudaLaunchKernelEx(&config, combine_quarter_kernel, p), "combine_quarter_kernel");
 }
 
 }  // namespace snapmla::cuda

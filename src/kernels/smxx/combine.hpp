@@ -23,7 +23,9 @@ struct CombineParams {
 
 // programmatic: launch as a programmatic dependent of the kernel before it on the stream (its
 // blocks wait for that kernel's results at their start), so the launch overlaps its tail.
-// row_tasks: a warp per row where a sequence takes one warp per task (a lab option; the same bits).
-void combine(const CombineParams& p, cudaStream_t stream, bool programmatic, bool row_tasks);
+// The combine's task shape (combine.cu; the same bits either way). kAuto: row tasks where a
+// sequence's rows are at least twice its blocks, else quarter tasks.
+enum class CombineTasks { kAuto, kRows, kQuarters };
+void combine(const CombineParams& p, cudaStream_t stream, bool programmatic, CombineTasks tasks);
 
 }  // namespace snapmla::cuda

@@ -101,9 +101,17 @@ inline bool combine_wave_over_workers(const char* op) {
                std::string("expected unset, 'workers' or 'batch' in the environment, got '") + v + "'");
 }
 
-// SNAPMLA_COMBINE_ROWS=1 in the environment (a lab option, read per call like the others): the
-// combine's row tasks (combine.cu). Unset or 0: quarter tasks.
-inline bool combine_row_tasks(const char* op) { return detail::env_flag(op, "SNAPMLA_COMBINE_ROWS"); }
+// SNAPMLA_COMBINE_TASKS in the environment (a lab option, read per call like the others): unset or
+// `auto` lets the combine pick its task shape (combine.cu), `rows` / `quarters` force one (the same
+// bits; for same-run A/B and the bits test).
+inline CombineTasks combine_tasks(const char* op) {
+  const char* v = std::getenv("SNAPMLA_COMBINE_TASKS");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return CombineTasks::kAuto;
+  if (std::strcmp(v, "rows") == 0) return CombineTasks::kRows;
+  if (std::strcmp(v, "quarters") == 0) return CombineTasks::kQuarters;
+  detail::fail(op, "SNAPMLA_COMBINE_TASKS",
+               std::string("expected unset, 'auto', 'rows' or 'quarters' in the environment, got '") + v + "'");
+}
 
 // A decode kernel (Config::kThreads per CTA, `smem` bytes of dynamic shared memory, arguments p
 // and then `extra`) over the decode grid, then the combine of split sequences.
@@ -113,12 +121,12 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
   const cudaStream_t stream = as_stream(options.stream);
   const dim3 grid = decode_grid(op, p, options);
   // The lab options are read (and checked) before anything runs.
-  const bool programmatic = programmatic_combine(op), wave_over_workers = combine_wave_over_workers(op),
-             row_tasks = combine_row_tasks(op);
+  const bool programmatic = programmatic_combine(op), wave_over_workers = combine_wave_over_workers(op);
+  const CombineTasks tasks = combine_tasks(op);
   allow_dynamic_smem<Kernel>(smem);
   Kernel<<<grid, Config::kThreads, smem, stream>>>(p, extra...);
   check_launch(op);
-  if (options.plan) combine(combine_params(p, wave_over_workers), stream, programmatic, row_tasks);
+  if (options.plan) combine(combine_params(p, wave_over_workers), stream, programmatic, tasks);
 }
 
 }  // namespace snapmla::cuda
