@@ -10,6 +10,12 @@ cost (its fp32 partials written and read back by the combine: rows x 4 KB) makes
 two pages cost more than they save. These numbers are what a cost model for the planner needs
 (and the one probe so far: b = 1, h = 128, 8K, 24.1 us at 66 workers against 20.6 us at 33).
 Needs PyTorch, an sm_90 GPU and the package installed.
+
+    python lab/split_sweep.py --peers .peers --lengths [--out DIR]
+
+instead times the split length at the recommended worker count: the planner's rule with its
+query_rows scaled by each of ROW_SCALES (0: equal shares; the rule's split length grows with the
+square root of query_rows), on the small-batch cases of the bench's sweep (SMALL_CASES).
 """
 
 import argparse
@@ -26,9 +32,11 @@ from snapmla.bench import capture_graphs, load_peers, time_interleaved
 CASES = [(1, 128, 1, 1024), (1, 128, 1, 4096), (1, 128, 1, 8192), (1, 128, 1, 16384), (2, 128, 1, 8192),
          (4, 128, 1, 4096), (8, 128, 1, 16384), (1, 128, 2, 8192), (1, 64, 1, 8192), (1, 16, 1, 8192)]
 FRACTIONS = [1.0, 0.75, 0.5, 1 / 3, 0.25, 1 / 6]
+SMALL_CASES = [(b, h, 1, s_k) for s_k in (8192, 32768) for h in (128, 64, 16, 8) for b in (1, 2, 4, 8)]
+ROW_SCALES = [0, 0.25, 0.5, 1, 2, 4]
 
 
-def run_case(case, peers, calls, rounds):
+def run_case(case, peers, calls, rounds, lengths=False):
     b, h, s_q, s_k = case
     dev = "cuda"
     pages_per_seq = (s_k + 63) // 64
@@ -44,13 +52,16 @@ def run_case(case, peers, calls, rounds):
     qq = snapmla.quantize_query(q)
     scale = 192 ** -0.5
     full = snapmla.recommended_num_workers(q, s_q, h)
-    workers = sorted({max(1, round(full * f)) for f in FRACTIONS}, reverse=True)
     calls_by = {}
     plans = {}
-    for w in workers:
-        plans[f"fp8 w={w}"] = snapmla.plan_splits(seqlens, w)
-    # The planner's own rule for the split length (query_rows), at the recommended worker count.
-    plans[f"fp8 rows={h * s_q}"] = snapmla.plan_splits(seqlens, full, query_rows=h * s_q)
+    if lengths:  # the rule's split length, its query_rows scaled
+        for k in ROW_SCALES:
+            plans[f"fp8 x{k}"] = snapmla.plan_splits(seqlens, full, query_rows=round(k * h * s_q))
+    else:
+        for w in sorted({max(1, round(full * f)) for f in FRACTIONS}, reverse=True):
+            plans[f"fp8 w={w}"] = snapmla.plan_splits(seqlens, w)
+        # The planner's own rule for the split length (query_rows), at the recommended worker count.
+        plans[f"fp8 rows={h * s_q}"] = snapmla.plan_splits(seqlens, full, query_rows=h * s_q)
     for name, plan in plans.items():
         calls_by[name] = (lambda pl: lambda t: snapmla.decode_fp8(
             qq, fp8, t, seqlens, softmax_scale=scale, plan=pl))(plan)
@@ -74,11 +85,12 @@ def main():
     ap.add_argument("--calls", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--out", metavar="DIR")
+    ap.add_argument("--lengths", action="store_true", help="the split length's scan on SMALL_CASES instead")
     a = ap.parse_args()
     peers = load_peers(a.peers) if a.peers else None
     rows = []
-    for case in CASES:
-        r = run_case(case, peers, a.calls, a.rounds)
+    for case in SMALL_CASES if a.lengths else CASES:
+        r = run_case(case, peers, a.calls, a.rounds, a.lengths)
         rows.append(r)
         fp8 = "  ".join(f"{k[4:]}[{r['pages_per_split'][k]}]: {v}" for k, v in r["us"].items() if k.startswith("fp8"))
         peer = "  ".join(f"{k} {v}" for k, v in r["us"].items() if not k.startswith("fp8"))
