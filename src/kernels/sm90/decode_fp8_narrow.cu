@@ -385,10 +385,12 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
         for (int n = 0; n < 2; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) sm.xfer[((mt * 2 + n) * 4 + e) * 128 + t] = o[mt][n][e];
-      ptx::named_barrier(int(NarrowBarrier::kMerge), 256);
-      continue;  // consumer 0 writes the result
     }
+    // One barrier instruction for both consumers: bar.sync is the .aligned form, which wants
+    // every thread that reaches the barrier at the same instruction (compute-sanitizer's synccheck
+    // flagged the two call sites this had, one per branch, as divergent).
     ptx::named_barrier(int(NarrowBarrier::kMerge), 256);
+    if (c == 1) continue;  // consumer 0 writes the result
     // Every page was acquired before the merge barrier; a bad length faults the whole sequence.
     const bool fault = sm.ring.faulted() || w.bad_len;
     // Both parts in the domain of the larger max: weight_c = sigma_c exp(m_c - M) (l_c and O^T_c
