@@ -42,6 +42,7 @@
 #include "decode/scheduler.cuh"
 #include "decode/softmax.cuh"
 #include "decode/tensor_map.hpp"
+#include "decode/profile_stamps.cuh"
 #include "decode/transposer.cuh"
 
 namespace snapmla::cuda {
@@ -458,6 +459,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                       const __grid_constant__ CUtensorMap tm_rope, const __grid_constant__ CUtensorMap tm_q) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   ptx::launch_dependents();  // a programmatic combine's blocks may start (they wait for this grid)
+  if (threadIdx.x == 0) SNAPMLA_MARK(kStart);  // profiling builds only (decode/profile_stamps.cuh)
   const SplitRange range = splits_of_worker(p, grid_worker(p));
   if (range.first >= range.last) return;
   const Smem sm(smem_raw);
@@ -500,9 +502,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (item > range.first) split_boundary<Cfg::kThreads>(init_barriers);
       const Work w = work_of(p, item);
       if (t == 0) {
+        if (item == range.first) {
+          SNAPMLA_MARK(kWorkKnown);
+          SNAPMLA_NOTE_WORK(range.last - range.first, w.pages());
+        }
         // The Q latent tile first (one TMA request; it needs no page index), then the pages:
         // both stand between the split's start and its first QK.
         load_q_tile<kLatentDim, 1>(&tm_q, sm.q_latent, int(int64_t(w.seq) * p.rows + row0), sm.ring.qbar);
+        if (item == range.first) SNAPMLA_MARK(kQIssued);
         sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, 0, w.pages());
       }
     }
@@ -529,6 +536,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     mbar::wait(sm.ring.qbar, 0);
+    const bool stamps = threadIdx.x == 128 && item == range.first;  // consumer 0's thread 0, first split
+    if (stamps) SNAPMLA_MARK(kQLanded);
 
     float acc[8][4];  // S of this consumer's page, issued behind the previous iteration's PVs
     const uint64_t qn = wg::desc_sw128(sm.q_latent);
@@ -544,12 +553,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int j = c; j <= jlast; j += 2) {
       wg::wait<0>();
       wg::fence_operands(acc);
+      if (stamps && j == 0) SNAPMLA_MARK(kFirstScore);
       if constexpr (kCarried) carried_iteration(o, acc, st, sm, rv, w, qa, qn, j, c, nblk);
       else per_page_iteration(o, acc, st, sm, rv, w, qa, qn, j, c, nblk);
     }
     wg::wait<0>();
     wg::fence_operands(acc);
     add_other_sums(st, sm.xl, c, rv.r0, rv.q, int(Fp8Barrier::kAddSums));
+    if (threadIdx.x == 128) SNAPMLA_MARK(kLoopDone);  // the CTA's last split's, in the end
     // Every page was acquired before add_other_sums' barrier; a bad length faults the whole sequence.
     const bool fault = sm.ring.faulted() || w.bad_len;
     // l was kept over sigma; the running max after the last page (lse) is in its xmax slot (the
@@ -566,6 +577,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                         lane, c == 0, fault);
     else
       write_partials(p, w, st, o, row0 + 16 * warp, Cfg::kOutHalf * c, lane, c == 0, fault);
+    if (threadIdx.x == 128) SNAPMLA_MARK(kStored);
   }
 }
 static_assert(8 * 8192 <= Cfg::kStages * int(sizeof(Fp8TileSmem::Stage)), "the staged output fits the page stages");
@@ -805,12 +817,15 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
         plane_map(q.rope, int64_t(q.batch) * p.rows, kRopeDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
     launch_decode<Fp8VRegsConfig, decode_fp8_vregs_kernel>("decode_fp8", int(sizeof(Fp8VRegsSmem)), p, options, tm_latent, tm_rope,
                                            tm_q, tm_q_rope);
-  } else if (p_scale == Fp8PScale::kCarried) {
-    launch_decode<Fp8TileConfig, decode_fp8_kernel<true>>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent,
-                                                          tm_rope, tm_q);
   } else {
-    launch_decode<Fp8TileConfig, decode_fp8_kernel<false>>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent,
-                                                           tm_rope, tm_q);
+    profile::before_launch();  // profiling builds only: the stamps' table and report
+    if (p_scale == Fp8PScale::kCarried)
+      launch_decode<Fp8TileConfig, decode_fp8_kernel<true>>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options,
+                                                            tm_latent, tm_rope, tm_q);
+    else
+      launch_decode<Fp8TileConfig, decode_fp8_kernel<false>>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options,
+                                                             tm_latent, tm_rope, tm_q);
+    profile::after_launch("decode_fp8");
   }
 }
 

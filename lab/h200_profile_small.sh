@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# One H200 call (device tool): where a decode_fp8 CTA's time goes at small batches, the gap to
+# the FP8 fork there being in the decode kernel itself. Installs the package as the profiling
+# build (SNAPMLA_PROFILE_STAMPS=ON: decode_fp8's 64-row tile stamps its CTAs' milestones and
+# prints a report for one call, src/kernels/sm90/decode/profile_stamps.cuh), then for each case
+# and split length (lab/launch_profile.py --rows-scale: 0.5 gives b = 1, h = 128, 8K two-page
+# splits on all 132 CTAs, 1 the planner's four-page splits on 64) prints the report of the 4th
+# call; then Nsight Compute's full set with source-level samples on one launch of the product
+# CLI at b = 1, h = 128, 8K (lab/h200_round.sh ncu). The profiling package stays installed: a
+# later call that needs the product package reinstalls it.
+#   lab/h200_profile_small.sh [OUT_DIR]   (carry .devbin, .whl, .peers; about two minutes)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+dest=${1:-${OUT:-/tmp/h200}}
+mkdir -p "$dest"
+dest=$(cd "$dest" && pwd)
+repo=$PWD
+export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+stamp "pip install . (profiling build)"
+ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps .whl/*.whl
+python3 -m pip install --no-build-isolation --no-index --no-deps -C cmake.define.SNAPMLA_PROFILE_STAMPS=ON . \
+  > "$dest/pip_install_profile.log" 2>&1 || { tail -30 "$dest/pip_install_profile.log"; exit 1; }
+grep -q "profiling build" "$dest/pip_install_profile.log" || echo "(the build log does not name the profiling build: -v may be needed to see it)"
+cd /tmp  # the installed package
+stamp "stamps per case"
+for c in ${CASES:-1,128,1,8192 2,128,1,8192 4,128,1,8192 8,128,1,8192 1,64,1,8192 4,64,1,8192 128,128,1,8192}; do
+  for k in ${SCALES:-1 0.5}; do
+    SNAPMLA_PROFILE_CALL=4 timeout 60 python3 "$repo/lab/launch_profile.py" --peers "$repo/.peers" --case "$c" \
+      --calls 5 --rows-scale "$k" 2>&1 | grep -v -i warn
+  done
+done | tee "$dest/stamps_small.log"
+cd "$repo"
+stamp "ncu, b = 1, h = 128, 8K"
+OUT="$dest" NCU_CASE=1,128,1,8192 timeout 120 lab/h200_round.sh ncu "${SNAPMLA_COMMIT:-unknown}" 2>&1 | tail -4
+stamp "done"

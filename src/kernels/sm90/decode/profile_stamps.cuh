@@ -1,0 +1,174 @@
+// Profiling build only (CMake -DSNAPMLA_PROFILE_STAMPS=ON; the product never defines it): the
+// global timer at a few milestones of each CTA of decode_fp8's 64-row tile, and a report on
+// stderr for one call: where a CTA's time goes before its first score and after its last page,
+// which the tensor-pipe counters of Nsight Compute do not show. The question it answers: what a
+// split's fixed cost is made of (the plan and work lookups, the Q tile and first page loads, the
+// epilogue's stores) at small batches, where a CTA has only a few pages.
+//
+// Milestones of the CTA's first split (the ones after it are overwritten by later splits, so
+// kLoopDone and kStored are the CTA's last split's): see Mark. The call reported is the
+// SNAPMLA_PROFILE_CALL-th launch of the 64-row tile in the process (default 8: after a warm-up);
+// the table is cleared just before it, and read after it with a device synchronization.
+#pragma once
+
+#ifdef SNAPMLA_PROFILE_STAMPS
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+namespace snapmla::cuda::profile {
+
+enum class Mark : int {
+  kStart,        // thread 0 enters the kernel
+  kWorkKnown,    // the loader has its first split (plan and work lookups done)
+  kQIssued,      // the loader has issued the Q tile's load (its page loads follow)
+  kQLanded,      // consumer 0 saw the Q tile arrive
+  kFirstScore,   // consumer 0's first QK retired (its first page had landed)
+  kLoopDone,     // consumer 0 past its last page and the l exchange
+  kStored,       // consumer 0 issued its output or partial stores
+  kCount
+};
+inline constexpr int kMarks = int(Mark::kCount);
+inline constexpr int kMaxCtas = 4096;
+
+struct CtaRecord {
+  unsigned long long ns[kMarks];                 // %globaltimer
+  unsigned long long clock_start, clock_stored;  // clock64 at kStart and kStored (the SM clock)
+  unsigned sm, splits, first_pages;
+};
+
+__device__ CtaRecord g_records[kMaxCtas];
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// One thread of the CTA records milestone m.
+__device__ __forceinline__ void mark(Mark m) {
+  if (blockIdx.x >= kMaxCtas) return;
+  CtaRecord& r = g_records[blockIdx.x];
+  r.ns[int(m)] = global_ns();
+  if (m == Mark::kStart) {
+    r.clock_start = clock64();
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    r.sm = sm;
+  } else if (m == Mark::kStored) {
+    r.clock_stored = clock64();
+  }
+}
+
+__device__ __forceinline__ void note_work(int splits, int first_pages) {
+  if (blockIdx.x >= kMaxCtas) return;
+  g_records[blockIdx.x].splits = unsigned(splits);
+  g_records[blockIdx.x].first_pages = unsigned(first_pages);
+}
+
+inline const char* mark_name(int m) {
+  static const char* const names[kMarks] = {"start", "work known", "Q issued", "Q landed",
+                                            "first score", "loop done", "stored"};
+  return names[m];
+}
+
+// Host side, around each launch of the 64-row tile: before_launch clears the table ahead of the
+// reported launch, after_launch prints the report after it.
+inline int& launches() {
+  static int n = 0;
+  return n;
+}
+
+inline int reported_launch() {
+  static const int at = [] {
+    const char* v = std::getenv("SNAPMLA_PROFILE_CALL");
+    return v != nullptr && std::atoi(v) > 0 ? std::atoi(v) : 8;
+  }();
+  return at;
+}
+
+inline void before_launch() {
+  if (launches() + 1 != reported_launch()) return;
+  static const std::vector<CtaRecord> zero(kMaxCtas, CtaRecord{});
+  cudaDeviceSynchronize();
+  cudaMemcpyToSymbol(g_records, zero.data(), sizeof(CtaRecord) * kMaxCtas);
+}
+
+inline double percentile(std::vector<double> v, double f) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[size_t(f * double(v.size() - 1))];
+}
+
+inline void after_launch(const char* op) {
+  const int at = reported_launch();
+  if (++launches() != at) return;
+  std::vector<CtaRecord> h(kMaxCtas);
+  cudaDeviceSynchronize();
+  if (cudaMemcpyFromSymbol(h.data(), g_records, sizeof(CtaRecord) * kMaxCtas) != cudaSuccess) {
+    std::fprintf(stderr, "%s profile: could not read the stamps\n", op);
+    return;
+  }
+  // Per CTA with work, each milestone's time after the CTA's start (us); CTAs without work are
+  // only counted.
+  std::vector<std::vector<double>> after(kMarks);
+  std::vector<double> mhz;
+  unsigned long long t0 = ~0ull, t1 = 0;
+  int idle = 0, longest = -1;
+  double longest_us = -1;
+  for (int i = 0; i < kMaxCtas; ++i) {
+    const CtaRecord& r = h[size_t(i)];
+    if (r.ns[0] == 0) continue;
+    const unsigned long long end = r.ns[int(Mark::kStored)];
+    if (end == 0) {
+      ++idle;
+      continue;
+    }
+    t0 = std::min(t0, r.ns[0]);
+    t1 = std::max(t1, end);
+    for (int m = 1; m < kMarks; ++m)
+      if (r.ns[m] != 0) after[size_t(m)].push_back(double(r.ns[m] - r.ns[0]) / 1e3);
+    if (end > r.ns[0]) mhz.push_back(double(r.clock_stored - r.clock_start) / double(end - r.ns[0]) * 1e3);
+    const double us = double(end - r.ns[0]) / 1e3;
+    if (us > longest_us) {
+      longest_us = us;
+      longest = i;
+    }
+  }
+  if (longest < 0) {
+    std::fprintf(stderr, "%s profile (launch %d): no CTA recorded its work\n", op, at);
+    return;
+  }
+  std::fprintf(stderr, "%s profile (launch %d): %zu CTAs with work, %d without; span %.2f us; SM MHz p50 %.0f\n", op,
+               at, after[size_t(kMarks) - 1].size(), idle, double(t1 - t0) / 1e3, percentile(mhz, 0.5));
+  std::fprintf(stderr, "%s profile: us after the CTA's start, p10 / p50 / p90 / max over CTAs\n", op);
+  for (int m = 1; m < kMarks; ++m)
+    std::fprintf(stderr, "  %-13s %8.2f %8.2f %8.2f %8.2f\n", mark_name(m), percentile(after[size_t(m)], 0.1),
+                 percentile(after[size_t(m)], 0.5), percentile(after[size_t(m)], 0.9), percentile(after[size_t(m)], 1.0));
+  const CtaRecord& b = h[size_t(longest)];
+  std::fprintf(stderr, "%s profile: the longest CTA (%d, SM %u, %u splits, %u pages in its first):", op, longest, b.sm,
+               b.splits, b.first_pages);
+  for (int m = 1; m < kMarks; ++m)
+    std::fprintf(stderr, " %s %.2f", mark_name(m), b.ns[m] ? double(b.ns[m] - b.ns[0]) / 1e3 : -1.0);
+  std::fprintf(stderr, " us\n");
+}
+
+}  // namespace snapmla::cuda::profile
+
+#define SNAPMLA_MARK(m) ::snapmla::cuda::profile::mark(::snapmla::cuda::profile::Mark::m)
+#define SNAPMLA_NOTE_WORK(splits, pages) ::snapmla::cuda::profile::note_work(splits, pages)
+#else
+namespace snapmla::cuda::profile {
+inline void before_launch() {}
+inline void after_launch(const char*) {}
+}  // namespace snapmla::cuda::profile
+
+#define SNAPMLA_MARK(m) \
+  do {                  \
+  } while (0)
+#define SNAPMLA_NOTE_WORK(splits, pages) \
+  do {                                   \
+  } while (0)
+#endif
