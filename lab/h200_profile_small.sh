@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One H200 call (device tool): where a decode_fp8 CTA's time goes at small batches, the gap to
 # the FP8 fork there being in the decode kernel itself. Installs the package as the profiling
-# build (SNAPMLA_PROFILE_STAMPS=ON: decode_fp8's 64-row tile stamps its CTAs' milestones and
+# build (SNAPMLA_PROFILE_STAMPS=ON: decode_fp8's tiles stamp their CTAs' milestones and
 # prints a report for one call, src/kernels/sm90/decode/profile_stamps.cuh), then for each case
 # and split length (lab/launch_profile.py --rows-scale: 0.5 gives b = 1, h = 128, 8K two-page
 # splits on all 132 CTAs, 1 the planner's four-page splits on 64) prints the report of the 4th
@@ -25,7 +25,7 @@ python3 -m pip install --no-build-isolation --no-index --no-deps -C cmake.define
 grep -q "profiling build" "$dest/pip_install_profile.log" || echo "(the build log does not name the profiling build: -v may be needed to see it)"
 cd /tmp  # the installed package
 stamp "stamps per case"
-for c in ${CASES:-1,128,1,8192 2,128,1,8192 4,128,1,8192 8,128,1,8192 1,64,1,8192 4,64,1,8192 128,128,1,8192}; do
+for c in ${CASES:-1,128,1,8192 2,128,1,8192 4,128,1,8192 8,128,1,8192 1,64,1,8192 4,64,1,8192 128,128,1,8192 4,16,1,8192 16,16,1,8192}; do
   for k in ${SCALES:-1 0.5}; do
     SNAPMLA_PROFILE_CALL=4 timeout 60 python3 "$repo/lab/launch_profile.py" --peers "$repo/.peers" --case "$c" \
       --calls 5 --rows-scale "$k" 2>&1 | grep -v -i warn

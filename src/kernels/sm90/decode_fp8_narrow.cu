@@ -32,6 +32,7 @@
 #include "decode/launch.hpp"
 #include "decode/narrow.hpp"
 #include "decode/pipeline.cuh"
+#include "decode/profile_stamps.cuh"
 #include "decode/scheduler.cuh"
 #include "decode/softmax.cuh"
 #include "decode/tensor_map.hpp"
@@ -180,6 +181,7 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
                              const __grid_constant__ CUtensorMap tm_rope) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   ptx::launch_dependents();  // a programmatic combine's blocks may start (they wait for this grid)
+  if (threadIdx.x == 0) SNAPMLA_MARK(kStart);  // profiling builds only (decode/profile_stamps.cuh)
   const SplitRange range = splits_of_worker(p, grid_worker(p));
   if (range.first >= range.last) return;
   const Smem sm(smem_raw);
@@ -207,11 +209,16 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
       // The first pages are requested before anything else, then the whole warpgroup loads the Q
       // tiles: both stand between the CTA's start and its first QK.
       const int first = min(kStages, nblk);
+      if (t == 0 && item == range.first) {
+        SNAPMLA_MARK(kWorkKnown);
+        SNAPMLA_NOTE_WORK(range.last - range.first, nblk);
+      }
       if (t == 0) sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, 0, first);
       load_q_latent<kLatentDim, kN>(sm.qn, p.q_nope, kLatentDim, p, w, 0, t, 128);
       load_q_latent<kRopeDim * 2, kN>(sm.qr, reinterpret_cast<const uint8_t*>(p.q_rope), kRopeDim * 2, p, w, 0, t,
                                       128);
       mbar::arrive_on_cp_async(sm.ring.qbar);
+      if (t == 0 && item == range.first) SNAPMLA_MARK(kQIssued);
       if (t == 0) sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, first, nblk);
     }
     return;
@@ -243,6 +250,8 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
 #pragma unroll
       for (int n = 0; n < 2; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
     mbar::wait(sm.ring.qbar, 0);
+    const bool stamps = threadIdx.x == 128 && item == range.first;  // consumer 0's thread 0, first split
+    if (stamps) SNAPMLA_MARK(kQLanded);
     const uint64_t qn = wg::desc(sm.qn, 128, 8 * kLatentDim), qr = wg::desc(sm.qr, 128, 8 * kRopeDim * 2);
 
     const int band = band_start(p, w);  // tokens from here on are not seen by every query row
@@ -270,6 +279,7 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
       wg::fence_operands(acc);
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt) wg::fence_operands(o[mt]);
+      if (stamps && j == 0) SNAPMLA_MARK(kFirstScore);
 
       // Scores (the reference's rounding: (raw * (softmax_scale * s_q)) * s_t), masked to -inf past
       // each row's visible end; the per-row max over the page.
@@ -391,6 +401,7 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
     // flagged the two call sites this had, one per branch, as divergent).
     ptx::named_barrier(int(NarrowBarrier::kMerge), 256);
     if (c == 1) continue;  // consumer 0 writes the result
+    if (t == 0) SNAPMLA_MARK(kLoopDone);  // the CTA's last split's, in the end
     // Every page was acquired before the merge barrier; a bad length faults the whole sequence.
     const bool fault = sm.ring.faulted() || w.bad_len;
     // Both parts in the domain of the larger max: weight_c = sigma_c exp(m_c - M) (l_c and O^T_c
@@ -430,6 +441,7 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
             *reinterpret_cast<float2*>(part + 64 * mt) = make_float2(v0, v1);
         }
       }
+    if (t == 0) SNAPMLA_MARK(kStored);
   }
 }
 
@@ -437,7 +449,9 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
 
 void launch_decode_fp8_narrow(const DecodeParams& p, const CUtensorMap& tm_latent, const CUtensorMap& tm_rope,
                               const DecodeOptions& options) {
+  profile::before_launch();  // profiling builds only: the stamps' table and report
   launch_decode<NarrowConfig, decode_fp8_narrow_kernel>("decode_fp8", kSmemBytes, p, options, tm_latent, tm_rope);
+  profile::after_launch("decode_fp8 (narrow tile)");
 }
 
 }  // namespace snapmla::cuda

@@ -1,14 +1,15 @@
 // Profiling build only (CMake -DSNAPMLA_PROFILE_STAMPS=ON; the product never defines it): the
-// global timer at a few milestones of each CTA of decode_fp8's 64-row tile, and a report on
-// stderr for one call: where a CTA's time goes before its first score and after its last page,
+// global timer at a few milestones of each CTA of decode_fp8's tiles (the 64-row tile and the
+// narrow one), and a report on stderr for one call: where a CTA's time goes before its first score and after its last page,
 // which the tensor-pipe counters of Nsight Compute do not show. The question it answers: what a
 // split's fixed cost is made of (the plan and work lookups, the Q tile and first page loads, the
 // epilogue's stores) at small batches, where a CTA has only a few pages.
 //
 // Milestones of the CTA's first split (the ones after it are overwritten by later splits, so
 // kLoopDone and kStored are the CTA's last split's): see Mark. The call reported is the
-// SNAPMLA_PROFILE_CALL-th launch of the 64-row tile in the process (default 8: after a warm-up);
-// the table is cleared just before it, and read after it with a device synchronization.
+// SNAPMLA_PROFILE_CALL-th launch of the tile in the process (default 8: after a warm-up); the
+// table is cleared just before it, and read after it with a device synchronization. Everything
+// here has internal linkage: each kernel's file (translation unit) has its own table and count.
 #pragma once
 
 #ifdef SNAPMLA_PROFILE_STAMPS
@@ -20,19 +21,21 @@
 #include <vector>
 
 namespace snapmla::cuda::profile {
+namespace {
 
 enum class Mark : int {
   kStart,        // thread 0 enters the kernel
   kWorkKnown,    // the loader has its first split (plan and work lookups done)
-  kQIssued,      // the loader has issued the Q tile's load (its page loads follow)
+  kQIssued,      // the loader has issued the Q tile's load (64-row tile: its page loads follow;
+                 // narrow tile: the first pages' loads came first)
   kQLanded,      // consumer 0 saw the Q tile arrive
   kFirstScore,   // consumer 0's first QK retired (its first page had landed)
-  kLoopDone,     // consumer 0 past its last page and the l exchange
+  kLoopDone,     // consumer 0 past its last page and the l exchange (narrow: the merge barrier)
   kStored,       // consumer 0 issued its output or partial stores
   kCount
 };
-inline constexpr int kMarks = int(Mark::kCount);
-inline constexpr int kMaxCtas = 4096;
+constexpr int kMarks = int(Mark::kCount);
+constexpr int kMaxCtas = 4096;
 
 struct CtaRecord {
   unsigned long long ns[kMarks];                 // %globaltimer
@@ -75,7 +78,7 @@ inline const char* mark_name(int m) {
   return names[m];
 }
 
-// Host side, around each launch of the 64-row tile: before_launch clears the table ahead of the
+// Host side, around each launch of the tile: before_launch clears the table ahead of the
 // reported launch, after_launch prints the report after it.
 inline int& launches() {
   static int n = 0;
@@ -155,14 +158,17 @@ inline void after_launch(const char* op) {
   std::fprintf(stderr, " us\n");
 }
 
+}  // namespace
 }  // namespace snapmla::cuda::profile
 
 #define SNAPMLA_MARK(m) ::snapmla::cuda::profile::mark(::snapmla::cuda::profile::Mark::m)
 #define SNAPMLA_NOTE_WORK(splits, pages) ::snapmla::cuda::profile::note_work(splits, pages)
 #else
 namespace snapmla::cuda::profile {
+namespace {
 inline void before_launch() {}
 inline void after_launch(const char*) {}
+}  // namespace
 }  // namespace snapmla::cuda::profile
 
 #define SNAPMLA_MARK(m) \
