@@ -156,9 +156,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_row
 }
 
 // Quarter tasks: block (b, y) merges sequence b's tasks y * T + t, + gridDim.y * T, ... (T = 8 / W
-// tasks per block pass, warp w on task w / W as its part w % W). Every thread of a block makes the same passes
-// and rounds (the block is one sequence's, so W and the split count are the block's), which the
-// block barriers between the W warps' group sums need. The grid is at most about one wave of
+// tasks per block pass, warp w on task w / W as its part w % W). Every thread of a block makes
+// the same passes and rounds (the block is one sequence's, so W and the split count are the
+// block's), which the block barriers between the W warps' group sums need. The grid is at most about one wave of
 // blocks (combine below; a wave that assumed 8 resident blocks where registers allow 5 ran two
 // waves at b = 8, h = 128, 8K: +3.4 us on a 47 us decode): a block of a sequence with one split
 // exits at once, but the GPU still launches it, and one block per 8 tasks (b = 128, h = 128: 8192

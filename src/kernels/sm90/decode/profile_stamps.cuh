@@ -1,9 +1,10 @@
 // Profiling build only (CMake -DSNAPMLA_PROFILE_STAMPS=ON; the product never defines it): the
 // global timer at a few milestones of each CTA of decode_fp8's tiles (the 64-row tile and the
-// narrow one), and a report on stderr for one call: where a CTA's time goes before its first score and after its last page,
-// which the tensor-pipe counters of Nsight Compute do not show. The question it answers: what a
-// split's fixed cost is made of (the plan and work lookups, the Q tile and first page loads, the
-// epilogue's stores) at small batches, where a CTA has only a few pages.
+// narrow one), and a report on stderr for one call: where a CTA's time goes before its first
+// score and after its last page, which the tensor-pipe counters of Nsight Compute do not show.
+// The question it answers: what a split's fixed cost is made of (the plan and work lookups, the
+// Q tile and first page loads, the epilogue's stores) at small batches, where a CTA has only a
+// few pages.
 //
 // Milestones of the CTA's first split (the ones after it are overwritten by later splits, so
 // kLoopDone and kStored are the CTA's last split's): see Mark. The call reported is the
@@ -147,9 +148,11 @@ inline void after_launch(const char* op) {
   std::fprintf(stderr, "%s profile (launch %d): %zu CTAs with work, %d without; span %.2f us; SM MHz p50 %.0f\n", op,
                at, after[size_t(kMarks) - 1].size(), idle, double(t1 - t0) / 1e3, percentile(mhz, 0.5));
   std::fprintf(stderr, "%s profile: us after the CTA's start, p10 / p50 / p90 / max over CTAs\n", op);
-  for (int m = 1; m < kMarks; ++m)
-    std::fprintf(stderr, "  %-13s %8.2f %8.2f %8.2f %8.2f\n", mark_name(m), percentile(after[size_t(m)], 0.1),
-                 percentile(after[size_t(m)], 0.5), percentile(after[size_t(m)], 0.9), percentile(after[size_t(m)], 1.0));
+  for (int m = 1; m < kMarks; ++m) {
+    const std::vector<double>& v = after[size_t(m)];
+    std::fprintf(stderr, "  %-13s %8.2f %8.2f %8.2f %8.2f\n", mark_name(m), percentile(v, 0.1), percentile(v, 0.5),
+                 percentile(v, 0.9), percentile(v, 1.0));
+  }
   const CtaRecord& b = h[size_t(longest)];
   std::fprintf(stderr, "%s profile: the longest CTA (%d, SM %u, %u splits, %u pages in its first):", op, longest, b.sm,
                b.splits, b.first_pages);
