@@ -9,8 +9,10 @@
 // Milestones of the CTA's first split (the ones after it are overwritten by later splits, so
 // kLoopDone and kStored are the CTA's last split's): see Mark. The call reported is the
 // SNAPMLA_PROFILE_CALL-th launch of the tile in the process (default 8: after a warm-up); the
-// table is cleared just before it, and read after it with a device synchronization. Everything
-// here has internal linkage: each kernel's file (translation unit) has its own table and count.
+// table is cleared just before it, and read after it with a device synchronization (so the
+// reported call must be an eager one: a synchronization inside a CUDA graph's capture fails it).
+// Everything here has internal linkage: each kernel's file (translation unit) has its own table
+// and count.
 #pragma once
 
 #ifdef SNAPMLA_PROFILE_STAMPS
