@@ -12,6 +12,7 @@
 #include <random>
 
 #include "core/split_rule.hpp"
+#include "core/validate.hpp"
 #include "test_util.hpp"
 
 namespace snapmla {
@@ -664,6 +665,36 @@ TEST(SplitKv, FillWorkersOptionGivesEveryWorkerAShare) {
   }
   ScopedEnv bad("SNAPMLA_PLAN_FILL", "yes");
   EXPECT_ARG_ERROR(OwnedPlan(pages, 132, 64), "SNAPMLA_PLAN_FILL");
+}
+
+// The lab options' parser (every SNAPMLA_* switch read per call goes through it): unset or empty
+// picks the first value, a listed value its index, and anything else is an error naming the
+// variable and listing what it takes; env_flag is the choice between 0 and 1.
+TEST(LabOptions, EnvChoiceTakesTheListedValuesOnly) {
+  constexpr const char* kName = "SNAPMLA_TEST_LAB_CHOICE";
+  ScopedEnv v(kName, "");
+  const auto choice = [&] { return detail::env_choice("op", kName, {"auto", "rows", "quarters"}); };
+  EXPECT_EQ(choice(), 0) << "empty";
+  ::unsetenv(kName);
+  EXPECT_EQ(choice(), 0) << "unset";
+  v.set("quarters");
+  EXPECT_EQ(choice(), 2);
+  v.set("rows");
+  EXPECT_EQ(choice(), 1);
+  v.set("auto");
+  EXPECT_EQ(choice(), 0);
+  v.set("Rows");
+  EXPECT_ARG_ERROR(choice(), kName);
+  EXPECT_MESSAGE(choice(), "expected unset, 'auto', 'rows' or 'quarters' in the environment, got 'Rows'");
+  v.set("1");
+  EXPECT_TRUE(detail::env_flag("op", kName));
+  v.set("0");
+  EXPECT_FALSE(detail::env_flag("op", kName));
+  v.set("");
+  EXPECT_FALSE(detail::env_flag("op", kName));
+  v.set("yes");
+  EXPECT_ARG_ERROR(detail::env_flag("op", kName), kName);
+  EXPECT_MESSAGE(detail::env_flag("op", kName), "expected unset, '0' or '1' in the environment, got 'yes'");
 }
 
 // query_rows: a small total is not cut into splits shorter than the cost model's chunk (the one

@@ -376,12 +376,8 @@ void check_p_scale(const char* op, const char* argument, Fp8PScale p_scale) {
 }
 
 Fp8Tile wide_fp8_tile_of_environment(const char* op) {
-  const char* v = std::getenv("SNAPMLA_FP8_TILE");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0 || std::strcmp(v, "rows64") == 0)
-    return Fp8Tile::kRows64;
-  if (std::strcmp(v, "vregs") == 0) return Fp8Tile::kRows64VRegs;
-  fail(op, "SNAPMLA_FP8_TILE", std::string("expected unset, 'auto', 'rows64' or 'vregs' in the environment, got '") +
-                                   v + "'");
+  return env_choice(op, "SNAPMLA_FP8_TILE", {"auto", "rows64", "vregs"}) == 2 ? Fp8Tile::kRows64VRegs
+                                                                               : Fp8Tile::kRows64;
 }
 
 Fp8Tile fp8_tile_of_call(const char* op, int rows, Fp8Tile tile, Fp8PScale p_scale) {
@@ -407,24 +403,33 @@ Fp8Tile fp8_tile_of_call(const char* op, int rows, Fp8Tile tile, Fp8PScale p_sca
 
 Fp8PScale resolved_p_scale(const char* op, const DecodeOptions& options, int rows) {
   if (options.p_scale != Fp8PScale::kAuto) return options.p_scale;
-  const char* v = std::getenv("SNAPMLA_FP8_P_SCALE");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0 || std::strcmp(v, "per_page") == 0)
-    return Fp8PScale::kPerPage;
-  if (std::strcmp(v, "carried") == 0) return Fp8PScale::kCarried;
-  if (std::strcmp(v, "carried_wide") != 0)
-    fail(op, "SNAPMLA_FP8_P_SCALE",
-         std::string("expected unset, 'auto', 'per_page', 'carried' or 'carried_wide' in the environment, got '") + v +
-             "'");
+  switch (env_choice(op, "SNAPMLA_FP8_P_SCALE", {"auto", "per_page", "carried", "carried_wide"})) {
+    case 0:
+    case 1: return Fp8PScale::kPerPage;
+    case 2: return Fp8PScale::kCarried;
+    default: break;  // carried_wide: carried where the call runs the transposing 64-row tile
+  }
   return fp8_tile_of_call(op, rows, options.fp8_tile, Fp8PScale::kPerPage) == Fp8Tile::kRows64 ? Fp8PScale::kCarried
                                                                                                : Fp8PScale::kPerPage;
 }
 
-bool env_flag(const char* op, const char* name) {
+int env_choice(const char* op, const char* name, std::initializer_list<const char*> values) {
   const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "0") == 0) return false;
-  if (std::strcmp(v, "1") == 0) return true;
-  fail(op, name, std::string("expected unset, '0' or '1' in the environment, got '") + v + "'");
+  if (v == nullptr || *v == '\0') return 0;
+  int i = 0;
+  for (const char* value : values) {
+    if (std::strcmp(v, value) == 0) return i;
+    ++i;
+  }
+  std::string expected = "expected unset";
+  i = 0;
+  for (const char* value : values) {
+    expected += (++i == int(values.size()) ? " or '" : ", '") + std::string(value) + "'";
+  }
+  fail(op, name, expected + " in the environment, got '" + v + "'");
 }
+
+bool env_flag(const char* op, const char* name) { return env_choice(op, name, {"0", "1"}) == 1; }
 
 bool plan_fill_workers(const char* op) { return env_flag(op, "SNAPMLA_PLAN_FILL"); }
 

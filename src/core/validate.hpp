@@ -7,6 +7,7 @@
 // memory. Each failure throws snapmla::Error naming the argument.
 #pragma once
 
+#include <initializer_list>
 #include <string>
 
 #include "snapmla/formats.hpp"
@@ -70,8 +71,12 @@ Fp8Tile fp8_tile_of_call(const char* op, int rows, Fp8Tile tile, Fp8PScale p_sca
 // for the narrow and V^T-register tiles' calls). A bad value is an error naming it.
 Fp8PScale resolved_p_scale(const char* op, const DecodeOptions& options, int rows);
 
-// An on/off lab option read from the environment per call: unset, empty or 0 is off, 1 is on,
-// anything else an error naming the variable.
+// A lab option read from the environment per call: the index of its value in `values`, 0 where
+// it is unset or empty (values[0] is the default); any other value is an error naming the
+// variable and listing the values.
+int env_choice(const char* op, const char* name, std::initializer_list<const char*> values);
+
+// An on/off lab option (env_choice over 0 and 1): unset, empty or 0 is off, 1 is on.
 bool env_flag(const char* op, const char* name);
 
 // The planner's lab option: the environment's SNAPMLA_PLAN_FILL (env_flag). On, worker_shares'

@@ -39,10 +39,10 @@
 #include "decode/launch.hpp"
 #include "decode/narrow.hpp"
 #include "decode/pipeline.cuh"
+#include "decode/profile_stamps.cuh"
 #include "decode/scheduler.cuh"
 #include "decode/softmax.cuh"
 #include "decode/tensor_map.hpp"
-#include "decode/profile_stamps.cuh"
 #include "decode/transposer.cuh"
 
 namespace snapmla::cuda {

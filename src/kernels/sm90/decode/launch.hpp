@@ -5,8 +5,6 @@
 #pragma once
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <cstdint>
 #include <string>
 
@@ -94,23 +92,15 @@ inline bool programmatic_combine(const char* op) { return detail::env_flag(op, "
 // `batch` among all sequences, as before (kept for same-run A/B). The combine's bits are the same
 // either way: only its blocks per sequence and warps per task move.
 inline bool combine_wave_over_workers(const char* op) {
-  const char* v = std::getenv("SNAPMLA_COMBINE_WAVE");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "workers") == 0) return true;
-  if (std::strcmp(v, "batch") == 0) return false;
-  detail::fail(op, "SNAPMLA_COMBINE_WAVE",
-               std::string("expected unset, 'workers' or 'batch' in the environment, got '") + v + "'");
+  return detail::env_choice(op, "SNAPMLA_COMBINE_WAVE", {"workers", "batch"}) == 0;
 }
 
 // SNAPMLA_COMBINE_TASKS in the environment (a lab option, read per call like the others): unset or
 // `auto` lets the combine pick its task shape (combine.cu), `rows` / `quarters` force one (the same
 // bits; for same-run A/B and the bits test).
 inline CombineTasks combine_tasks(const char* op) {
-  const char* v = std::getenv("SNAPMLA_COMBINE_TASKS");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return CombineTasks::kAuto;
-  if (std::strcmp(v, "rows") == 0) return CombineTasks::kRows;
-  if (std::strcmp(v, "quarters") == 0) return CombineTasks::kQuarters;
-  detail::fail(op, "SNAPMLA_COMBINE_TASKS",
-               std::string("expected unset, 'auto', 'rows' or 'quarters' in the environment, got '") + v + "'");
+  constexpr CombineTasks kTasks[] = {CombineTasks::kAuto, CombineTasks::kRows, CombineTasks::kQuarters};
+  return kTasks[detail::env_choice(op, "SNAPMLA_COMBINE_TASKS", {"auto", "rows", "quarters"})];
 }
 
 // A decode kernel (Config::kThreads per CTA, `smem` bytes of dynamic shared memory, arguments p
