@@ -448,20 +448,29 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
     else if (o == "16") tiles = {};
   }
   // Each tile with the per-page P' scales, and the 64-row tile with the carried ones
-  // (Fp8PScale::kCarried, an option) against the reference's carried rule.
+  // (Fp8PScale::kCarried, an option) against the reference's carried rule and with its base-2
+  // score step (SNAPMLA_SCORE_STEP=folded, a lab option) against the same reference, same bounds.
   struct Run {
     Fp8Tile tile;
     Fp8PScale p_scale;
+    bool folded = false;
   };
   std::vector<Run> runs;
   for (const Fp8Tile tile_kind : tiles) runs.push_back({tile_kind, Fp8PScale::kPerPage});
-  if (std::find(tiles.begin(), tiles.end(), Fp8Tile::kRows64) != tiles.end())
+  if (std::find(tiles.begin(), tiles.end(), Fp8Tile::kRows64) != tiles.end()) {
     runs.push_back({Fp8Tile::kRows64, Fp8PScale::kCarried});
+    runs.push_back({Fp8Tile::kRows64, Fp8PScale::kPerPage, true});
+  }
   std::optional<ref::DecodeResultF32> want_carried;
   for (const Run& run : runs) {
     const Fp8Tile tile_kind = run.tile;
     const bool carried = run.p_scale == Fp8PScale::kCarried;
-    const char* tile = carried ? "64c" : tile_kind == Fp8Tile::kNarrow16 ? "16" : tile_kind == Fp8Tile::kRows64 ? "64" : "64v";
+    const char* tile = carried       ? "64c"
+                       : run.folded  ? "64f"
+                       : tile_kind == Fp8Tile::kNarrow16 ? "16"
+                       : tile_kind == Fp8Tile::kRows64   ? "64"
+                                                         : "64v";
+    ScopedEnv step("SNAPMLA_SCORE_STEP", run.folded ? "folded" : "");
     if (carried && !want_carried) {
       DecodeOptions o = cpu_opt;
       o.p_scale = Fp8PScale::kCarried;
@@ -950,6 +959,9 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
       EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), name);
       EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), name);
     }
+    // decode_fp8's score step, read on every call whatever tile runs.
+    ScopedEnv env("SNAPMLA_SCORE_STEP", "fast");
+    EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), "SNAPMLA_SCORE_STEP");
   }
   // The debug checks read the device tables and name the bad entry.
   EXPECT_NO_THROW(check_page_table(G.pages(), B.num_pages));
@@ -1106,22 +1118,33 @@ TEST(GpuErrors, NonFiniteQueryOrTokenGivesNaNInTheRowsTheReferenceDoes) {
   for (int h : {3, 16, 64})
     for (bool split : {false, true}) {
       SCOPED_TRACE("h=" + std::to_string(h) + (split ? " split" : ""));
-      Batch B = make_batch(rng, {300, 129}, 2, h);
+      Batch B = make_batch(rng, {300, 129, 200}, 2, h);
       const int rows = 2 * h;
       // Query row h + 1 of sequence 0 (query 1, head 1): NaN in its latent; sequence 1's last
-      // token (seen by its query 1 only): NaN latent / +Inf rope in both caches.
+      // token (seen by its query 1 only, on a page the kernels mask): NaN latent / +Inf rope in
+      // both caches; sequence 2's token 70 (on a page every row sees whole): +Inf rope in both
+      // caches, so that its rows' scores there are +Inf or -Inf by the sign of their query's rope.
       B.q_nope[size_t(h + 1) * kLatentDim + 7] = e4m3{0x7F};
       B.q[size_t(h + 1) * kHeadDim + 7] = to_bf16(test::kNaN);
       const int64_t slot = B.slot(1, 128);
       B.latent[size_t(slot) * kLatentDim + 3] = e4m3{0xFF};
       B.bf16_data[size_t(slot) * kHeadDim + 3] = to_bf16(test::kNaN);
       B.rope[size_t(slot) * kRopeDim + 5] = to_bf16(INFINITY);
+      const int64_t mid = B.slot(2, 70);
+      B.rope[size_t(mid) * kRopeDim + 5] = to_bf16(INFINITY);
+      B.bf16_data[size_t(mid) * kHeadDim + kLatentDim + 5] = to_bf16(INFINITY);
       GpuBatch G(B);
       GpuPlan plan(G.pages(), 6, 2, h);
       test::OwnedPlan host_plan(B.pages(), 6);
       DecodeOptions cpu_opt = test::options(B, split ? &host_plan.plan : nullptr);
       const DecodeOptions gpu_opt = split ? plan.options(B.softmax_scale) : test::options(B);
-      for (bool fp8 : {true, false}) {
+      // decode_fp8 with each score step of its 64-row tile (SNAPMLA_SCORE_STEP, a lab option; the
+      // narrow tile at h = 3 has one), then decode_bf16.
+      for (const char* kernel : {"decode_fp8", "decode_fp8 folded", "decode_bf16"}) {
+        SCOPED_TRACE(kernel);
+        const std::string name = kernel;
+        const bool fp8 = name.compare(0, 10, "decode_fp8") == 0;
+        ScopedEnv step("SNAPMLA_SCORE_STEP", name.find("folded") != std::string::npos ? "folded" : "");
         const auto want = fp8 ? ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), cpu_opt)
                               : ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), cpu_opt);
         if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), gpu_opt);
@@ -1139,7 +1162,7 @@ TEST(GpuErrors, NonFiniteQueryOrTokenGivesNaNInTheRowsTheReferenceDoes) {
         }
         for (size_t i = 0; i < lse.size(); ++i)
           ASSERT_EQ(std::isnan(lse[i]), std::isnan(want.lse[i])) << (fp8 ? "decode_fp8" : "decode_bf16") << " lse " << i;
-        EXPECT_EQ(nan_rows, 1 + h);  // the bad query row, and sequence 1's query-1 rows
+        EXPECT_EQ(nan_rows, 1 + h + rows);  // the bad query row, sequence 1's query-1 rows, all of sequence 2's
       }
     }
 }

@@ -239,6 +239,7 @@ struct EarlyPage {
   bool none;    // no row of the warp sees the page
 };
 
+template <ScoreStep kStep>
 __device__ __forceinline__ EarlyPage page_factors_early(float (&acc)[8][4], const Smem& sm, const RowView& rv,
                                                         const Work& w, int j, int c, int nblk) {
   EarlyPage e;
@@ -248,12 +249,20 @@ __device__ __forceinline__ EarlyPage page_factors_early(float (&acc)[8][4], cons
   const bool full = __all_sync(0xffffffffu, blk + Cfg::kPageTokens <= min(rv.vis[0], rv.vis[1]));
   e.none = __all_sync(0xffffffffu, blk >= max(rv.vis[0], rv.vis[1]));
   float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f}, wmax[2] = {0.f, 0.f};
-  if (full) {
+  // w, against the page's own max. Under the base-2 step (kFolded) scores and maxima are in log2
+  // units (rv.factor includes log2e), so exponentials take differences as they are (kUnit).
+  constexpr bool kBase2 = kStep == ScoreStep::kFolded;
+  constexpr float kUnit = kBase2 ? 1.f : kLog2e;
+  if (full && kBase2) {
+    page_scores_folded(acc, rv.factor, sm.scale(s), q, mx);
+    page_probs_by<false, true>(acc, mx, rv.factor, sm.scale(s), q, sum, wmax);
+  } else if (full) {
     page_scores<false, true, true>(acc, rv.factor, rv.vis, blk, sm.scale(s), q, mx);
-    page_probs<false>(acc, mx, sm.scale(s), q, sum, wmax);  // w, against the page's own max
+    page_probs<false>(acc, mx, sm.scale(s), q, sum, wmax);
   } else if (!e.none) {
     page_scores<true, true, true>(acc, rv.factor, rv.vis, blk, sm.scale(s), q, mx);
-    page_probs<true>(acc, mx, sm.scale(s), q, sum, wmax);
+    if constexpr (kBase2) page_probs_by<true, true>(acc, mx, {1.f, 1.f}, sm.scale(s), q, sum, wmax);
+    else page_probs<true>(acc, mx, sm.scale(s), q, sum, wmax);
   }
   sm.ring.release(j);  // QK operands and scales are read
   // The running max after page j - 1, from its owner (the chain of the reference).
@@ -276,12 +285,12 @@ __device__ __forceinline__ EarlyPage page_factors_early(float (&acc)[8][4], cons
   // quantizes to 0 anyway (P' < 448 x 2^-126 / kMinAmax), so such a page leaves the row as it is.
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
-    const float lift = fast_exp(fmaxf(mx[ri] - m_cur[ri], -128.f));  // mx = m = -inf: NaN, then -128
-    const float seen = fminf(lift * 0x1p126f, 1.f);                    // 0 or 1 (ex2 flushes to zero)
-    const float a = fmaxf(lift * wmax[ri], kMinAmax);                   // max P' against the running max
+    const float lift = ex2(fmaxf(mx[ri] - m_cur[ri], -128.f) * kUnit);  // mx = m = -inf: NaN, then -128
+    const float seen = fminf(lift * 0x1p126f, 1.f);                      // 0 or 1 (ex2 flushes to zero)
+    const float a = fmaxf(lift * wmax[ri], kMinAmax);                     // max P' against the running max
     const float inv = __fdividef(kE4m3Max, a) * seen;
     e.f.sig[ri] = a * (1.f / kE4m3Max) * seen;
-    e.f.rho[ri] = fast_exp(m_prev[ri] - m_cur[ri]) * inv;
+    e.f.rho[ri] = ex2((m_prev[ri] - m_cur[ri]) * kUnit) * inv;
     e.f.lsum[ri] = sum[ri] * lift * inv;
     e.by[ri] = inv * lift;
   }
@@ -378,12 +387,13 @@ struct CarriedScale {
 // before issuing the PV of page j - 1 left the stores in the chain: 1-4% slower at h = 64-128 on
 // the H200.) The P(j - 1) hand-off comes before the P' stores, so a barrier of the owner's own
 // warps orders them before its PV (kOwnPage).
+template <ScoreStep kStep>
 __device__ __forceinline__ void per_page_iteration(float (&o)[32][4], float (&acc)[8][4], SoftmaxState& st,
                                                    const Smem& sm, const RowView& rv, const Work& w,
                                                    const uint32_t (&qa)[4][4], uint64_t qn, int j, int c, int nblk) {
   const bool mine = j < nblk;
   EarlyPage e;
-  if (mine) e = page_factors_early(acc, sm, rv, w, j, c, nblk);
+  if (mine) e = page_factors_early<kStep>(acc, sm, rv, w, j, c, nblk);
   if (j > 0) {
     hand_sync<Fp8Barrier::kP>(1 - c);  // page j - 1's P' and factors, from its owner
     float r[2];
@@ -452,8 +462,9 @@ __device__ __forceinline__ void carried_iteration(float (&o)[32][4], float (&acc
   if (mine) mbar::arrive(&sm.vt_empty[j % kVtStages]);
 }
 
-// kCarried: Fp8PScale::kCarried's P' scales (carried_iteration) instead of the per-page ones.
-template <bool kCarried>
+// kCarried: Fp8PScale::kCarried's P' scales (carried_iteration) instead of the per-page ones;
+// kStep: the per-page rule's score step on fully visible pages (ScoreStep, a lab option).
+template <bool kCarried, ScoreStep kStep = ScoreStep::kReference>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     decode_fp8_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                       const __grid_constant__ CUtensorMap tm_rope, const __grid_constant__ CUtensorMap tm_q) {
@@ -529,8 +540,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     int64_t row[2];
     uint32_t qa[4][4];  // Q rope, the rope product's A operand
     load_q_rows(p, w, row0, rv.r0, rv.q, p.q_rope, kRopeDim, row, rv.vis, qa);
+    // Score factors; in log2 units under the base-2 step (page_factors_early), back at the end.
+    constexpr bool kBase2 = kStep == ScoreStep::kFolded;
     rv.factor[0] = p.softmax_scale * p.q_scale[row[0]];
     rv.factor[1] = p.softmax_scale * p.q_scale[row[1]];
+    if constexpr (kBase2) {
+      rv.factor[0] *= kLog2e;
+      rv.factor[1] *= kLog2e;
+    }
     SoftmaxState st;
     float o[32][4];
 #pragma unroll
@@ -555,7 +572,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       wg::fence_operands(acc);
       if (stamps && j == 0) SNAPMLA_MARK(kFirstScore);
       if constexpr (kCarried) carried_iteration(o, acc, st, sm, rv, w, qa, qn, j, c, nblk);
-      else per_page_iteration(o, acc, st, sm, rv, w, qa, qn, j, c, nblk);
+      else per_page_iteration<kStep>(o, acc, st, sm, rv, w, qa, qn, j, c, nblk);
     }
     wg::wait<0>();
     wg::fence_operands(acc);
@@ -568,7 +585,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 #pragma unroll
     for (int ri = 0; ri < 2; ++ri) {
       st.l[ri] *= st.sigma[ri];
-      if (nblk > 0) st.m[ri] = sm.max_after(nblk - 1, rv.r0 + 8 * ri);
+      if (nblk > 0) st.m[ri] = sm.max_after(nblk - 1, rv.r0 + 8 * ri) * (kBase2 ? kLn2 : 1.f);
     }
     // Past add_other_sums' barrier no wgmma is in flight and every page was consumed: each warp
     // stages its 8 KB of bf16 in the page stages.
@@ -797,6 +814,7 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
   DecodeParams p = make_params(q.batch, q.seqlen_q, q.num_heads, pages, out, options);
   const Fp8PScale p_scale = detail::resolved_p_scale("decode_fp8", options, p.rows);
   const Fp8Tile tile = detail::fp8_tile_of_call("decode_fp8", p.rows, options.fp8_tile, p_scale);
+  const ScoreStep step = score_step("decode_fp8");  // read (and checked) on every call, as the others
   if (q.batch == 0) return;
   p.q_nope = reinterpret_cast<const uint8_t*>(q.nope);
   p.q_rope = reinterpret_cast<const uint16_t*>(q.rope);
@@ -822,6 +840,9 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
     if (p_scale == Fp8PScale::kCarried)
       launch_decode<Fp8TileConfig, decode_fp8_kernel<true>>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options,
                                                             tm_latent, tm_rope, tm_q);
+    else if (step == ScoreStep::kFolded)
+      launch_decode<Fp8TileConfig, decode_fp8_kernel<false, ScoreStep::kFolded>>(
+          "decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent, tm_rope, tm_q);
     else
       launch_decode<Fp8TileConfig, decode_fp8_kernel<false>>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options,
                                                              tm_latent, tm_rope, tm_q);

@@ -103,6 +103,15 @@ inline CombineTasks combine_tasks(const char* op) {
   return kTasks[detail::env_choice(op, "SNAPMLA_COMBINE_TASKS", {"auto", "rows", "quarters"})];
 }
 
+// SNAPMLA_SCORE_STEP in the environment (a lab option, read per call like the others): unset or
+// `reference` runs decode_fp8's transposing 64-row tile's score step in the reference's rounding
+// order, `folded` its base-2 step (softmax.cuh, page_scores_folded; the per-page P' rule only),
+// for same-run A/B.
+inline ScoreStep score_step(const char* op) {
+  return detail::env_choice(op, "SNAPMLA_SCORE_STEP", {"reference", "folded"}) == 1 ? ScoreStep::kFolded
+                                                                                     : ScoreStep::kReference;
+}
+
 // A decode kernel (Config::kThreads per CTA, `smem` bytes of dynamic shared memory, arguments p
 // and then `extra`) over the decode grid, then the combine of split sequences.
 template <typename Config, auto Kernel, typename... Extra>

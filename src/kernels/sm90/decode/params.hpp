@@ -23,6 +23,11 @@ struct WarpgroupRoles {
   static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg takes multiples of 8");
 };
 
+// The 64-row tiles' score step on fully visible pages (softmax.cuh): the reference's rounding
+// order, or the row's factor folded into the exponent (page_scores_folded; a lab option,
+// SNAPMLA_SCORE_STEP, until the H200 has timed it).
+enum class ScoreStep { kReference, kFolded };
+
 struct DecodeParams {
   // Queries: FP8 (nope, rope, scale) or BF16 ([rows, 576]).
   const uint8_t* q_nope = nullptr;

@@ -18,6 +18,7 @@ struct SoftmaxState {
 };
 
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 // 2^x as one MUFU.EX2 (results below 2^-126 flush to 0: such weights are far below what e4m3
 // or bf16 P can hold). exp2f would add a range fix-up of four instructions around it.
@@ -34,6 +35,10 @@ __device__ __forceinline__ float fast_exp(float x) { return ex2(x * kLog2e); }
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_min(float v) {
+  v = fminf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fminf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
@@ -57,11 +62,12 @@ __device__ __forceinline__ float masked_score(float raw, float factor, float ks,
 
 // P = exp(s - m) (x) and P' = P * s_t (y) of one score, from ml = m log2e: one FFMA and one
 // MUFU.EX2. Both 0 where kMasked and s is -inf (the token's scale may then be anything);
-// kScaled = false (decode_bf16): y = x.
+// kScaled = false (decode_bf16): y = x. `cl` multiplies s in the exponent: log2e, or the row's
+// factor times log2e where s is a folded score (page_scores_folded).
 template <bool kMasked, bool kScaled = true>
-__device__ __forceinline__ float2 page_weight(float s, float ml, float ks) {
+__device__ __forceinline__ float2 page_weight(float s, float ml, float ks, float cl = kLog2e) {
   const bool seen = !kMasked || s != -INFINITY;
-  const float pe = seen ? ex2(fmaf(s, kLog2e, -ml)) : 0.f;
+  const float pe = seen ? ex2(fmaf(s, cl, -ml)) : 0.f;
   return make_float2(pe, !kScaled ? pe : seen ? __fmul_rn(pe, ks) : 0.f);
 }
 
@@ -135,19 +141,19 @@ __device__ __forceinline__ void page_scores(float (&s)[8][4], const float (&fact
 
 // Step 2, given the running max m: s <- P' = exp(s - m) * s_t (0 where not visible); sum: the row
 // sums of P = exp(s - m), pmax: the row max of P' (both quad-reduced; the caller zeroes them).
-// kScaled = false (decode_bf16): s <- P, and pmax is not needed.
-template <bool kMasked, bool kScaled = true>
-__device__ __forceinline__ void page_probs(float (&s)[8][4], const float (&m)[2], const float* kscale,
-                                           int q, float (&sum)[2], float (&pmax)[2]) {
-  // exp(s - m) as 2^(s log2e - m log2e), one FFMA and one MUFU.EX2 per element.
-  const float ml[2] = {m[0] * kLog2e, m[1] * kLog2e};
+// kScaled = false (decode_bf16): s <- P, and pmax is not needed. page_probs_by: the same with the
+// exponent as 2^(s cl - ml) for each row's multiplier cl and max ml in the exponent's units
+// (page_probs: cl = log2e, ml = m log2e; the base-2 score step: ScoreStep::kFolded).
+template <bool kMasked, bool kScaled>
+__device__ __forceinline__ void page_probs_by(float (&s)[8][4], const float (&ml)[2], const float (&cl)[2],
+                                              const float* kscale, int q, float (&sum)[2], float (&pmax)[2]) {
 #pragma unroll
   for (int n = 0; n < 8; ++n) {
     const float2 ks = kScaled ? *reinterpret_cast<const float2*>(kscale + 8 * n + 2 * q) : make_float2(1.f, 1.f);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int ri = e / 2;
-      const float2 p = page_weight<kMasked, kScaled>(s[n][e], ml[ri], e & 1 ? ks.y : ks.x);
+      const float2 p = page_weight<kMasked, kScaled>(s[n][e], ml[ri], e & 1 ? ks.y : ks.x, cl[ri]);
       sum[ri] += p.x;
       if (kScaled) pmax[ri] = fmaxf(pmax[ri], p.y);
       s[n][e] = p.y;
@@ -157,6 +163,48 @@ __device__ __forceinline__ void page_probs(float (&s)[8][4], const float (&m)[2]
   for (int ri = 0; ri < 2; ++ri) {
     sum[ri] = quad_sum(sum[ri]);
     if (kScaled) pmax[ri] = quad_max(pmax[ri]);
+  }
+}
+
+template <bool kMasked, bool kScaled = true>
+__device__ __forceinline__ void page_probs(float (&s)[8][4], const float (&m)[2], const float* kscale, int q,
+                                           float (&sum)[2], float (&pmax)[2]) {
+  // exp(s - m) as 2^(s log2e - m log2e), one FFMA and one MUFU.EX2 per element.
+  page_probs_by<kMasked, kScaled>(s, {m[0] * kLog2e, m[1] * kLog2e}, {kLog2e, kLog2e}, kscale, q, sum, pmax);
+}
+
+// The base-2 score step (ScoreStep::kFolded, a lab option): the kernel keeps its scores and maxima
+// in log2 units, its row factor being softmax_scale x s_q x log2e, so an exponential is one MUFU.EX2
+// of a difference. On pages that both rows see whole (page_scores_folded) the scores stay raw x s_t
+// and the factor goes into the exponent's FFMA (page_probs_by with cl = the factor): a score costs
+// a multiply, a max and a min instead of two multiplies, a compare, a select and a max. Either way
+// the reference's rounding order, (raw x factor) x s_t, holds within a few fp32 ulps of the
+// exponent, far inside the GPU tests' bounds (set by the FP8 accumulator). The row's max is
+// factor x the max or the min of raw x s_t, by the factor's sign. A row that meets an infinite
+// score, or whose factor is not finite, gets the max NaN: its weights and sum are NaN, its l
+// stays NaN (the running max passes over it: fmaxf), and its output and lse are NaN, as the
+// reference's poisoned row; a NaN score makes its own weight, and so the sum, NaN.
+template <bool kScaled = true>
+__device__ __forceinline__ void page_scores_folded(float (&s)[8][4], const float (&factor)[2], const float* kscale,
+                                                   int q, float (&mx)[2]) {
+  float hi[2] = {-INFINITY, -INFINITY}, lo[2] = {INFINITY, INFINITY};
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    const float2 ks = kScaled ? *reinterpret_cast<const float2*>(kscale + 8 * n + 2 * q) : make_float2(1.f, 1.f);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int ri = e / 2;
+      const float v = kScaled ? __fmul_rn(s[n][e], e & 1 ? ks.y : ks.x) : s[n][e];
+      s[n][e] = v;
+      hi[ri] = fmaxf(hi[ri], v);
+      lo[ri] = fminf(lo[ri], v);
+    }
+  }
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const float h = quad_max(hi[ri]), l = quad_min(lo[ri]), f = factor[ri];
+    const bool poisoned = !(h < INFINITY && l > -INFINITY && fabsf(f) < INFINITY);
+    mx[ri] = poisoned ? NAN : __fmul_rn(f >= 0.f ? h : l, f);
   }
 }
 
