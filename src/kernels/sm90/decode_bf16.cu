@@ -165,6 +165,8 @@ __device__ __forceinline__ void zero_nonfinite_tokens(const Smem& sm, int j, int
     }
 }
 
+// kStep: the score step on fully visible pages (ScoreStep, a lab option; softmax.cuh).
+template <ScoreStep kStep>
 __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     decode_bf16_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_kv,
                        const __grid_constant__ CUtensorMap tm_q) {
@@ -246,7 +248,11 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     int vis[2];
     uint32_t qa[4][4];  // Q rope, the rope product's A operand
     load_q_rows(p, w, row0, r0, q, p.q_bf16 + kLatentDim, kHeadDim, row, vis, qa);
-    const float factor[2] = {p.softmax_scale, p.softmax_scale};
+    // Under the base-2 step scores and maxima are in log2 units (back at the end), and a poisoned
+    // row's page max is NaN, which the running max must keep (fmaxf would drop it).
+    constexpr bool kBase2 = kStep == ScoreStep::kFolded;
+    constexpr float kUnit = kBase2 ? 1.f : kLog2e;
+    const float factor[2] = {p.softmax_scale * (kBase2 ? kLog2e : 1.f), p.softmax_scale * (kBase2 ? kLog2e : 1.f)};
     SoftmaxState st;
     float o[32][4];
 #pragma unroll
@@ -308,14 +314,17 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
       wg::wait<0>();
       wg::fence_operands(acc);
       if (mine) {
-        if (full) page_scores<false, false, true>(acc, factor, vis, blk, nullptr, q, mx);
+        if (full && kBase2) page_scores_folded<false>(acc, factor, nullptr, q, mx);
+        else if (full) page_scores<false, false, true>(acc, factor, vis, blk, nullptr, q, mx);
         else if (!none) page_scores<true, false, true>(acc, factor, vis, blk, nullptr, q, mx);
       }
       // P of page j as bf16 into the rope box of its stage (the QK has read it), K-major: row r's
       // tokens 8 n + 2 q, + 1 are one word; zeros without a page.
       auto write_p = [&](const float (&m)[2]) {
         if (live) {
-          if (full) page_probs<false, false>(acc, m, nullptr, q, sum, unused);
+          if (full && kBase2) page_probs_by<false, false>(acc, m, factor, nullptr, q, sum, unused);
+          else if (kBase2) page_probs_by<true, false>(acc, m, {1.f, 1.f}, nullptr, q, sum, unused);
+          else if (full) page_probs<false, false>(acc, m, nullptr, q, sum, unused);
           else page_probs<true, false>(acc, m, nullptr, q, sum, unused);
         }
         uint8_t* pt = sm.box(j, kRopeBox);
@@ -342,7 +351,7 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
       auto hand_off = [&](int owner, float (&m)[2]) {
         if (c == owner) {
 #pragma unroll
-          for (int ri = 0; ri < 2; ++ri) m[ri] = fmaxf(st.m[ri], mx[ri]);
+          for (int ri = 0; ri < 2; ++ri) m[ri] = kBase2 && mx[ri] != mx[ri] ? mx[ri] : fmaxf(st.m[ri], mx[ri]);
           write_p(m);
           ptx::named_barrier_arrive(int(Bf16Barrier::kHandOff) + 2 * owner, 256);
           ptx::named_barrier(int(Bf16Barrier::kOwnerWarps) + 2 * owner, 128);
@@ -354,7 +363,7 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
       };
       hand_off(0, m_a);
 #pragma unroll
-      for (int ri = 0; ri < 2; ++ri) f[ri] = pair_alpha(st, ri, m_a[ri], c == 0 ? sum[ri] : 0.f);
+      for (int ri = 0; ri < 2; ++ri) f[ri] = pair_alpha(st, ri, m_a[ri], c == 0 ? sum[ri] : 0.f, kUnit);
       scale_rows(o, f);
       if (partial_last && 2 * k + 2 >= nblk) mbar::wait(sm.tail, 0);
       pv_page(o, sm.box(ja, kRopeBox), sm, ja, c);
@@ -367,7 +376,7 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
         mbar::arrive(sm.empty_of(ja, 0));
       }
 #pragma unroll
-      for (int ri = 0; ri < 2; ++ri) f[ri] = pair_alpha(st, ri, m_b[ri], c == 1 ? sum[ri] : 0.f);
+      for (int ri = 0; ri < 2; ++ri) f[ri] = pair_alpha(st, ri, m_b[ri], c == 1 ? sum[ri] : 0.f, kUnit);
       scale_rows(o, f);
       pv_page(o, sm.box(jb, kRopeBox), sm, min(jb, nblk - 1), c);
       // Release page B once this PV is done. Its reload is the critical path (each stage's cycle is
@@ -392,6 +401,10 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     const bool fault = split_has_bad_page(p, w, nblk, lane) || w.bad_len;
     // (In a separate area: the other consumer may still be reading this one's last max.)
     add_other_sums(st, sm.xmax + 2 * kRows, c, r0, q, int(Bf16Barrier::kAddSums));
+    if constexpr (kBase2) {
+      st.m[0] *= kLn2;
+      st.m[1] *= kLn2;
+    }
     // Past add_other_sums' barrier no wgmma is in flight: each warp stages its 8 KB of output in
     // the Q tile.
     if (w.single) write_rows_staged(p, w, st, o, sm.qn + (4 * c + warp) * 8192, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
@@ -404,13 +417,18 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
 void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
                  const DecodeOutput& out, const DecodeOptions& options) {
   DecodeParams p = make_params(q.batch, q.seqlen_q, q.num_heads, pages, out, options);
+  const ScoreStep step = score_step("decode_bf16");  // read (and checked) on every call
   if (q.batch == 0) return;
   p.q_bf16 = reinterpret_cast<const uint16_t*>(q.data);
   p.num_pages = cache.num_pages;
   const CUtensorMap tm_kv =
       plane_map(cache.data, cache.num_pages * kPageSize, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
   const CUtensorMap tm_q = plane_map(q.data, int64_t(q.batch) * p.rows, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
-  launch_decode<Bf16Config, decode_bf16_kernel>("decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
+  if (step == ScoreStep::kFolded)
+    launch_decode<Bf16Config, decode_bf16_kernel<ScoreStep::kFolded>>("decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
+  else
+    launch_decode<Bf16Config, decode_bf16_kernel<ScoreStep::kReference>>("decode_bf16", kSmemBytes, p, options, tm_kv,
+                                                                          tm_q);
 }
 
 }  // namespace snapmla::cuda

@@ -232,9 +232,12 @@ __device__ __forceinline__ float apply_page(SoftmaxState& st, int ri, float sig,
 // decode_bf16's step per page (no sigma): the factor for the output before the page's PV and
 // the state after it, given the running max after the page; `own_sum`: this page's row sums if
 // this consumer computed its P (each consumer keeps its own part of l, added at the end).
-__device__ __forceinline__ float pair_alpha(SoftmaxState& st, int ri, float m_new, float own_sum) {
+// `unit`: the exponent's multiplier of a max difference (log2e; 1 where the maxima are in log2
+// units, ScoreStep::kFolded).
+__device__ __forceinline__ float pair_alpha(SoftmaxState& st, int ri, float m_new, float own_sum,
+                                            float unit = kLog2e) {
   if (m_new == -INFINITY) return 1.f;  // nothing visible to this row so far
-  const float alpha = fast_exp(st.m[ri] - m_new);
+  const float alpha = ex2((st.m[ri] - m_new) * unit);
   st.l[ri] = st.l[ri] * alpha + own_sum;
   st.m[ri] = m_new;
   return alpha;
