@@ -247,6 +247,13 @@ def variants(args):
     return [label for label, _, _ in env_variants(args)]
 
 
+def bf16_variants(args):
+    """The labels of the lab variants timed on decode_bf16 too (--env-bf16: every --env)."""
+    if not getattr(args, "env_bf16", False):
+        return []
+    return [parse_env_variant(t)[0] for t in (getattr(args, "env", None) or [])]
+
+
 def run_case(case, args, peers, torch, snapmla, nvml, sms):
     b, h, s_q, s_k = case
     x = case_inputs(torch, snapmla, case, args.calls, getattr(args, "q_gain", 1.0))
@@ -264,6 +271,9 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
             vplan = snapmla.plan_splits(seqlens, workers, query_rows=s_q * h)
         kernels[f"fp8_{label}"] = with_env(
             lambda t, p=vplan: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=p), name, value)
+        if label in bf16_variants(args):
+            kernels[f"bf16_{label}"] = with_env(
+                lambda t, p=vplan: snapmla.decode_bf16(q, bf_cache, t, seqlens, softmax_scale=scale, plan=p), name, value)
     if args.split_blocks:
         fixed = fixed_split_plan(snapmla, lens, seqlens, workers, s_q * h, args.split_blocks)
         kernels["fp8_fixed"] = lambda t: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=fixed)
@@ -305,6 +315,10 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
             row[f"fp8_{v}_speedup_vs_pr54_fp8"] = round(row["pr54_fp8_us"] / row[f"fp8_{v}_us"], 3)
     for v in variants(args):
         row[f"fp8_{v}_over_fp8"] = round(row[f"fp8_{v}_us"] / row["fp8_us"], 3)
+    for v in bf16_variants(args):
+        row[f"bf16_{v}_over_bf16"] = round(row[f"bf16_{v}_us"] / row["bf16_us"], 3)
+        if peers is not None:
+            row[f"bf16_{v}_over_flashmla_bf16"] = round(row[f"bf16_{v}_us"] / row["flashmla_bf16_us"], 3)
     del graphs
     torch.cuda.empty_cache()
     return row
@@ -337,11 +351,20 @@ def markdown(meta, rows, peers):
     return "\n".join(lines) + "\n"
 
 
-def sweep_summary(rows, peers, labels=()):
+def sweep_summary(rows, peers, labels=(), bf16_labels=()):
     """The sweep's checks as lines: the worst ratios against the peers, and per (h, s_k) the
     largest deviation of decode_fp8's time per cached token at b >= 16 from its b = 256 value;
-    for each lab variant, the same ratios and its time against the default's."""
+    for each lab variant, the same ratios and its time against the default's (and decode_bf16's
+    under the variants in bf16_labels)."""
     lines = []
+    for v in bf16_labels:
+        over = [r[f"bf16_{v}_over_bf16"] for r in rows]
+        line = (f"- variant {v} on decode_bf16: time / decode_bf16's median {statistics.median(over):.3f} "
+                f"(range {min(over):.3f}-{max(over):.3f})")
+        if peers:
+            line += (f"; / FlashMLA BF16 worst {max(r[f'bf16_{v}_over_flashmla_bf16'] for r in rows)}, "
+                     f"{sum(r[f'bf16_{v}_over_flashmla_bf16'] > 1.1 for r in rows)} of {len(rows)} above 1.1")
+        lines.append(line)
     for v in labels:
         over = [r[f"fp8_{v}_over_fp8"] for r in rows]
         line = (f"- variant {v}: time / decode_fp8's median {statistics.median(over):.3f} "
@@ -440,6 +463,8 @@ def main(argv=None):
     ap.add_argument("--env", action="append", metavar="LABEL:NAME=VALUE",
                     help="also time decode_fp8 with the environment's NAME = VALUE (a lab option read per "
                          "call, e.g. wave:SNAPMLA_COMBINE_WAVE=workers: fp8_wave_us); repeatable")
+    ap.add_argument("--env-bf16", action="store_true",
+                    help="time decode_bf16 under every --env variant too (bf16_LABEL_us, bf16_LABEL_over_bf16)")
     ap.add_argument("--q-gain", type=float, default=1.0, metavar="G",
                     help="the query is randn / 10 x G (default 1; larger: peakier attention, scores spread "
                          "G x ~0.1; the carried P' scales' gain depends on it)")
@@ -486,6 +511,8 @@ def main(argv=None):
             for v in variants(args):
                 msg += f"; {v} {row[f'fp8_{v}_us']} us -> {row[f'fp8_{v}_speedup_vs_flashmla_bf16']}x / " \
                        f"{row[f'fp8_{v}_speedup_vs_pr54_fp8']}x ({row[f'fp8_{v}_over_fp8']}x fp8's time)"
+            for v in bf16_variants(args):
+                msg += f"; bf16 {v} {row[f'bf16_{v}_us']} us ({row[f'bf16_{v}_over_bf16']}x bf16's time)"
         if args.split_blocks:
             msg += f"; batch-invariant (L={args.split_blocks}) {row['fp8_fixed_us']} us, " \
                    f"{row['fp8_fixed_over_default']}x the default plan's time"
@@ -493,7 +520,7 @@ def main(argv=None):
     md = markdown(meta, rows, peers is not None)
     name = "h200_sweep" if args.sweep else "h200"
     if args.sweep:
-        summary = sweep_summary(rows, peers is not None, variants(args))
+        summary = sweep_summary(rows, peers is not None, variants(args), bf16_variants(args))
         md += "\n## Summary\n\n" + "\n".join(summary) + "\n\n![time against batch](h200_sweep.png)\n"
     print(md)
     if args.out:

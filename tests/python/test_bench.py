@@ -72,6 +72,23 @@ def test_sweep_summary_reports_each_variant_against_the_default_and_the_peers():
     assert lines[-1].startswith("- h=128, s_k=8192: decode_fp8 time per cached token at b >= 16 within +0.0%")
 
 
+def test_bf16_variants_are_the_env_variants_when_asked():
+    args = bench.argparse.Namespace(vregs=True, env=["folded:SNAPMLA_SCORE_STEP=folded"], env_bf16=False)
+    assert bench.bf16_variants(args) == []
+    args.env_bf16 = True
+    assert bench.bf16_variants(args) == ["folded"]  # --vregs is decode_fp8's alone
+    assert bench.variants(args) == ["vregs", "folded"]
+
+
+def test_sweep_summary_reports_a_bf16_variant_against_decode_bf16_and_flashmla():
+    rows = [{"b": b, "h": 128, "s_q": 1, "s_k": 8192, "fp8_us": 10.0 * b, "fp8_speedup_vs_flashmla_bf16": 1.05,
+             "fp8_speedup_vs_pr54_fp8": 1.1, "bf16_over_flashmla_bf16": 1.3, "bf16_folded_over_bf16": 0.9,
+             "bf16_folded_over_flashmla_bf16": 1.17 if b == 16 else 1.05} for b in (1, 16, 256)]
+    lines = bench.sweep_summary(rows, True, [], ["folded"])
+    assert lines[0].startswith("- variant folded on decode_bf16: time / decode_bf16's median 0.900")
+    assert "worst 1.17, 1 of 3 above 1.1" in lines[0]
+
+
 def test_parse_case_reads_uniform_lengths():
     assert bench.parse_case("128,128,1,U") == (128, 128, 1, "U")
     assert bench.parse_case("32,128,2,65536") == (32, 128, 2, 65536)
