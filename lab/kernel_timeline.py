@@ -1,7 +1,7 @@
 """Where a decode call's time goes at small batches: the device time of each kernel of one call
 (the decode, the combine; the peers' decode and combine) beside the call's graph-replayed time,
 so the difference is what the GPU spends between kernels (launch, ramp-up, tail). decode_fp8 is
-also timed under lab settings of the environment (--env; default SNAPMLA_COMBINE_PDL=1), in the
+also timed under lab settings of the environment (--env; default SNAPMLA_COMBINE_PDL=1 and =late), in the
 same interleaved rounds, for a same-run A/B of a lab option.
 
     python lab/kernel_timeline.py [--peers DIR] [--cases b,h,s_q,s_k ...] [--replays N] [--env NAME=VALUE ...]
@@ -50,9 +50,9 @@ def main(argv=None):
                                                     "1,128,1,1024", "8,128,1,8192"])
     ap.add_argument("--calls", type=int, default=10, help="decode calls per CUDA graph")
     ap.add_argument("--replays", type=int, default=20, help="graph replays under the profiler")
-    ap.add_argument("--env", nargs="*", default=["SNAPMLA_COMBINE_PDL=1"], metavar="NAME=VALUE",
+    ap.add_argument("--env", nargs="*", default=["SNAPMLA_COMBINE_PDL=1", "SNAPMLA_COMBINE_PDL=late"], metavar="NAME=VALUE",
                     help="also time decode_fp8 with each of these environment settings (read per call, kept "
-                         "by the graph captured under it); default: SNAPMLA_COMBINE_PDL=1")
+                         "by the graph captured under it); default: SNAPMLA_COMBINE_PDL=1 and =late")
     args = ap.parse_args(argv)
     import torch
 

@@ -721,8 +721,9 @@ TEST(GpuDecode, LongSequenceAgainstFloat64Truth) {
   EXPECT_GT(rel, 0.005);
 }
 
-// The combine's lab options change only how it is launched: SNAPMLA_COMBINE_PDL=1 when its blocks
-// start (a programmatic dependent of the decode), SNAPMLA_COMBINE_WAVE=batch how many blocks a
+// The combine's lab options change only how it is launched: SNAPMLA_COMBINE_PDL=1 / late when its
+// blocks start (a programmatic dependent of the decode, let start at the decode CTAs' start or after
+// their pages), SNAPMLA_COMBINE_WAVE=batch how many blocks a
 // sequence gets (and so its warps per task), SNAPMLA_COMBINE_TASKS=rows / quarters the task shape
 // (by default b = 5 takes quarter tasks and b = 100 at h = 128 row tasks). Both decodes give the
 // same bits under each as with the ordinary launch, on sequences split over many workers (the
@@ -754,7 +755,8 @@ TEST(GpuDecode, CombineLabOptionsGiveTheSameBits) {
       const char* op = fp8 ? "decode_fp8" : "decode_bf16";
       const auto ordinary = run(fp8, "SNAPMLA_COMBINE_PDL", "0");
       for (const bf16 v : ordinary.first) ASSERT_TRUE(std::isfinite(to_float(v))) << op;
-      for (const auto& [name, value] : {std::pair{"SNAPMLA_COMBINE_PDL", "1"}, std::pair{"SNAPMLA_COMBINE_WAVE", "batch"},
+      for (const auto& [name, value] : {std::pair{"SNAPMLA_COMBINE_PDL", "1"}, std::pair{"SNAPMLA_COMBINE_PDL", "late"},
+                                        std::pair{"SNAPMLA_COMBINE_WAVE", "batch"},
                                         std::pair{"SNAPMLA_COMBINE_TASKS", "rows"},
                                         std::pair{"SNAPMLA_COMBINE_TASKS", "quarters"}}) {
         const auto other = run(fp8, name, value);

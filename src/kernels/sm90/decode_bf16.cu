@@ -171,7 +171,7 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     decode_bf16_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_kv,
                        const __grid_constant__ CUtensorMap tm_q) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  ptx::launch_dependents();  // a programmatic combine's blocks may start (they wait for this grid)
+  dependents_at_start(p);  // a programmatic combine's blocks may start (they wait for this grid)
   const SplitRange range = splits_of_worker(p, grid_worker(p));
   if (range.first >= range.last) return;
   const Smem sm(smem_raw);
@@ -401,6 +401,7 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     const bool fault = split_has_bad_page(p, w, nblk, lane) || w.bad_len;
     // (In a separate area: the other consumer may still be reading this one's last max.)
     add_other_sums(st, sm.xmax + 2 * kRows, c, r0, q, int(Bf16Barrier::kAddSums));
+    dependents_after_pages(p, range, item);
     if constexpr (kBase2) {
       st.m[0] *= kLn2;
       st.m[1] *= kLn2;

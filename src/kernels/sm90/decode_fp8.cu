@@ -469,7 +469,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     decode_fp8_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                       const __grid_constant__ CUtensorMap tm_rope, const __grid_constant__ CUtensorMap tm_q) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  ptx::launch_dependents();  // a programmatic combine's blocks may start (they wait for this grid)
+  dependents_at_start(p);  // a programmatic combine's blocks may start (they wait for this grid)
   if (threadIdx.x == 0) SNAPMLA_MARK(kStart);  // profiling builds only (decode/profile_stamps.cuh)
   const SplitRange range = splits_of_worker(p, grid_worker(p));
   if (range.first >= range.last) return;
@@ -577,6 +577,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     wg::wait<0>();
     wg::fence_operands(acc);
     add_other_sums(st, sm.xl, c, rv.r0, rv.q, int(Fp8Barrier::kAddSums));
+    dependents_after_pages(p, range, item);
     if (threadIdx.x == 128) SNAPMLA_MARK(kLoopDone);  // the CTA's last split's, in the end
     // Every page was acquired before add_other_sums' barrier; a bad length faults the whole sequence.
     const bool fault = sm.ring.faulted() || w.bad_len;
@@ -664,7 +665,7 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
                             const __grid_constant__ CUtensorMap tm_q_rope) {
   using VCfg = Fp8VRegsConfig;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  ptx::launch_dependents();  // a programmatic combine's blocks may start (they wait for this grid)
+  dependents_at_start(p);  // a programmatic combine's blocks may start (they wait for this grid)
   const SplitRange range = splits_of_worker(p, grid_worker(p));
   if (range.first >= range.last) return;
   const vt::VSmem sm(smem_raw);
@@ -784,6 +785,7 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
     wg::wait<0>();
     wg::fence_operands(acc);
     add_other_sums(st, sm.xl, c, rv.r0, rv.q, int(Fp8Barrier::kAddSums));  // its barrier also publishes split_flags
+    dependents_after_pages(p, range, item);
     const uint32_t flags = *static_cast<volatile uint32_t*>(sm.split_flags);
     const bool fault = sm.ring.faulted() || (flags & 2u) != 0u;
     Work wo = w;

@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
     decode_fp8_narrow_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                              const __grid_constant__ CUtensorMap tm_rope) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  ptx::launch_dependents();  // a programmatic combine's blocks may start (they wait for this grid)
+  dependents_at_start(p);  // a programmatic combine's blocks may start (they wait for this grid)
   if (threadIdx.x == 0) SNAPMLA_MARK(kStart);  // profiling builds only (decode/profile_stamps.cuh)
   const SplitRange range = splits_of_worker(p, grid_worker(p));
   if (range.first >= range.last) return;
@@ -400,6 +400,7 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
     // every thread that reaches the barrier at the same instruction (compute-sanitizer's synccheck
     // flagged the two call sites this had, one per branch, as divergent).
     ptx::named_barrier(int(NarrowBarrier::kMerge), 256);
+    dependents_after_pages(p, range, item);
     if (c == 1) continue;  // consumer 0 writes the result
     if (t == 0) SNAPMLA_MARK(kLoopDone);  // the CTA's last split's, in the end
     // Every page was acquired before the merge barrier; a bad length faults the whole sequence.

@@ -82,10 +82,17 @@ void allow_dynamic_smem(int smem) {
   done.fetch_or(bit, std::memory_order_release);
 }
 
-// SNAPMLA_COMBINE_PDL=1 in the environment (a lab option, read per call like SNAPMLA_FP8_TILE, so
-// a CUDA graph keeps what was set at its capture): the combine launched as a programmatic
-// dependent of the decode kernel. Unset or 0: the ordinary launch.
-inline bool programmatic_combine(const char* op) { return detail::env_flag(op, "SNAPMLA_COMBINE_PDL"); }
+// SNAPMLA_COMBINE_PDL in the environment (a lab option, read per call like SNAPMLA_FP8_TILE, so a
+// CUDA graph keeps what was set at its capture): `1` launches the combine as a programmatic
+// dependent of the decode kernel, whose CTAs let it start at their own start; `late` the same, the
+// CTAs letting it start once their last split's pages are done, before their stores
+// (DecodeParams::dependents_late). Unset or 0: the ordinary launch.
+enum class CombineLaunch { kOrdinary, kProgrammatic, kProgrammaticLate };
+inline CombineLaunch combine_launch(const char* op) {
+  constexpr CombineLaunch kLaunch[] = {CombineLaunch::kOrdinary, CombineLaunch::kProgrammatic,
+                                       CombineLaunch::kProgrammaticLate};
+  return kLaunch[detail::env_choice(op, "SNAPMLA_COMBINE_PDL", {"0", "1", "late"})];
+}
 
 // SNAPMLA_COMBINE_WAVE in the environment (a lab option, read per call like SNAPMLA_COMBINE_PDL):
 // unset or `workers` shares the combine's wave among the sequences the plan can split (combine.cu),
@@ -120,12 +127,15 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
   const cudaStream_t stream = as_stream(options.stream);
   const dim3 grid = decode_grid(op, p, options);
   // The lab options are read (and checked) before anything runs.
-  const bool programmatic = programmatic_combine(op), wave_over_workers = combine_wave_over_workers(op);
+  const CombineLaunch launch = combine_launch(op);
+  const bool wave_over_workers = combine_wave_over_workers(op);
   const CombineTasks tasks = combine_tasks(op);
+  DecodeParams kp = p;
+  kp.dependents_late = launch == CombineLaunch::kProgrammaticLate;
   allow_dynamic_smem<Kernel>(smem);
-  Kernel<<<grid, Config::kThreads, smem, stream>>>(p, extra...);
+  Kernel<<<grid, Config::kThreads, smem, stream>>>(kp, extra...);
   check_launch(op);
-  if (options.plan) combine(combine_params(p, wave_over_workers), stream, programmatic, tasks);
+  if (options.plan) combine(combine_params(kp, wave_over_workers), stream, launch != CombineLaunch::kOrdinary, tasks);
 }
 
 }  // namespace snapmla::cuda

@@ -53,6 +53,10 @@ struct DecodeParams {
   int num_workers = 0;  // the grid's workers: the plan's capacity - batch, or its capacity without ranges
   float* partial_out = nullptr;  // [capacity, rows, 512]
   float* partial_lse = nullptr;  // [capacity, rows]
+  // Where a CTA lets a programmatic combine start (griddepcontrol.launch_dependents, a no-op for the
+  // ordinary launch): false, at its start; true, once its last split's pages are done, before its
+  // stores (SNAPMLA_COMBINE_PDL=late, launch.hpp).
+  bool dependents_late = false;
   // Outputs.
   uint16_t* out = nullptr;  // bf16 [batch, s_q, h, 512] = [batch, rows, 512]
   float* lse = nullptr;     // [batch, h, s_q]

@@ -51,6 +51,16 @@ __device__ __forceinline__ SplitRange splits_of_worker(const DecodeParams& p, in
   return r;
 }
 
+// The decode kernels' two places to let a programmatic combine start (DecodeParams::dependents_late):
+// at the CTA's start, or after its last split's pages, before its stores (FlashMLA's place: the
+// combine's launch then overlaps the stores, and its blocks do not wait through the whole decode).
+__device__ __forceinline__ void dependents_at_start(const DecodeParams& p) {
+  if (!p.dependents_late) ptx::launch_dependents();
+}
+__device__ __forceinline__ void dependents_after_pages(const DecodeParams& p, const SplitRange& range, int item) {
+  if (p.dependents_late && item + 1 == range.last) ptx::launch_dependents();
+}
+
 // The named barrier between two splits of a CTA (above every kernel's own ids).
 inline constexpr int kSplitBoundaryBarrier = 15;
 
