@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# One H200 call (device tool) for the lab options not yet run on a GPU: the 64-row tiles' base-2
+# score step (SNAPMLA_SCORE_STEP=folded, both decodes) and the late trigger of the programmatic
+# combine (SNAPMLA_COMBINE_PDL=late).
+#  1. the GPU tests that cover them, with the score step's runs switched on
+#     (SNAPMLA_TEST_SCORE_STEP=1) and a short timeout: a hang (an earlier draft of the score step
+#     hung on a poisoned row) stops this part only;
+#  2. memcheck on those tests' 64-row shapes under the score step;
+#  3. `pip install .`, then the bench's sweep and grid with both options as same-run variants
+#     (decode_bf16 too under the score step), and the kernel timeline at small batches (the
+#     combine under =1 and =late beside the ordinary launch).
+#   lab/h200_lab_options.sh [OUT_DIR]   (carry .devbin, .whl, .peers; about four minutes)
+# The logs come back as OUT_DIR/h200_lab_options.tgz, the bench's files under OUT_DIR/results.
+# Exit status: the number of parts that failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+dest=${1:-${OUT:-/tmp/h200}}
+mkdir -p "$dest"
+dest=$(cd "$dest" && pwd)
+out=$(mktemp -d /tmp/h200lab.XXXX)
+trap 'tar czf "$dest/h200_lab_options.tgz" -C "$out" . 2>/dev/null' EXIT
+export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
+repo=$PWD
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+failed=0
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$out/gpu.txt"
+
+filter='Shapes/*:GpuErrors.NonFinite*:GpuDecodeGaussian*:GpuDecode.CombineLabOptions*:GpuErrors.BadArguments*'
+stamp "GPU tests with the score step's runs (SNAPMLA_TEST_SCORE_STEP=1)"
+SNAPMLA_TEST_SCORE_STEP=1 timeout ${TEST_TIMEOUT:-150} .devbin/snapmla_gpu_tests --gtest_filter="$filter" \
+  > "$out/gpu_tests_score_step.log" 2>&1
+rc=$?
+echo "gpu tests exit: $rc (124: timed out)"
+grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[ RUN      \]" "$out/gpu_tests_score_step.log" | tail -3
+grep -E "tile 64f|decode_bf16 \(folded\)" "$out/gpu_tests_score_step.log" | head -8
+[ $rc -eq 0 ] || failed=$((failed + 1))
+# The GPU suite's Gaussian test (FlashMLA's per-element bounds on decode_bf16) under the option.
+SNAPMLA_SCORE_STEP=folded timeout 60 .devbin/snapmla_gpu_tests --gtest_filter='GpuDecodeGaussian*' \
+  > "$out/gpu_tests_gaussian_folded.log" 2>&1 || failed=$((failed + 1))
+grep -E "^\[  (PASSED|FAILED) " "$out/gpu_tests_gaussian_folded.log"
+
+stamp "memcheck, 64-row shapes under the score step"
+SNAPMLA_TEST_SCORE_STEP=1 SNAPMLA_TEST_FP8_TILE=64 timeout ${SAN_TIMEOUT:-120} \
+  compute-sanitizer --tool memcheck --error-exitcode 9 .devbin/snapmla_gpu_tests \
+  --gtest_filter='Shapes/*h64*:Shapes/*h128*:GpuErrors.NonFinite*' > "$out/memcheck_score_step.log" 2>&1
+rc=$?
+echo "memcheck exit: $rc"
+grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$out/memcheck_score_step.log" | tail -3
+[ $rc -eq 0 ] || failed=$((failed + 1))
+
+stamp "pip install ."
+ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps .whl/*.whl
+if python3 -m pip install --no-build-isolation --no-index --no-deps . > "$out/pip_install.log" 2>&1; then
+  cd /tmp  # the installed package
+  variants="--env folded:SNAPMLA_SCORE_STEP=folded --env-bf16 --env late:SNAPMLA_COMBINE_PDL=late"
+  for what in sweep grid; do
+    stamp "bench $what with the variants"
+    args=--sweep
+    [ $what = grid ] && args="--cases grid"
+    # shellcheck disable=SC2086
+    timeout ${BENCH_TIMEOUT:-240} python3 -m snapmla.bench --peers "$repo/.peers" $args $variants \
+      --out "$dest/results" > "$out/bench_$what.log" 2>&1
+    echo "bench $what exit: $?"
+    grep -E "^- " "$out/bench_$what.log" | head -20
+  done
+  stamp "kernel timeline (ordinary, =1 and =late combine launches)"
+  timeout 120 python3 "$repo/lab/kernel_timeline.py" --peers "$repo/.peers" > "$out/kernel_timeline.log" 2>&1
+  echo "kernel timeline exit: $?"
+  tail -40 "$out/kernel_timeline.log"
+else
+  tail -30 "$out/pip_install.log"
+  failed=$((failed + 1))
+fi
+stamp "done: $failed part(s) failed"
+exit $failed
