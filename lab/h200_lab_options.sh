@@ -8,7 +8,8 @@
 #  2. memcheck on those tests' 64-row shapes under the score step;
 #  3. `pip install .`, then the bench's sweep and grid with both options as same-run variants
 #     (decode_bf16 too under the score step), and the kernel timeline at small batches (the
-#     combine under =1 and =late beside the ordinary launch).
+#     combine under =1 and =late beside the ordinary launch); LENGTHS=1 adds the planner's split
+#     length at b = 1-8 under the late trigger (lab/split_sweep.py --lengths --env).
 #   lab/h200_lab_options.sh [OUT_DIR]   (carry .devbin, .whl, .peers; about four minutes)
 # The logs come back as OUT_DIR/h200_lab_options.tgz, the bench's files under OUT_DIR/results.
 # Exit status: the number of parts that failed.
@@ -64,6 +65,14 @@ if python3 -m pip install --no-build-isolation --no-index --no-deps . > "$out/pi
     echo "bench $what exit: $?"
     grep -E "^- " "$out/bench_$what.log" | head -20
   done
+  # LENGTHS=1: the planner's split length at b = 1-8 under the late trigger too (a few minutes).
+  if [ -n "${LENGTHS:-}" ]; then
+    stamp "split lengths at b = 1-8, ordinary and late combine launch"
+    timeout ${LENGTHS_TIMEOUT:-240} python3 "$repo/lab/split_sweep.py" --peers "$repo/.peers" --lengths \
+      --env SNAPMLA_COMBINE_PDL=late --out "$dest/results" > "$out/split_lengths_late.log" 2>&1
+    echo "split lengths exit: $?"
+    tail -32 "$out/split_lengths_late.log"
+  fi
   stamp "kernel timeline (ordinary, =1 and =late combine launches)"
   timeout 120 python3 "$repo/lab/kernel_timeline.py" --peers "$repo/.peers" > "$out/kernel_timeline.log" 2>&1
   echo "kernel timeline exit: $?"

@@ -16,6 +16,8 @@ Needs PyTorch, an sm_90 GPU and the package installed.
 instead times the split length at the recommended worker count: the planner's rule with its
 query_rows scaled by each of ROW_SCALES (0: equal shares; the rule's split length grows with the
 square root of query_rows), on the small-batch cases of the bench's sweep (SMALL_CASES).
+`--env NAME=VALUE ...` times every plan also under each lab setting (e.g.
+SNAPMLA_COMBINE_PDL=late: whether a later combine launch moves the best split length).
 """
 
 import argparse
@@ -27,7 +29,7 @@ import statistics
 import torch
 
 import snapmla
-from snapmla.bench import capture_graphs, load_peers, time_interleaved
+from snapmla.bench import capture_graphs, load_peers, time_interleaved, with_env
 
 CASES = [(1, 128, 1, 1024), (1, 128, 1, 4096), (1, 128, 1, 8192), (1, 128, 1, 16384), (2, 128, 1, 8192),
          (4, 128, 1, 4096), (8, 128, 1, 16384), (1, 128, 2, 8192), (1, 64, 1, 8192), (1, 16, 1, 8192)]
@@ -36,7 +38,7 @@ SMALL_CASES = [(b, h, 1, s_k) for s_k in (8192, 32768) for h in (128, 64, 16, 8)
 ROW_SCALES = [0, 0.25, 0.5, 1, 2, 4]
 
 
-def run_case(case, peers, calls, rounds, lengths=False):
+def run_case(case, peers, calls, rounds, lengths=False, settings=()):
     b, h, s_q, s_k = case
     dev = "cuda"
     pages_per_seq = (s_k + 63) // 64
@@ -65,6 +67,9 @@ def run_case(case, peers, calls, rounds, lengths=False):
     for name, plan in plans.items():
         calls_by[name] = (lambda pl: lambda t: snapmla.decode_fp8(
             qq, fp8, t, seqlens, softmax_scale=scale, plan=pl))(plan)
+        for setting in settings:  # the same plan under a lab setting, captured under it
+            env_name, value = setting.split("=", 1)
+            calls_by[f"{name} {setting}"] = with_env(calls_by[name], env_name, value)
     if peers is not None:
         fm, f8 = peers.FlashMLA(seqlens, s_q, h), peers.PR54(seqlens, s_q, h)
         cache4 = kv.view(num_pages, 64, 1, 576)
@@ -75,6 +80,8 @@ def run_case(case, peers, calls, rounds, lengths=False):
     graphs = capture_graphs(torch, calls_by, tables, n)
     got = {k: round(statistics.median(v), 2) for k, v in time_interleaved(torch, graphs, n, rounds).items()}
     pages_per_split = {name: round(b * pages_per_seq / int(plan.split_offsets[-1]), 2) for name, plan in plans.items()}
+    for setting in settings:
+        pages_per_split.update({f"{name} {setting}": pages_per_split[name] for name in plans})
     return {"b": b, "h": h, "s_q": s_q, "s_k": s_k, "recommended_workers": full,
             "pages_per_split": pages_per_split, "us": got}
 
@@ -86,11 +93,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--out", metavar="DIR")
     ap.add_argument("--lengths", action="store_true", help="the split length's scan on SMALL_CASES instead")
+    ap.add_argument("--env", nargs="*", default=[], metavar="NAME=VALUE",
+                    help="also time every plan under each of these lab settings of the environment")
     a = ap.parse_args()
     peers = load_peers(a.peers) if a.peers else None
     rows = []
     for case in SMALL_CASES if a.lengths else CASES:
-        r = run_case(case, peers, a.calls, a.rounds, a.lengths)
+        r = run_case(case, peers, a.calls, a.rounds, a.lengths, a.env)
         rows.append(r)
         fp8 = "  ".join(f"{k[4:]}[{r['pages_per_split'][k]}]: {v}" for k, v in r["us"].items() if k.startswith("fp8"))
         peer = "  ".join(f"{k} {v}" for k, v in r["us"].items() if not k.startswith("fp8"))
