@@ -286,10 +286,10 @@ TEST(DecodeFp8Carried, WithinE4m3RoundingOfPUnderTheCarriedScale) {
 }
 
 // SNAPMLA_FP8_P_SCALE=carried_wide: the P' scales carried where the call runs the transposing
-// 64-row tile (more than 16 query rows under fp8_tile kAuto, any rows under kRows64), per page on
-// the narrow tile's calls and on the V^T-register tile (asked for in the options or by
-// SNAPMLA_FP8_TILE=vregs), on the CPU path as on the GPU. Unset, kAuto is the per-page rule on
-// every call.
+// 64-row tile (more than 16 query rows under fp8_tile kAuto, any rows under kRows64 or under kAuto
+// with SNAPMLA_FP8_TILE=rows64_all), per page on the narrow tile's calls and on the V^T-register
+// tile (asked for in the options or by SNAPMLA_FP8_TILE=vregs), on the CPU path as on the GPU.
+// Unset, kAuto is the per-page rule on every call.
 TEST(DecodeFp8Carried, CarriedWideCarriesTheScalesOnTheTransposingTileOnly) {
   auto rng = make_rng();
   ScopedEnv rule("SNAPMLA_FP8_P_SCALE", "");  // the suite may run under any rule
@@ -316,9 +316,12 @@ TEST(DecodeFp8Carried, CarriedWideCarriesTheScalesOnTheTransposingTileOnly) {
     tile.set("vregs");
     EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)).out, want_per_page.out);
     EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), rows64).out, want_carried.out);
-    tile.set("transposed");  // read only where it picks the rule: a wide call under kAuto
-    if (wide) EXPECT_ARG_ERROR(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)), "SNAPMLA_FP8_TILE");
-    else EXPECT_NO_THROW(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)));
+    // rows64_all: the transposing tile for every call under kAuto, so the rule carries there too.
+    tile.set("rows64_all");
+    EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)).out, want_carried.out);
+    tile.set("transposed");  // read where it picks the tile: every call under kAuto
+    EXPECT_ARG_ERROR(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)), "SNAPMLA_FP8_TILE");
+    EXPECT_NO_THROW(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), rows64));  // not read: the options pick it
     tile.set("");
     rule.set("");
   }

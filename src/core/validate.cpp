@@ -375,9 +375,10 @@ void check_p_scale(const char* op, const char* argument, Fp8PScale p_scale) {
     fail(op, argument, "expected kAuto, kPerPage or kCarried, got " + std::to_string(int(p_scale)));
 }
 
-Fp8Tile wide_fp8_tile_of_environment(const char* op) {
-  return env_choice(op, "SNAPMLA_FP8_TILE", {"auto", "rows64", "vregs"}) == 2 ? Fp8Tile::kRows64VRegs
-                                                                               : Fp8Tile::kRows64;
+Fp8Tile auto_fp8_tile(const char* op, int rows) {
+  const int choice = env_choice(op, "SNAPMLA_FP8_TILE", {"auto", "rows64", "vregs", "rows64_all"});
+  if (rows <= kNarrowRows) return choice == 3 ? Fp8Tile::kRows64 : Fp8Tile::kNarrow16;
+  return choice == 2 ? Fp8Tile::kRows64VRegs : Fp8Tile::kRows64;
 }
 
 Fp8Tile fp8_tile_of_call(const char* op, int rows, Fp8Tile tile, Fp8PScale p_scale) {
@@ -388,7 +389,7 @@ Fp8Tile fp8_tile_of_call(const char* op, int rows, Fp8Tile tile, Fp8PScale p_sca
          "64-row tile only), got kCarried");
   }
   switch (tile) {
-    case Fp8Tile::kAuto: return rows <= kNarrowRows ? Fp8Tile::kNarrow16 : wide_fp8_tile_of_environment(op);
+    case Fp8Tile::kAuto: return auto_fp8_tile(op, rows);
     case Fp8Tile::kRows64:
     case Fp8Tile::kRows64VRegs: return tile;
     case Fp8Tile::kNarrow16:

@@ -51,14 +51,15 @@ void check_p_scale(const char* op, const char* argument, Fp8PScale p_scale);
 
 inline constexpr int kNarrowRows = 16;  // calls of at most this many rows run the narrow tile under kAuto
 
-// decode_fp8's 64-row tile under Fp8Tile::kAuto: kRows64, or kRows64VRegs when the environment's
-// SNAPMLA_FP8_TILE says `vregs` (read per call, for trying that tile in an engine without changing
-// its code). A bad value is an error naming it.
-Fp8Tile wide_fp8_tile_of_environment(const char* op);
+// decode_fp8's tile under Fp8Tile::kAuto for a call of `rows` query rows per sequence: the narrow
+// tile where the rows fit it, else kRows64; the environment's SNAPMLA_FP8_TILE (read per call, for
+// trying a tile in an engine without changing its code) says `vregs` for kRows64VRegs on the wider
+// calls, or `rows64_all` for kRows64 on every call (the narrow tile's included: a lab option, to
+// time the two tiles on the same small-row calls). A bad value is an error naming it.
+Fp8Tile auto_fp8_tile(const char* op, int rows);
 
 // The tile decode_fp8 runs a call of `rows` query rows per sequence on, under the P' scale rule
-// p_scale (resolved): `tile` (DecodeOptions::fp8_tile) where it forces one, else the narrow tile
-// when the rows fit it and the 64-row one of wide_fp8_tile_of_environment otherwise. kCarried
+// p_scale (resolved): `tile` (DecodeOptions::fp8_tile) where it forces one, else auto_fp8_tile. kCarried
 // runs on the transposing 64-row tile only (whatever the rows); with a forced narrow or
 // V^T-register tile it is an error naming options.p_scale, as the narrow tile forced on more
 // rows than it holds names options.fp8_tile.
