@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One H200 call (device tool) for the lab options not yet run on a GPU: the 64-row tiles' base-2
-# score step (SNAPMLA_SCORE_STEP=folded, both decodes) and the late trigger of the programmatic
-# combine (SNAPMLA_COMBINE_PDL=late).
+# score step (SNAPMLA_SCORE_STEP=folded, both decodes), the late trigger of the programmatic
+# combine (SNAPMLA_COMBINE_PDL=late) and the 64-row tile on narrow calls
+# (SNAPMLA_FP8_TILE=rows64_all).
 #  1. the GPU tests that cover them, with the score step's runs switched on
 #     (SNAPMLA_TEST_SCORE_STEP=1) and a short timeout: a hang (an earlier draft of the score step
 #     hung on a poisoned row) stops this part only;
@@ -54,7 +55,10 @@ stamp "pip install ."
 ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps .whl/*.whl
 if python3 -m pip install --no-build-isolation --no-index --no-deps . > "$out/pip_install.log" 2>&1; then
   cd /tmp  # the installed package
+  # wide16: the transposing 64-row tile on the narrow tile's calls too (h <= 16; the other cases
+  # run the same kernels as the default, a measure of the run's noise).
   variants="--env folded:SNAPMLA_SCORE_STEP=folded --env-bf16 --env late:SNAPMLA_COMBINE_PDL=late"
+  variants="$variants --env wide16:SNAPMLA_FP8_TILE=rows64_all"
   for what in sweep grid; do
     stamp "bench $what with the variants"
     args=--sweep
