@@ -2,7 +2,8 @@
 // fragment (rows g and g + 8; tokens 8 n + 2 q + {0, 1} of n-tile n). Follows the reference
 // step for step (docs/reference.md): scores = (raw * (softmax_scale * s_q)) * s_t; a row with
 // no visible token in the block leaves its state untouched; FP8 folds s_t into P and
-// quantizes P' per row and block with sigma = max P' / 448.
+// quantizes P' per row and block with sigma = max P' / 448. (The base-2 score step, a lab
+// option, takes the scores' factor in another order: page_scores_folded.)
 #pragma once
 
 #include "kernels/common/numeric.cuh"
