@@ -214,14 +214,15 @@ inline double rel_l2(const std::vector<float>& a, const std::vector<double>& b) 
   } while (0)
 
 // An environment variable set for a scope (the lab options are read from the environment per
-// call) and put back as it was, unset included, when the scope ends.
+// call) and put back as it was, unset included, when the scope ends. A null value leaves the
+// environment's own setting as it is.
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name) {
     const char* was = std::getenv(name);
     had_ = was != nullptr;
     if (had_) saved_ = was;
-    set(value);
+    if (value != nullptr) set(value);
   }
   void set(const char* value) { ::setenv(name_, value, 1); }
   ~ScopedEnv() {

@@ -266,12 +266,13 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
         "fp8": lambda t: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=plan),
         "bf16": lambda t: snapmla.decode_bf16(q, bf_cache, t, seqlens, softmax_scale=scale, plan=plan),
     }
+    on_bf16 = bf16_variants(args)
     for label, name, value in env_variants(args):
         with env_setting(name, value):  # the variant's own plan (SNAPMLA_PLAN_FILL changes it)
             vplan = snapmla.plan_splits(seqlens, workers, query_rows=s_q * h)
         kernels[f"fp8_{label}"] = with_env(
             lambda t, p=vplan: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=p), name, value)
-        if label in bf16_variants(args):
+        if label in on_bf16:
             kernels[f"bf16_{label}"] = with_env(
                 lambda t, p=vplan: snapmla.decode_bf16(q, bf_cache, t, seqlens, softmax_scale=scale, plan=p), name, value)
     if args.split_blocks:

@@ -375,7 +375,8 @@ void check_p_scale(const char* op, const char* argument, Fp8PScale p_scale) {
     fail(op, argument, "expected kAuto, kPerPage or kCarried, got " + std::to_string(int(p_scale)));
 }
 
-Fp8Tile auto_fp8_tile(const char* op, int rows) {
+// fp8_tile_of_call's kAuto (validate.hpp).
+static Fp8Tile auto_fp8_tile(const char* op, int rows) {
   const int choice = env_choice(op, "SNAPMLA_FP8_TILE", {"auto", "rows64", "vregs", "rows64_all"});
   if (rows <= kNarrowRows) return choice == 3 ? Fp8Tile::kRows64 : Fp8Tile::kNarrow16;
   return choice == 2 ? Fp8Tile::kRows64VRegs : Fp8Tile::kRows64;

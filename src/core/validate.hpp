@@ -51,15 +51,12 @@ void check_p_scale(const char* op, const char* argument, Fp8PScale p_scale);
 
 inline constexpr int kNarrowRows = 16;  // calls of at most this many rows run the narrow tile under kAuto
 
-// decode_fp8's tile under Fp8Tile::kAuto for a call of `rows` query rows per sequence: the narrow
-// tile where the rows fit it, else kRows64; the environment's SNAPMLA_FP8_TILE (read per call, for
-// trying a tile in an engine without changing its code) says `vregs` for kRows64VRegs on the wider
-// calls, or `rows64_all` for kRows64 on every call (the narrow tile's included: a lab option, to
-// time the two tiles on the same small-row calls). A bad value is an error naming it.
-Fp8Tile auto_fp8_tile(const char* op, int rows);
-
 // The tile decode_fp8 runs a call of `rows` query rows per sequence on, under the P' scale rule
-// p_scale (resolved): `tile` (DecodeOptions::fp8_tile) where it forces one, else auto_fp8_tile. kCarried
+// p_scale (resolved): `tile` (DecodeOptions::fp8_tile) where it forces one. Under kAuto, the
+// narrow tile where the rows fit it, else kRows64, unless the environment's SNAPMLA_FP8_TILE
+// (read per call, for trying a tile in an engine without changing its code) says `vregs`
+// (kRows64VRegs on the wider calls) or `rows64_all` (kRows64 on every call: a lab option, to time
+// the two tiles on the same small-row calls); a bad value is an error naming it. kCarried
 // runs on the transposing 64-row tile only (whatever the rows); with a forced narrow or
 // V^T-register tile it is an error naming options.p_scale, as the narrow tile forced on more
 // rows than it holds names options.fp8_tile.

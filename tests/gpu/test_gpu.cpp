@@ -479,8 +479,7 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
                        : tile_kind == Fp8Tile::kNarrow16 ? "16"
                        : tile_kind == Fp8Tile::kRows64   ? "64"
                                                          : "64v";
-    std::unique_ptr<ScopedEnv> step;  // (the environment's own setting stays for the other runs)
-    if (run.folded) step = std::make_unique<ScopedEnv>("SNAPMLA_SCORE_STEP", "folded");
+    ScopedEnv step("SNAPMLA_SCORE_STEP", run.folded ? "folded" : nullptr);  // else the environment's own
     if (carried && !want_carried) {
       DecodeOptions o = cpu_opt;
       o.p_scale = Fp8PScale::kCarried;
@@ -520,8 +519,7 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   // the same bounds.
   for (const bool folded : {false, true}) {
     if (folded && !test_score_step()) continue;
-    std::unique_ptr<ScopedEnv> env;  // (the environment's own setting stays for the default run)
-    if (folded) env = std::make_unique<ScopedEnv>("SNAPMLA_SCORE_STEP", "folded");
+    ScopedEnv env("SNAPMLA_SCORE_STEP", folded ? "folded" : nullptr);  // else the environment's own
     G.out.poison();
     G.lse.poison();
     decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), gpu_opt);
@@ -1168,8 +1166,7 @@ TEST(GpuErrors, NonFiniteQueryOrTokenGivesNaNInTheRowsTheReferenceDoes) {
         const std::string name = kernel;
         if (name.find("folded") != std::string::npos && !test_score_step()) continue;
         const bool fp8 = name.compare(0, 10, "decode_fp8") == 0;
-        std::unique_ptr<ScopedEnv> step;
-        if (name.find("folded") != std::string::npos) step = std::make_unique<ScopedEnv>("SNAPMLA_SCORE_STEP", "folded");
+        ScopedEnv step("SNAPMLA_SCORE_STEP", name.find("folded") != std::string::npos ? "folded" : nullptr);
         const auto want = fp8 ? ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), cpu_opt)
                               : ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), cpu_opt);
         if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), gpu_opt);

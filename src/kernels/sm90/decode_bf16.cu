@@ -252,7 +252,8 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     // row's page max is NaN, which the running max must keep (fmaxf would drop it).
     constexpr bool kBase2 = kStep == ScoreStep::kFolded;
     constexpr float kUnit = kBase2 ? 1.f : kLog2e;
-    const float factor[2] = {p.softmax_scale * (kBase2 ? kLog2e : 1.f), p.softmax_scale * (kBase2 ? kLog2e : 1.f)};
+    const float f = kBase2 ? p.softmax_scale * kLog2e : p.softmax_scale;
+    const float factor[2] = {f, f};
     SoftmaxState st;
     float o[32][4];
 #pragma unroll

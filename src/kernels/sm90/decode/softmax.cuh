@@ -112,6 +112,18 @@ __device__ __forceinline__ void scale_rows(float (&o)[NT][4], const float (&r)[2
 // and l into each page's domain. decode_bf16 uses steps 1 and 2 with kScaled = false and
 // pair_alpha instead of step 3.
 
+// The walk of the three steps below over a thread's 32 scores of a page: f(score, row index ri,
+// the token's scale s_t (1 where kScaled is false: kscale is not read), token 8 n + 2 q + (e & 1)).
+template <bool kScaled, typename F>
+__device__ __forceinline__ void for_each_score(float (&s)[8][4], const float* kscale, int q, F&& f) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    const float2 ks = kScaled ? *reinterpret_cast<const float2*>(kscale + 8 * n + 2 * q) : make_float2(1.f, 1.f);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f(s[n][e], e / 2, e & 1 ? ks.y : ks.x, 8 * n + 2 * q + (e & 1));
+  }
+}
+
 // Step 1: scaled, masked scores in place (scores = (raw * (softmax_scale * s_q)) * s_t, -inf
 // where not visible) and their row max over the page (quad-reduced). kMasked = false: the caller
 // knows every token of the page is visible to both rows (no compares, no -inf). kScaled = false
@@ -124,18 +136,10 @@ __device__ __forceinline__ void page_scores(float (&s)[8][4], const float (&fact
                                             const int (&vis)[2], int blk, const float* kscale,
                                             int q, float (&mx)[2]) {
   mx[0] = mx[1] = -INFINITY;
-#pragma unroll
-  for (int n = 0; n < 8; ++n) {
-    const float2 ks = kScaled ? *reinterpret_cast<const float2*>(kscale + 8 * n + 2 * q) : make_float2(1.f, 1.f);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int ri = e / 2, tok = 8 * n + 2 * q + (e & 1);
-      const float sc = masked_score<kScaled, kPoison>(s[n][e], factor[ri], e & 1 ? ks.y : ks.x,
-                                                      !kMasked || blk + tok < vis[ri]);
-      s[n][e] = sc;
-      mx[ri] = fmaxf(mx[ri], sc);
-    }
-  }
+  for_each_score<kScaled>(s, kscale, q, [&](float& x, int ri, float ks, int tok) {
+    x = masked_score<kScaled, kPoison>(x, factor[ri], ks, !kMasked || blk + tok < vis[ri]);
+    mx[ri] = fmaxf(mx[ri], x);
+  });
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) mx[ri] = quad_max(mx[ri]);
 }
@@ -148,18 +152,12 @@ __device__ __forceinline__ void page_scores(float (&s)[8][4], const float (&fact
 template <bool kMasked, bool kScaled>
 __device__ __forceinline__ void page_probs_by(float (&s)[8][4], const float (&ml)[2], const float (&cl)[2],
                                               const float* kscale, int q, float (&sum)[2], float (&pmax)[2]) {
-#pragma unroll
-  for (int n = 0; n < 8; ++n) {
-    const float2 ks = kScaled ? *reinterpret_cast<const float2*>(kscale + 8 * n + 2 * q) : make_float2(1.f, 1.f);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int ri = e / 2;
-      const float2 p = page_weight<kMasked, kScaled>(s[n][e], ml[ri], e & 1 ? ks.y : ks.x, cl[ri]);
-      sum[ri] += p.x;
-      if (kScaled) pmax[ri] = fmaxf(pmax[ri], p.y);
-      s[n][e] = p.y;
-    }
-  }
+  for_each_score<kScaled>(s, kscale, q, [&](float& x, int ri, float ks, int) {
+    const float2 p = page_weight<kMasked, kScaled>(x, ml[ri], ks, cl[ri]);
+    sum[ri] += p.x;
+    if (kScaled) pmax[ri] = fmaxf(pmax[ri], p.y);
+    x = p.y;
+  });
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     sum[ri] = quad_sum(sum[ri]);
@@ -189,18 +187,11 @@ template <bool kScaled = true>
 __device__ __forceinline__ void page_scores_folded(float (&s)[8][4], const float (&factor)[2], const float* kscale,
                                                    int q, float (&mx)[2]) {
   float hi[2] = {-INFINITY, -INFINITY}, lo[2] = {INFINITY, INFINITY};
-#pragma unroll
-  for (int n = 0; n < 8; ++n) {
-    const float2 ks = kScaled ? *reinterpret_cast<const float2*>(kscale + 8 * n + 2 * q) : make_float2(1.f, 1.f);
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int ri = e / 2;
-      const float v = kScaled ? __fmul_rn(s[n][e], e & 1 ? ks.y : ks.x) : s[n][e];
-      s[n][e] = v;
-      hi[ri] = fmaxf(hi[ri], v);
-      lo[ri] = fminf(lo[ri], v);
-    }
-  }
+  for_each_score<kScaled>(s, kscale, q, [&](float& x, int ri, float ks, int) {
+    if (kScaled) x = __fmul_rn(x, ks);
+    hi[ri] = fmaxf(hi[ri], x);
+    lo[ri] = fminf(lo[ri], x);
+  });
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     const float h = quad_max(hi[ri]), l = quad_min(lo[ri]), f = factor[ri];
