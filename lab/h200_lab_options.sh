@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # One H200 call (device tool) for the lab options not yet run on a GPU: the 64-row tiles' base-2
-# score step (SNAPMLA_SCORE_STEP=folded, both decodes), the late trigger of the programmatic
-# combine (SNAPMLA_COMBINE_PDL=late) and the 64-row tile on narrow calls
-# (SNAPMLA_FP8_TILE=rows64_all).
-#  1. the GPU tests that cover them, with the score step's runs switched on
-#     (SNAPMLA_TEST_SCORE_STEP=1) and a short timeout: a hang (an earlier draft of the score step
+# score step (SNAPMLA_SCORE_STEP=folded, both decodes), decode_bf16's own-page PV from registers
+# (SNAPMLA_BF16_OWN_PV=registers), the late trigger of the programmatic combine
+# (SNAPMLA_COMBINE_PDL=late) and the 64-row tile on narrow calls (SNAPMLA_FP8_TILE=rows64_all).
+#  1. the GPU tests that cover them, with the untimed kernels' runs switched on
+#     (SNAPMLA_TEST_UNTIMED=1) and a short timeout: a hang (an earlier draft of the score step
 #     hung on a poisoned row) stops this part only;
-#  2. memcheck on those tests' 64-row shapes under the score step;
-#  3. `pip install .`, then the bench's sweep and grid with both options as same-run variants
-#     (decode_bf16 too under the score step), and the kernel timeline at small batches (the
+#  2. memcheck on those tests' 64-row shapes under the untimed kernels;
+#  3. `pip install .`, then the bench's sweep and grid with the options as same-run variants
+#     (decode_bf16 under each of them too), and the kernel timeline at small batches (the
 #     combine under =1 and =late beside the ordinary launch); LENGTHS=1 adds the planner's split
 #     length at b = 1-8 under the late trigger (lab/split_sweep.py --lengths --env).
 #   lab/h200_lab_options.sh [OUT_DIR]   (carry .devbin, .whl, .peers; about four minutes)
@@ -29,21 +29,23 @@ failed=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$out/gpu.txt"
 
 filter='Shapes/*:GpuErrors.NonFinite*:GpuDecodeGaussian*:GpuDecode.CombineLabOptions*:GpuErrors.BadArguments*'
-stamp "GPU tests with the score step's runs (SNAPMLA_TEST_SCORE_STEP=1)"
-SNAPMLA_TEST_SCORE_STEP=1 timeout ${TEST_TIMEOUT:-150} .devbin/snapmla_gpu_tests --gtest_filter="$filter" \
+stamp "GPU tests with the untimed kernels' runs (SNAPMLA_TEST_UNTIMED=1)"
+SNAPMLA_TEST_UNTIMED=1 timeout ${TEST_TIMEOUT:-150} .devbin/snapmla_gpu_tests --gtest_filter="$filter" \
   > "$out/gpu_tests_score_step.log" 2>&1
 rc=$?
 echo "gpu tests exit: $rc (124: timed out)"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[ RUN      \]" "$out/gpu_tests_score_step.log" | tail -3
-grep -E "tile 64f|decode_bf16 \(folded\)" "$out/gpu_tests_score_step.log" | head -8
+grep -E "tile 64f|decode_bf16 \((folded|own PV)" "$out/gpu_tests_score_step.log" | head -12
 [ $rc -eq 0 ] || failed=$((failed + 1))
-# The GPU suite's Gaussian test (FlashMLA's per-element bounds on decode_bf16) under the option.
-SNAPMLA_SCORE_STEP=folded timeout 60 .devbin/snapmla_gpu_tests --gtest_filter='GpuDecodeGaussian*' \
-  > "$out/gpu_tests_gaussian_folded.log" 2>&1 || failed=$((failed + 1))
-grep -E "^\[  (PASSED|FAILED) " "$out/gpu_tests_gaussian_folded.log"
+# The GPU suite's Gaussian test (FlashMLA's per-element bounds on decode_bf16) under each option.
+for opt in SNAPMLA_SCORE_STEP=folded SNAPMLA_BF16_OWN_PV=registers; do
+  env "$opt" timeout 60 .devbin/snapmla_gpu_tests --gtest_filter='GpuDecodeGaussian*' \
+    > "$out/gpu_tests_gaussian_${opt%%=*}.log" 2>&1 || failed=$((failed + 1))
+  echo "Gaussian under $opt:"; grep -E "^\[  (PASSED|FAILED) " "$out/gpu_tests_gaussian_${opt%%=*}.log"
+done
 
-stamp "memcheck, 64-row shapes under the score step"
-SNAPMLA_TEST_SCORE_STEP=1 SNAPMLA_TEST_FP8_TILE=64 timeout ${SAN_TIMEOUT:-120} \
+stamp "memcheck, 64-row shapes under the untimed kernels"
+SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_FP8_TILE=64 timeout ${SAN_TIMEOUT:-120} \
   compute-sanitizer --tool memcheck --error-exitcode 9 .devbin/snapmla_gpu_tests \
   --gtest_filter='Shapes/*h64*:Shapes/*h128*:GpuErrors.NonFinite*' > "$out/memcheck_score_step.log" 2>&1
 rc=$?
@@ -56,9 +58,10 @@ ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps 
 if python3 -m pip install --no-build-isolation --no-index --no-deps . > "$out/pip_install.log" 2>&1; then
   cd /tmp  # the installed package
   # wide16: the transposing 64-row tile on the narrow tile's calls too (h <= 16; the other cases
-  # run the same kernels as the default, a measure of the run's noise).
+  # run the same kernels as the default, a measure of the run's noise). ownpv: decode_bf16's
+  # own-page PV from registers (decode_fp8 runs its default there: noise again).
   variants="--env folded:SNAPMLA_SCORE_STEP=folded --env-bf16 --env late:SNAPMLA_COMBINE_PDL=late"
-  variants="$variants --env wide16:SNAPMLA_FP8_TILE=rows64_all"
+  variants="$variants --env wide16:SNAPMLA_FP8_TILE=rows64_all --env ownpv:SNAPMLA_BF16_OWN_PV=registers"
   for what in sweep grid; do
     stamp "bench $what with the variants"
     args=--sweep

@@ -25,11 +25,13 @@ using test::make_batch;
 using test::make_rng;
 using test::ScopedEnv;
 
-// The base-2 score step (SNAPMLA_SCORE_STEP=folded, a lab option) is tested beside the default
-// where SNAPMLA_TEST_SCORE_STEP=1, until the H200 has run it through this suite: an earlier draft
-// of the idea hung on a poisoned row, and a hang here would stop the whole suite.
-bool test_score_step() {
-  const char* v = std::getenv("SNAPMLA_TEST_SCORE_STEP");
+// The lab kernels not yet run through this suite on the H200 - the base-2 score step
+// (SNAPMLA_SCORE_STEP=folded) and decode_bf16's own-page PV from registers
+// (SNAPMLA_BF16_OWN_PV=registers) - are tested beside the defaults where SNAPMLA_TEST_UNTIMED=1
+// (lab/h200_lab_options.sh): an earlier draft of the score step hung on a poisoned row, and a
+// hang here would stop the whole suite.
+bool test_untimed() {
+  const char* v = std::getenv("SNAPMLA_TEST_UNTIMED");
   return v != nullptr && std::string(v) == "1";
 }
 
@@ -458,7 +460,7 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   }
   // Each tile with the per-page P' scales, and the 64-row tile with the carried ones
   // (Fp8PScale::kCarried, an option) against the reference's carried rule and, under
-  // test_score_step(), with its base-2 score step against the same reference, same bounds.
+  // test_untimed(), with its base-2 score step against the same reference, same bounds.
   struct Run {
     Fp8Tile tile;
     Fp8PScale p_scale;
@@ -468,7 +470,7 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   for (const Fp8Tile tile_kind : tiles) runs.push_back({tile_kind, Fp8PScale::kPerPage});
   if (std::find(tiles.begin(), tiles.end(), Fp8Tile::kRows64) != tiles.end()) {
     runs.push_back({Fp8Tile::kRows64, Fp8PScale::kCarried});
-    if (test_score_step()) runs.push_back({Fp8Tile::kRows64, Fp8PScale::kPerPage, true});
+    if (test_untimed()) runs.push_back({Fp8Tile::kRows64, Fp8PScale::kPerPage, true});
   }
   std::optional<ref::DecodeResultF32> want_carried;
   for (const Run& run : runs) {
@@ -515,18 +517,27 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
 
   const auto want16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), cpu_opt);
   const auto want16_bf = bf16_rounded(want16.out);
-  // With each score step (SNAPMLA_SCORE_STEP, a lab option; the base-2 one under test_score_step()),
-  // the same bounds.
-  for (const bool folded : {false, true}) {
-    if (folded && !test_score_step()) continue;
-    ScopedEnv env("SNAPMLA_SCORE_STEP", folded ? "folded" : nullptr);  // else the environment's own
+  // With each score step (SNAPMLA_SCORE_STEP) and each source of the owner's P
+  // (SNAPMLA_BF16_OWN_PV), lab options (the untimed ones under test_untimed()), the same bounds:
+  // the registers hold the words the P tile holds, so the bits should not move.
+  struct Bf16Run {
+    const char* label;
+    const char* step;
+    const char* own_pv;
+  };
+  for (const Bf16Run run : {Bf16Run{"", nullptr, nullptr}, Bf16Run{" (folded)", "folded", nullptr},
+                            Bf16Run{" (own PV from registers)", nullptr, "registers"}}) {
+    if ((run.step || run.own_pv) && !test_untimed()) continue;
+    // Else the environment's own.
+    ScopedEnv step("SNAPMLA_SCORE_STEP", run.step);
+    ScopedEnv own_pv("SNAPMLA_BF16_OWN_PV", run.own_pv);
     G.out.poison();
     G.lse.poison();
     decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), gpu_opt);
     device_memory::cuda_ok(cudaDeviceSynchronize(), "decode_bf16");
     const auto got16 = as_float(G.out.download());
     const Diff d16 = compare(got16, want16_bf);
-    std::printf("[ info ] decode_bf16%s h=%d s_q=%d: rel-L2 %.2e, max |err| %.2e\n", folded ? " (folded)" : "", c.h,
+    std::printf("[ info ] decode_bf16%s h=%d s_q=%d: rel-L2 %.2e, max |err| %.2e\n", run.label, c.h,
                 c.s_q, d16.rel_l2, d16.max_abs);
     EXPECT_EQ(d16.nonfinite, 0u);
     EXPECT_LE(d16.rel_l2, 2e-3);
@@ -980,8 +991,13 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
       EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), name);
     }
     // decode_fp8's score step, read on every call whatever tile runs.
-    ScopedEnv env("SNAPMLA_SCORE_STEP", "fast");
-    EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), "SNAPMLA_SCORE_STEP");
+    {
+      ScopedEnv env("SNAPMLA_SCORE_STEP", "fast");
+      EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), "SNAPMLA_SCORE_STEP");
+    }
+    // decode_bf16's own-page PV source.
+    ScopedEnv env("SNAPMLA_BF16_OWN_PV", "tmem");
+    EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), "SNAPMLA_BF16_OWN_PV");
   }
   // The debug checks read the device tables and name the bad entry.
   EXPECT_NO_THROW(check_page_table(G.pages(), B.num_pages));
@@ -1159,14 +1175,18 @@ TEST(GpuErrors, NonFiniteQueryOrTokenGivesNaNInTheRowsTheReferenceDoes) {
       DecodeOptions cpu_opt = test::options(B, split ? &host_plan.plan : nullptr);
       const DecodeOptions gpu_opt = split ? plan.options(B.softmax_scale) : test::options(B);
       // decode_fp8 with each score step of its 64-row tile (SNAPMLA_SCORE_STEP, a lab option, the
-      // base-2 one under test_score_step(); the narrow tile at h = 3 has one), then decode_bf16,
-      // and under test_score_step() decode_bf16 with the base-2 step.
-      for (const char* kernel : {"decode_fp8", "decode_fp8 folded", "decode_bf16", "decode_bf16 folded"}) {
+      // base-2 one under test_untimed(); the narrow tile at h = 3 has one), then decode_bf16,
+      // and under test_untimed() decode_bf16 with the base-2 step and with its own-page PV from
+      // registers (SNAPMLA_BF16_OWN_PV).
+      for (const char* kernel :
+           {"decode_fp8", "decode_fp8 folded", "decode_bf16", "decode_bf16 folded", "decode_bf16 own-pv"}) {
         SCOPED_TRACE(kernel);
         const std::string name = kernel;
-        if (name.find("folded") != std::string::npos && !test_score_step()) continue;
+        const bool folded = name.find("folded") != std::string::npos, own_pv = name.find("own-pv") != std::string::npos;
+        if ((folded || own_pv) && !test_untimed()) continue;
         const bool fp8 = name.compare(0, 10, "decode_fp8") == 0;
-        ScopedEnv step("SNAPMLA_SCORE_STEP", name.find("folded") != std::string::npos ? "folded" : nullptr);
+        ScopedEnv step("SNAPMLA_SCORE_STEP", folded ? "folded" : nullptr);
+        ScopedEnv own("SNAPMLA_BF16_OWN_PV", own_pv ? "registers" : nullptr);
         const auto want = fp8 ? ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), cpu_opt)
                               : ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), cpu_opt);
         if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), gpu_opt);

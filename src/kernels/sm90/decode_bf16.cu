@@ -31,6 +31,7 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <type_traits>
 
 #include "kernels/common/check.cuh"
 #include "kernels/common/mbarrier.cuh"
@@ -51,6 +52,12 @@ namespace {
 constexpr int kRows = kTileRows;
 // The CTA: a producer warpgroup (loads) and two consumer warpgroups (a page each, in turn).
 struct Bf16Config : WarpgroupRoles<2, 40, 232> {};
+// Under OwnPagePv::kRegisters: the owner's P (16 registers) stays live under the PV it feeds, and
+// ptxas cannot tell the two consumers' roles apart (the owner's softmax of page B meets page A's P
+// of the other role), which spilled 24 bytes at 232; the producer fits in setmaxnreg's least.
+struct Bf16OwnRegsConfig : WarpgroupRoles<2, 24, 240> {};
+template <OwnPagePv kOwnPv>
+using Bf16ConfigOf = std::conditional_t<kOwnPv == OwnPagePv::kRegisters, Bf16OwnRegsConfig, Bf16Config>;
 // Named barrier ids (id 0 is __syncthreads'). The page hand-off of consumer `owner` takes
 // kHandOff + 2 owner (both consumers: the owner's P and max are written) and kOwnerWarps +
 // 2 owner (the owner's own warps); kTailZero is the producer's (a partial last page's zeroing).
@@ -153,6 +160,19 @@ __device__ __forceinline__ void pv_page(float (&o)[32][4], const uint8_t* pt, co
   wg::commit();
 }
 
+// The same with P from registers (OwnPagePv::kRegisters, the owner's own page): pr[ks] is tokens
+// 16 ks .. 16 ks + 15 of the thread's rows in the m16n8k16 A layout.
+__device__ __forceinline__ void pv_page_regs(float (&o)[32][4], const uint32_t (&pr)[4][4], const Smem& sm, int j,
+                                             int c) {
+  const uint8_t* v = sm.box(j, 4 * c);
+  wg::fence_operands(o);
+  wg::fence();
+#pragma unroll
+  for (int ks = 0; ks < kPageSize / 16; ++ks)
+    wg::mma_64x256x16_bf16_rs_tb(o, pr[ks], wg::desc_sw128_mn(v + ks * 2048, kBoxBytes));
+  wg::commit();
+}
+
 // Latent values of tokens [from, to) of page j that are not finite (bf16 exponent all ones) set
 // to 0, by the 128 threads of one consumer (t: its thread). The latent boxes hold 64 dims of 64
 // tokens each, 128-byte rows with the 128-byte swizzle (16-byte chunk x of row r at x ^ r % 8).
@@ -165,12 +185,14 @@ __device__ __forceinline__ void zero_nonfinite_tokens(const Smem& sm, int j, int
     }
 }
 
-// kStep: the score step on fully visible pages (ScoreStep, a lab option; softmax.cuh).
-template <ScoreStep kStep>
+// kStep: the score step on fully visible pages (ScoreStep, a lab option; softmax.cuh). kOwnPv:
+// where the owner's PV of its own page reads P (OwnPagePv, a lab option; params.hpp).
+template <ScoreStep kStep, OwnPagePv kOwnPv>
 __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     decode_bf16_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_kv,
                        const __grid_constant__ CUtensorMap tm_q) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
+  using Cfg = Bf16ConfigOf<kOwnPv>;
   dependents_at_start(p);  // a programmatic combine's blocks may start (they wait for this grid)
   const SplitRange range = splits_of_worker(p, grid_worker(p));
   if (range.first >= range.last) return;
@@ -186,9 +208,9 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
   __syncthreads();
 
   if (wg == 0) {
-    ptx::setmaxnreg_dec<Bf16Config::kProducerRegs>();
+    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     for (int item = range.first; item < range.last; ++item) {
-      if (item > range.first) split_boundary<Bf16Config::kThreads>(init_barriers);
+      if (item > range.first) split_boundary<Cfg::kThreads>(init_barriers);
       const Work w = work_of(p, item);
       const int nblk = w.pages();
       if (t == 0) {
@@ -235,9 +257,9 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     return;
   }
 
-  ptx::setmaxnreg_inc<Bf16Config::kConsumerRegs>();
+  ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
   for (int item = range.first; item < range.last; ++item) {
-    if (item > range.first) split_boundary<Bf16Config::kThreads>(NoInit{});
+    if (item > range.first) split_boundary<Cfg::kThreads>(NoInit{});
     const Work w = work_of(p, item);
     const int nblk = w.pages();
     const bool partial_last = nblk > 0 && w.end - (w.begin + (nblk - 1) * kPageSize) < kPageSize;
@@ -251,11 +273,13 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     // Under the base-2 step scores and maxima are in log2 units (back at the end), and a poisoned
     // row's page max is NaN, which the running max must keep (fmaxf would drop it).
     constexpr bool kBase2 = kStep == ScoreStep::kFolded;
+    constexpr bool kOwnRegs = kOwnPv == OwnPagePv::kRegisters;
     constexpr float kUnit = kBase2 ? 1.f : kLog2e;
     const float f = kBase2 ? p.softmax_scale * kLog2e : p.softmax_scale;
     const float factor[2] = {f, f};
     SoftmaxState st;
     float o[32][4];
+    uint32_t pr[4][4];  // kOwnRegs: the owner's P of its page, the own PV's A operand (16 ks + k)
 #pragma unroll
     for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     mbar::wait(sm.qbar, 0);
@@ -320,7 +344,8 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
         else if (!none) page_scores<true, false, true>(acc, factor, vis, blk, nullptr, q, mx);
       }
       // P of page j as bf16 into the rope box of its stage (the QK has read it), K-major: row r's
-      // tokens 8 n + 2 q, + 1 are one word; zeros without a page.
+      // tokens 8 n + 2 q, + 1 are one word; zeros without a page. Under kOwnRegs the same words
+      // go to pr too. Returns whether V tokens were zeroed (the same in every thread of the CTA).
       auto write_p = [&](const float (&m)[2]) {
         if (live) {
           if (full && kBase2) page_probs_by<false, false>(acc, m, factor, nullptr, q, sum, unused);
@@ -332,30 +357,36 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
 #pragma unroll
         for (int ri = 0; ri < 2; ++ri)
 #pragma unroll
-          for (int n = 0; n < 8; ++n)
-            ptx::sts32(pt + km_offset(r0 + 8 * ri, 16 * n + 4 * q, kPageSize * 2),
-                       live ? bf16x2_bits(acc[n][2 * ri], acc[n][2 * ri + 1]) : 0u);
+          for (int n = 0; n < 8; ++n) {
+            const uint32_t word = live ? bf16x2_bits(acc[n][2 * ri], acc[n][2 * ri + 1]) : 0u;
+            ptx::sts32(pt + km_offset(r0 + 8 * ri, 16 * n + 4 * q, kPageSize * 2), word);
+            if constexpr (kOwnRegs) pr[n / 2][2 * (n % 2) + ri] = word;  // A layout: (row, k) = (ri, n % 2)
+          }
         // Tokens some query rows do not see (causal, s_q > 1): their non-finite V values set to 0
         // now that this page's QK has read them (those rows' P is 0, and 0 x NaN is NaN in PV; the
         // rows that see them already have a non-finite score).
         const int from = max(band - blk, 0), to = min(kPageSize, w.end - blk);
-        if (mine && from < to) zero_nonfinite_tokens(sm, j, from, to, t);
+        const bool zeroed = mine && from < to;
+        if (zeroed) zero_nonfinite_tokens(sm, j, from, to, t);
         wg::fence_proxy_async();  // P written with st.shared, read by wgmma
         if (q == 0) {
           sm.xmax[c * kRows + r0] = m[0];
           sm.xmax[c * kRows + r0 + 8] = m[1];
         }
+        return zeroed;
       };
       // The page of consumer `owner` (0: A, 1: B): the owner turns it into P at m = max(running
       // max, the page's max) and hands P and m over (Bf16Barrier::kHandOff + 2 owner, then kOwnerWarps + 2 owner
-      // for its own warps: all of P is written); the other consumer takes m.
+      // for its own warps: all of P is written); the other consumer takes m. Under kOwnRegs the
+      // owner's PV reads P from its registers, so its own warps wait for each other only where
+      // they zeroed V tokens (which that PV reads).
       auto hand_off = [&](int owner, float (&m)[2]) {
         if (c == owner) {
 #pragma unroll
           for (int ri = 0; ri < 2; ++ri) m[ri] = kBase2 && mx[ri] != mx[ri] ? mx[ri] : fmaxf(st.m[ri], mx[ri]);
-          write_p(m);
+          const bool zeroed = write_p(m);
           ptx::named_barrier_arrive(int(Bf16Barrier::kHandOff) + 2 * owner, 256);
-          ptx::named_barrier(int(Bf16Barrier::kOwnerWarps) + 2 * owner, 128);
+          if (!kOwnRegs || zeroed) ptx::named_barrier(int(Bf16Barrier::kOwnerWarps) + 2 * owner, 128);
         } else {
           ptx::named_barrier(int(Bf16Barrier::kHandOff) + 2 * owner, 256);
 #pragma unroll
@@ -367,7 +398,8 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
       for (int ri = 0; ri < 2; ++ri) f[ri] = pair_alpha(st, ri, m_a[ri], c == 0 ? sum[ri] : 0.f, kUnit);
       scale_rows(o, f);
       if (partial_last && 2 * k + 2 >= nblk) mbar::wait(sm.tail, 0);
-      pv_page(o, sm.box(ja, kRopeBox), sm, ja, c);
+      if (kOwnRegs && c == 0) pv_page_regs(o, pr, sm, ja, c);
+      else pv_page(o, sm.box(ja, kRopeBox), sm, ja, c);
       // Page B under page A's PV (st.m is m_a now, so m_b = max(m_a, max S_B)).
       hand_off(1, m_b);
       wg::wait<0>();
@@ -379,7 +411,8 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
 #pragma unroll
       for (int ri = 0; ri < 2; ++ri) f[ri] = pair_alpha(st, ri, m_b[ri], c == 1 ? sum[ri] : 0.f, kUnit);
       scale_rows(o, f);
-      pv_page(o, sm.box(jb, kRopeBox), sm, min(jb, nblk - 1), c);
+      if (kOwnRegs && c == 1) pv_page_regs(o, pr, sm, min(jb, nblk - 1), c);
+      else pv_page(o, sm.box(jb, kRopeBox), sm, min(jb, nblk - 1), c);
       // Release page B once this PV is done. Its reload is the critical path (each stage's cycle is
       // load, QK, softmax, PVs), so consumer 0's next QK - its page is in page A's stage, loaded
       // early - waits until both consumers released B: it would otherwise share the tensor cores
@@ -414,23 +447,33 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
   }
 }
 
+// The kernel of the call's lab options.
+template <ScoreStep kStep>
+void launch_bf16(OwnPagePv own_pv, const DecodeParams& p, const DecodeOptions& options, const CUtensorMap& tm_kv,
+                 const CUtensorMap& tm_q) {
+  if (own_pv == OwnPagePv::kRegisters)
+    launch_decode<Bf16OwnRegsConfig, decode_bf16_kernel<kStep, OwnPagePv::kRegisters>>("decode_bf16", kSmemBytes, p, options,
+                                                                                 tm_kv, tm_q);
+  else
+    launch_decode<Bf16Config, decode_bf16_kernel<kStep, OwnPagePv::kShared>>("decode_bf16", kSmemBytes, p, options,
+                                                                              tm_kv, tm_q);
+}
+
 }  // namespace
 
 void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,
                  const DecodeOutput& out, const DecodeOptions& options) {
   DecodeParams p = make_params(q.batch, q.seqlen_q, q.num_heads, pages, out, options);
-  const ScoreStep step = score_step("decode_bf16");  // read (and checked) on every call
+  const ScoreStep step = score_step("decode_bf16");  // the lab options: read (and checked) on every call
+  const OwnPagePv own_pv = own_page_pv("decode_bf16");
   if (q.batch == 0) return;
   p.q_bf16 = reinterpret_cast<const uint16_t*>(q.data);
   p.num_pages = cache.num_pages;
   const CUtensorMap tm_kv =
       plane_map(cache.data, cache.num_pages * kPageSize, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
   const CUtensorMap tm_q = plane_map(q.data, int64_t(q.batch) * p.rows, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
-  if (step == ScoreStep::kFolded)
-    launch_decode<Bf16Config, decode_bf16_kernel<ScoreStep::kFolded>>("decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
-  else
-    launch_decode<Bf16Config, decode_bf16_kernel<ScoreStep::kReference>>("decode_bf16", kSmemBytes, p, options, tm_kv,
-                                                                          tm_q);
+  if (step == ScoreStep::kFolded) launch_bf16<ScoreStep::kFolded>(own_pv, p, options, tm_kv, tm_q);
+  else launch_bf16<ScoreStep::kReference>(own_pv, p, options, tm_kv, tm_q);
 }
 
 }  // namespace snapmla::cuda

@@ -119,6 +119,13 @@ inline ScoreStep score_step(const char* op) {
                                                                                      : ScoreStep::kReference;
 }
 
+// SNAPMLA_BF16_OWN_PV in the environment (a lab option, read per call): `shared` (unset) or
+// `registers`, decode_bf16's OwnPagePv (params.hpp).
+inline OwnPagePv own_page_pv(const char* op) {
+  return detail::env_choice(op, "SNAPMLA_BF16_OWN_PV", {"shared", "registers"}) == 1 ? OwnPagePv::kRegisters
+                                                                                      : OwnPagePv::kShared;
+}
+
 // A decode kernel (Config::kThreads per CTA, `smem` bytes of dynamic shared memory, arguments p
 // and then `extra`) over the decode grid, then the combine of split sequences.
 template <typename Config, auto Kernel, typename... Extra>

@@ -28,6 +28,12 @@ struct WarpgroupRoles {
 // SNAPMLA_SCORE_STEP, until the H200 has timed it).
 enum class ScoreStep { kReference, kFolded };
 
+// Where decode_bf16's consumer takes the P of its own page for that page's PV: from the page's
+// P tile in shared memory, as the other consumer does, or from its own registers (the wgmma's A
+// operand: no wait for the owner's other warps' stores, and no shared-memory reads of P). Both
+// give the same bits. A lab option (SNAPMLA_BF16_OWN_PV) until the H200 has timed it.
+enum class OwnPagePv { kShared, kRegisters };
+
 struct DecodeParams {
   // Queries: FP8 (nope, rope, scale) or BF16 ([rows, 576]).
   const uint8_t* q_nope = nullptr;
