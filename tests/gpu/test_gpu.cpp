@@ -518,23 +518,34 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   const auto want16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), cpu_opt);
   const auto want16_bf = bf16_rounded(want16.out);
   // With each score step (SNAPMLA_SCORE_STEP) and each source of the owner's P
-  // (SNAPMLA_BF16_OWN_PV), lab options (the untimed ones under test_untimed()), the same bounds:
-  // the registers hold the words the P tile holds, so the bits should not move.
+  // (SNAPMLA_BF16_OWN_PV), lab options (the untimed ones under test_untimed()), the same bounds;
+  // and the own PV from registers gives the first run's bits (its registers hold the words of
+  // the P tile, in the same products).
   struct Bf16Run {
     const char* label;
-    const char* step;
+    const char* step;  // null: the environment's own
     const char* own_pv;
   };
+  std::vector<bf16> first_out;
+  std::vector<float> first_lse;
   for (const Bf16Run run : {Bf16Run{"", nullptr, nullptr}, Bf16Run{" (folded)", "folded", nullptr},
                             Bf16Run{" (own PV from registers)", nullptr, "registers"}}) {
     if ((run.step || run.own_pv) && !test_untimed()) continue;
-    // Else the environment's own.
     ScopedEnv step("SNAPMLA_SCORE_STEP", run.step);
     ScopedEnv own_pv("SNAPMLA_BF16_OWN_PV", run.own_pv);
     G.out.poison();
     G.lse.poison();
     decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), gpu_opt);
     device_memory::cuda_ok(cudaDeviceSynchronize(), "decode_bf16");
+    if (first_out.empty()) {
+      first_out = G.out.download();
+      first_lse = G.lse.download();
+    } else if (run.own_pv) {
+      const auto out = G.out.download();
+      const auto lse = G.lse.download();
+      for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i].bits, first_out[i].bits) << run.label << " out " << i;
+      ASSERT_EQ(std::memcmp(lse.data(), first_lse.data(), lse.size() * sizeof(float)), 0) << run.label << " lse";
+    }
     const auto got16 = as_float(G.out.download());
     const Diff d16 = compare(got16, want16_bf);
     std::printf("[ info ] decode_bf16%s h=%d s_q=%d: rel-L2 %.2e, max |err| %.2e\n", run.label, c.h,

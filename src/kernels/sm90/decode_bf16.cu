@@ -451,12 +451,13 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
 template <ScoreStep kStep>
 void launch_bf16(OwnPagePv own_pv, const DecodeParams& p, const DecodeOptions& options, const CUtensorMap& tm_kv,
                  const CUtensorMap& tm_q) {
-  if (own_pv == OwnPagePv::kRegisters)
-    launch_decode<Bf16OwnRegsConfig, decode_bf16_kernel<kStep, OwnPagePv::kRegisters>>("decode_bf16", kSmemBytes, p, options,
-                                                                                 tm_kv, tm_q);
+  constexpr auto kRegs = OwnPagePv::kRegisters, kShared = OwnPagePv::kShared;
+  if (own_pv == kRegs)
+    launch_decode<Bf16ConfigOf<kRegs>, decode_bf16_kernel<kStep, kRegs>>("decode_bf16", kSmemBytes, p, options, tm_kv,
+                                                                         tm_q);
   else
-    launch_decode<Bf16Config, decode_bf16_kernel<kStep, OwnPagePv::kShared>>("decode_bf16", kSmemBytes, p, options,
-                                                                              tm_kv, tm_q);
+    launch_decode<Bf16ConfigOf<kShared>, decode_bf16_kernel<kStep, kShared>>("decode_bf16", kSmemBytes, p, options,
+                                                                             tm_kv, tm_q);
 }
 
 }  // namespace
