@@ -13,6 +13,8 @@
 #     length at b = 1-8 under the late trigger (lab/split_sweep.py --lengths --env).
 #   lab/h200_lab_options.sh [OUT_DIR]   (carry .devbin, .whl, .peers; about four minutes)
 # The logs come back as OUT_DIR/h200_lab_options.tgz, the bench's files under OUT_DIR/results.
+# The optional parts (LENGTHS, the kernel timeline) are skipped past BUDGET seconds (default 480),
+# so that the archive is written inside the device's 600-second limit.
 # Exit status: the number of parts that failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,12 +27,15 @@ export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVE
 repo=$PWD
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+# A part's timeout: its own (N seconds), cut to what is left before LIMIT (default 570) seconds.
+cap() { local left=$(( ${LIMIT:-570} - ($(date +%s) - t0) )); [ "$left" -lt 1 ] && left=1; [ "$1" -lt "$left" ] && echo "$1" || echo "$left"; }
+within_budget() { [ $(( $(date +%s) - t0 )) -lt "${BUDGET:-480}" ] || { stamp "over BUDGET: $1 skipped"; return 1; }; }
 failed=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$out/gpu.txt"
 
 filter='Shapes/*:GpuErrors.NonFinite*:GpuDecodeGaussian*:GpuDecode.CombineLabOptions*:GpuErrors.BadArguments*'
 stamp "GPU tests with the untimed kernels' runs (SNAPMLA_TEST_UNTIMED=1)"
-SNAPMLA_TEST_UNTIMED=1 timeout ${TEST_TIMEOUT:-150} .devbin/snapmla_gpu_tests --gtest_filter="$filter" \
+SNAPMLA_TEST_UNTIMED=1 timeout $(cap ${TEST_TIMEOUT:-200}) .devbin/snapmla_gpu_tests --gtest_filter="$filter" \
   > "$out/gpu_tests_score_step.log" 2>&1
 rc=$?
 echo "gpu tests exit: $rc (124: timed out)"
@@ -39,13 +44,13 @@ grep -E "tile 64f|decode_bf16 \((folded|own PV)" "$out/gpu_tests_score_step.log"
 [ $rc -eq 0 ] || failed=$((failed + 1))
 # The GPU suite's Gaussian test (FlashMLA's per-element bounds on decode_bf16) under each option.
 for opt in SNAPMLA_SCORE_STEP=folded SNAPMLA_BF16_OWN_PV=registers; do
-  env "$opt" timeout 60 .devbin/snapmla_gpu_tests --gtest_filter='GpuDecodeGaussian*' \
+  env "$opt" timeout $(cap 60) .devbin/snapmla_gpu_tests --gtest_filter='GpuDecodeGaussian*' \
     > "$out/gpu_tests_gaussian_${opt%%=*}.log" 2>&1 || failed=$((failed + 1))
   echo "Gaussian under $opt:"; grep -E "^\[  (PASSED|FAILED) " "$out/gpu_tests_gaussian_${opt%%=*}.log"
 done
 
 stamp "memcheck, 64-row shapes under the untimed kernels"
-SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_FP8_TILE=64 timeout ${SAN_TIMEOUT:-120} \
+SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_FP8_TILE=64 timeout $(cap ${SAN_TIMEOUT:-120}) \
   compute-sanitizer --tool memcheck --error-exitcode 9 .devbin/snapmla_gpu_tests \
   --gtest_filter='Shapes/*h64*:Shapes/*h128*:GpuErrors.NonFinite*' > "$out/memcheck_score_step.log" 2>&1
 rc=$?
@@ -67,23 +72,25 @@ if python3 -m pip install --no-build-isolation --no-index --no-deps . > "$out/pi
     args=--sweep
     [ $what = grid ] && args="--cases grid"
     # shellcheck disable=SC2086
-    timeout ${BENCH_TIMEOUT:-240} python3 -m snapmla.bench --peers "$repo/.peers" $args $variants \
+    timeout $(cap ${BENCH_TIMEOUT:-240}) python3 -m snapmla.bench --peers "$repo/.peers" $args $variants \
       --out "$dest/results" > "$out/bench_$what.log" 2>&1
     echo "bench $what exit: $?"
     grep -E "^- " "$out/bench_$what.log" | head -20
   done
   # LENGTHS=1: the planner's split length at b = 1-8 under the late trigger too (a few minutes).
-  if [ -n "${LENGTHS:-}" ]; then
+  if [ -n "${LENGTHS:-}" ] && within_budget "the split lengths"; then
     stamp "split lengths at b = 1-8, ordinary and late combine launch"
-    timeout ${LENGTHS_TIMEOUT:-240} python3 "$repo/lab/split_sweep.py" --peers "$repo/.peers" --lengths \
+    timeout $(cap ${LENGTHS_TIMEOUT:-240}) python3 "$repo/lab/split_sweep.py" --peers "$repo/.peers" --lengths \
       --env SNAPMLA_COMBINE_PDL=late --out "$dest/results" > "$out/split_lengths_late.log" 2>&1
     echo "split lengths exit: $?"
     tail -32 "$out/split_lengths_late.log"
   fi
-  stamp "kernel timeline (ordinary, =1 and =late combine launches)"
-  timeout 120 python3 "$repo/lab/kernel_timeline.py" --peers "$repo/.peers" > "$out/kernel_timeline.log" 2>&1
-  echo "kernel timeline exit: $?"
-  tail -40 "$out/kernel_timeline.log"
+  if within_budget "the kernel timeline"; then
+    stamp "kernel timeline (ordinary, =1 and =late combine launches)"
+    timeout $(cap 100) python3 "$repo/lab/kernel_timeline.py" --peers "$repo/.peers" > "$out/kernel_timeline.log" 2>&1
+    echo "kernel timeline exit: $?"
+    tail -40 "$out/kernel_timeline.log"
+  fi
 else
   tail -30 "$out/pip_install.log"
   failed=$((failed + 1))
