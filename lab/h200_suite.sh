@@ -8,7 +8,8 @@
 # HOST_COST=1 adds the eager host cost per call against FlashMLA's extensions (lab/py_call_overhead.py, .peers/).
 # SAN=1 adds compute-sanitizer (lab/h200_sanitize.sh). GPU_ENVS="NAME=VALUE ..." reruns the GPU suite under each setting. SWEEP=1 / GRID=1 add the bench's sweep / grid with the peers (.peers/) into OUT_DIR/results
 # (h200_sweep.*, h200.*), BENCH_ARGS passed to both (e.g. lab variants: --env LABEL:NAME=VALUE).
-# Exit status: the number of parts that failed.
+# Every part's timeout is cut to what is left of LIMIT seconds (default 570), so that the archive
+# is written inside the device's 600-second limit. Exit status: the number of parts that failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 dest=${1:-${OUT:-/tmp/h200}}
@@ -19,11 +20,13 @@ trap 'tar czf "$dest/h200_suite.tgz" -C "$out" . 2>/dev/null' EXIT
 export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+# A part's timeout: its own (N seconds), cut to what is left before LIMIT.
+cap() { local left=$(( ${LIMIT:-570} - ($(date +%s) - t0) )); [ "$left" -lt 1 ] && left=1; [ "$1" -lt "$left" ] && echo "$1" || echo "$left"; }
 failed=0
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | tee "$out/gpu.txt"
 for suite in snapmla_tests snapmla_gpu_tests; do
   stamp "$suite (whole)"
-  timeout ${TEST_TIMEOUT:-300} ".devbin/$suite" > "$out/$suite.log" 2>&1
+  timeout $(cap ${TEST_TIMEOUT:-300}) ".devbin/$suite" > "$out/$suite.log" 2>&1
   rc=$?
   echo "$suite exit: $rc"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\] [0-9]+ tests" "$out/$suite.log" | tail -6
@@ -36,7 +39,7 @@ done
 for setting in ${GPU_ENVS:-}; do
   stamp "snapmla_gpu_tests under $setting"
   log="$out/snapmla_gpu_tests_${setting//[^A-Za-z0-9_]/_}.log"
-  env "$setting" timeout ${TEST_TIMEOUT:-300} .devbin/snapmla_gpu_tests > "$log" 2>&1
+  env "$setting" timeout $(cap ${TEST_TIMEOUT:-300}) .devbin/snapmla_gpu_tests > "$log" 2>&1
   rc=$?
   echo "snapmla_gpu_tests ($setting) exit: $rc"
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$log" | head -20
@@ -45,7 +48,8 @@ done
 # SAN=1: compute-sanitizer (lab/h200_sanitize.sh) before the Python part.
 if [ -n "${SAN:-}" ]; then
   stamp "memcheck / racecheck / synccheck"
-  lab/h200_sanitize.sh "$out"
+  # Five tool runs, each bounded by SAN_TIMEOUT: a fifth of what is left, at most 100 s each.
+  SAN_TIMEOUT=$(( $(cap ${SAN_TIMEOUT:-500}) / 5 + 1 )) lab/h200_sanitize.sh "$out"
 fi
 stamp "pip install ."
 ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps .whl/*.whl
@@ -54,7 +58,7 @@ if python3 -m pip install --no-build-isolation --no-index --no-deps . > "$out/pi
   cd /tmp  # the installed package, not the source tree
   python3 -c "import snapmla; print(snapmla.info())" | tee "$out/info.txt"
   stamp "pytest (whole suite, one process)"
-  timeout ${PYTEST_TIMEOUT:-400} python3 -X faulthandler -m pytest -q -rs -p no:cacheprovider "$repo/tests/python" \
+  timeout $(cap ${PYTEST_TIMEOUT:-400}) python3 -X faulthandler -m pytest -q -rs -p no:cacheprovider "$repo/tests/python" \
     > "$out/pytest.log" 2>&1
   rc=$?
   echo "pytest exit: $rc"
@@ -66,14 +70,14 @@ if python3 -m pip install --no-build-isolation --no-index --no-deps . > "$out/pi
   # HOST_COST=1: the eager host cost per call beside FlashMLA's extensions, same process.
   if [ -n "${HOST_COST:-}" ] && [ -f "$repo/.peers/peers.py" ]; then
     stamp "host cost per call, with the peers"
-    timeout 90 python3 "$repo/lab/py_call_overhead.py" --peers "$repo/.peers/peers.py" 2>&1 | tee "$out/call_overhead.log" | tail -14
+    timeout $(cap 90) python3 "$repo/lab/py_call_overhead.py" --peers "$repo/.peers/peers.py" 2>&1 | tee "$out/call_overhead.log" | tail -14
   fi
   # SWEEP=1 / GRID=1: the bench with the peers into $dest/results.
   bench() {  # LOG_NAME BENCH_OPTIONS...
     local name=$1; shift
     stamp "bench $name, with the peers"
     # shellcheck disable=SC2086
-    timeout ${BENCH_TIMEOUT:-240} python3 -m snapmla.bench --peers "$repo/.peers" "$@" ${BENCH_ARGS:-} \
+    timeout $(cap ${BENCH_TIMEOUT:-240}) python3 -m snapmla.bench --peers "$repo/.peers" "$@" ${BENCH_ARGS:-} \
       --out "$dest/results" > "$out/bench_$name.log" 2>&1
     echo "bench $name exit: $?"
     grep -E "^- " "$out/bench_$name.log" | head -20
