@@ -5,11 +5,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <thread>
 #include <tuple>
+#include <vector>
 
 #include "../test_util.hpp"
 #include "../../tools/common/device_buffer.hpp"
@@ -156,49 +160,72 @@ struct Fp8RowStats {
   std::vector<double> weighted;  // [b, s_q, h] (the output row layout)
 };
 
+// Tasks 0..n-1 over the reference's threads (ref::num_threads): the host checks below are the
+// GPU tests' slowest host work (every token's 576 products per query row, in double).
+template <typename Fn>
+void for_each_task(size_t n, const Fn& fn) {
+  const size_t workers = std::min<size_t>(n, size_t(std::max(1, ref::num_threads())));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < n; i = next++) fn(i);
+  };
+  std::vector<std::thread> pool;
+  for (size_t w = 1; w < workers; ++w) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+}
+
 Fp8RowStats fp8_row_stats(const Batch& B) {
   Fp8RowStats st;
   st.mag.assign(size_t(B.batch) * B.h * B.s_q, 0.0);
   st.weighted.assign(size_t(B.batch) * B.h * B.s_q, 0.0);
-  for (int b = 0; b < B.batch; ++b)
-    for (int i = 0; i < B.s_q; ++i)
-      for (int hh = 0; hh < B.h; ++hh) {
-        const size_t r = (size_t(b) * B.s_q + i) * B.h + hh;
-        const int vis = std::max(0, B.seqlens[b] - B.s_q + i + 1);
-        if (vis == 0) continue;
-        std::vector<double> score(vis);
-        double m = 0, smax = -INFINITY;
-        for (int t = 0; t < vis; ++t) {
-          const int64_t slot = B.slot(b, t);
-          double a = 0, dot = 0;
-          for (int d = 0; d < kLatentDim; ++d) {
-            const double x = double(to_float(B.q_nope[r * kLatentDim + d])) * to_float(B.latent[slot * kLatentDim + d]);
-            a += std::fabs(x);
-            dot += x;
-          }
-          for (int d = 0; d < kRopeDim; ++d) {
-            const double x = double(to_float(B.q_rope[r * kRopeDim + d])) * to_float(B.rope[slot * kRopeDim + d]);
-            a += std::fabs(x);
-            dot += x;
-          }
-          const double f = double(B.softmax_scale) * B.q_scale[r] * B.scale[slot];
-          m = std::max(m, a * f);
-          score[t] = dot * f;
-          smax = std::max(smax, score[t]);
-        }
-        double L = 0;
-        for (int t = 0; t < vis; ++t) L += std::exp(score[t] - smax);
-        std::vector<double> acc(kLatentDim, 0.0);
-        for (int t = 0; t < vis; ++t) {
-          const int64_t slot = B.slot(b, t);
-          const double p = std::exp(score[t] - smax) / L * B.scale[slot];
-          for (int d = 0; d < kLatentDim; ++d) acc[d] += p * std::fabs(to_float(B.latent[slot * kLatentDim + d]));
-        }
-        double n2 = 0;
-        for (double x : acc) n2 += x * x;
-        st.mag[(size_t(b) * B.h + hh) * B.s_q + i] = m;
-        st.weighted[r] = std::sqrt(n2);
+  float e4m3_value[256];  // to_float of every e4m3 byte, read inline in the loops
+  for (int v = 0; v < 256; ++v) e4m3_value[v] = to_float(e4m3{uint8_t(v)});
+  const auto bf16_value = [](bf16 x) { return std::bit_cast<float>(uint32_t(x.bits) << 16); };
+  // One task per query row; each row's sums run over d and t in order, as one loop would.
+  for_each_task(size_t(B.batch) * B.s_q * B.h, [&](size_t r) {
+    const int b = int(r / (size_t(B.s_q) * B.h)), i = int(r / B.h % B.s_q), hh = int(r % B.h);
+    const int vis = std::max(0, B.seqlens[b] - B.s_q + i + 1);
+    if (vis == 0) return;
+    float qn[kLatentDim], qr[kRopeDim];
+    for (int d = 0; d < kLatentDim; ++d) qn[d] = e4m3_value[B.q_nope[r * kLatentDim + d].bits];
+    for (int d = 0; d < kRopeDim; ++d) qr[d] = bf16_value(B.q_rope[r * kRopeDim + d]);
+    std::vector<double> score(vis);
+    double m = 0, smax = -INFINITY;
+    for (int t = 0; t < vis; ++t) {
+      const int64_t slot = B.slot(b, t);
+      const e4m3* kl = &B.latent[slot * kLatentDim];
+      const bf16* kr = &B.rope[slot * kRopeDim];
+      double a = 0, dot = 0;
+      for (int d = 0; d < kLatentDim; ++d) {
+        const double x = double(qn[d]) * e4m3_value[kl[d].bits];
+        a += std::fabs(x);
+        dot += x;
       }
+      for (int d = 0; d < kRopeDim; ++d) {
+        const double x = double(qr[d]) * bf16_value(kr[d]);
+        a += std::fabs(x);
+        dot += x;
+      }
+      const double f = double(B.softmax_scale) * B.q_scale[r] * B.scale[slot];
+      m = std::max(m, a * f);
+      score[t] = dot * f;
+      smax = std::max(smax, score[t]);
+    }
+    double L = 0;
+    for (int t = 0; t < vis; ++t) L += std::exp(score[t] - smax);
+    std::vector<double> acc(kLatentDim, 0.0);
+    for (int t = 0; t < vis; ++t) {
+      const int64_t slot = B.slot(b, t);
+      const e4m3* kl = &B.latent[slot * kLatentDim];
+      const double p = std::exp(score[t] - smax) / L * B.scale[slot];
+      for (int d = 0; d < kLatentDim; ++d) acc[d] += p * std::fabs(e4m3_value[kl[d].bits]);
+    }
+    double n2 = 0;
+    for (double x : acc) n2 += x * x;
+    st.mag[(size_t(b) * B.h + hh) * B.s_q + i] = m;
+    st.weighted[r] = std::sqrt(n2);
+  });
   return st;
 }
 
@@ -566,18 +593,18 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
 // both sides), from the scores in double (causal rows, as the tests use).
 std::vector<float> bf16_p_rounding_allowance(const Batch& B) {
   std::vector<float> allow(size_t(B.batch) * B.s_q * B.h * kLatentDim, 0.f);
-  std::vector<double> w;
   for (int b = 0; b < B.batch; ++b) {
     const int len = B.seqlens[b];
     std::vector<float> kv(size_t(len) * kHeadDim);
     for (size_t i = 0; i < kv.size(); ++i) kv[i] = to_float(B.kv[b][i]);
-    for (int r = 0; r < B.s_q * B.h; ++r) {
+    for_each_task(size_t(B.s_q) * B.h, [&](size_t task) {
+      const int r = int(task);
       const int vis = std::max(0, len - B.s_q + r / B.h + 1);
-      if (vis == 0) continue;
+      if (vis == 0) return;
       const size_t row = size_t(b) * B.s_q * B.h + r;
       std::vector<float> q(kHeadDim);
       for (int d = 0; d < kHeadDim; ++d) q[d] = to_float(B.q[row * kHeadDim + d]);
-      w.assign(vis, 0.0);
+      std::vector<double> w(vis, 0.0);
       double mx = -INFINITY, l = 0;
       for (int t = 0; t < vis; ++t) {
         double acc = 0;
@@ -586,13 +613,14 @@ std::vector<float> bf16_p_rounding_allowance(const Batch& B) {
         mx = std::max(mx, w[t]);
       }
       for (int t = 0; t < vis; ++t) l += (w[t] = std::exp(w[t] - mx));
-      for (int d = 0; d < kLatentDim; ++d) {
-        double worst = 0;
-        for (int t = 0; t < vis; ++t)  // p = 1 (the row's max) is exact on both sides: no flip
-          if (w[t] != 1.0) worst = std::max(worst, w[t] / l * std::fabs(kv[size_t(t) * kHeadDim + d]));
-        allow[row * kLatentDim + d] = float(2.0 * std::ldexp(worst, -7));
+      std::vector<double> worst(kLatentDim, 0.0);
+      for (int t = 0; t < vis; ++t) {
+        if (w[t] == 1.0) continue;  // p = 1 (the row's max) is exact on both sides: no flip
+        const double share = w[t] / l;
+        for (int d = 0; d < kLatentDim; ++d) worst[d] = std::max(worst[d], share * std::fabs(kv[size_t(t) * kHeadDim + d]));
       }
-    }
+      for (int d = 0; d < kLatentDim; ++d) allow[row * kLatentDim + d] = float(2.0 * std::ldexp(worst[d], -7));
+    });
   }
   return allow;
 }
