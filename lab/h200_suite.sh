@@ -58,7 +58,7 @@ if python3 -m pip install --no-build-isolation --no-index --no-deps . > "$out/pi
   cd /tmp  # the installed package, not the source tree
   python3 -c "import snapmla; print(snapmla.info())" | tee "$out/info.txt"
   stamp "pytest (whole suite, one process)"
-  timeout $(cap ${PYTEST_TIMEOUT:-400}) python3 -X faulthandler -m pytest -q -rs -p no:cacheprovider "$repo/tests/python" \
+  timeout $(cap ${PYTEST_TIMEOUT:-400}) python3 -X faulthandler -m pytest -q -rs --durations=15 -p no:cacheprovider "$repo/tests/python" \
     > "$out/pytest.log" 2>&1
   rc=$?
   echo "pytest exit: $rc"
