@@ -3,6 +3,9 @@
 // even; e4m3 saturates at +-448 (infinities too) and maps NaN to NaN; bf16 keeps inf and NaN.
 #pragma once
 
+#include <bit>
+#include <cstdint>
+
 #include "snapmla/types.hpp"
 
 namespace snapmla {
@@ -10,7 +13,8 @@ namespace snapmla {
 e4m3 to_e4m3(float x);
 float to_float(e4m3 x);
 bf16 to_bf16(float x);
-float to_float(bf16 x);
+// bf16 is float's upper half: inline, so that loops over cache rows can vectorize it.
+inline float to_float(bf16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.bits) << 16); }
 
 // amax -> per-token / per-(token, head) scale and its reciprocal, exactly as every SnapMLA
 // kernel computes them (one IEEE division each), so CPU and GPU quantize identically:

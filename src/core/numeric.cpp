@@ -67,8 +67,6 @@ bf16 to_bf16(float x) {
   return {static_cast<uint16_t>(u >> 16)};
 }
 
-float to_float(bf16 x) { return std::bit_cast<float>(static_cast<uint32_t>(x.bits) << 16); }
-
 TokenScale token_scale(float amax) {
   const float a = std::fmax(amax, kMinAmax);  // fmax also turns a NaN amax into kMinAmax
   return {a / kE4m3Max, kE4m3Max / a};

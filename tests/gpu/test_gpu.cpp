@@ -5,18 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <optional>
-#include <thread>
 #include <tuple>
 #include <vector>
 
 #include "../test_util.hpp"
 #include "../../tools/common/device_buffer.hpp"
+#include "reference/attention_core.hpp"
 #include "study/accuracy.hpp"
 #include "study/synthetic.hpp"
 
@@ -160,36 +158,22 @@ struct Fp8RowStats {
   std::vector<double> weighted;  // [b, s_q, h] (the output row layout)
 };
 
-// Tasks 0..n-1 over the reference's threads (ref::num_threads): the host checks below are the
-// GPU tests' slowest host work (every token's 576 products per query row, in double).
-template <typename Fn>
-void for_each_task(size_t n, const Fn& fn) {
-  const size_t workers = std::min<size_t>(n, size_t(std::max(1, ref::num_threads())));
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i = next++; i < n; i = next++) fn(i);
-  };
-  std::vector<std::thread> pool;
-  for (size_t w = 1; w < workers; ++w) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
-}
-
 Fp8RowStats fp8_row_stats(const Batch& B) {
   Fp8RowStats st;
   st.mag.assign(size_t(B.batch) * B.h * B.s_q, 0.0);
   st.weighted.assign(size_t(B.batch) * B.h * B.s_q, 0.0);
-  float e4m3_value[256];  // to_float of every e4m3 byte, read inline in the loops
+  float e4m3_value[256];  // to_float of every e4m3 byte, as a local table the loops read inline
   for (int v = 0; v < 256; ++v) e4m3_value[v] = to_float(e4m3{uint8_t(v)});
-  const auto bf16_value = [](bf16 x) { return std::bit_cast<float>(uint32_t(x.bits) << 16); };
-  // One task per query row; each row's sums run over d and t in order, as one loop would.
-  for_each_task(size_t(B.batch) * B.s_q * B.h, [&](size_t r) {
+  // One task per query row on the reference's threads (the GPU tests' slowest host work: every
+  // token's 576 products per row, in double); each row's sums run over d and t in order.
+  detail::parallel_for(int64_t(B.batch) * B.s_q * B.h, [&](int64_t task) {
+    const size_t r = size_t(task);
     const int b = int(r / (size_t(B.s_q) * B.h)), i = int(r / B.h % B.s_q), hh = int(r % B.h);
     const int vis = std::max(0, B.seqlens[b] - B.s_q + i + 1);
     if (vis == 0) return;
     float qn[kLatentDim], qr[kRopeDim];
     for (int d = 0; d < kLatentDim; ++d) qn[d] = e4m3_value[B.q_nope[r * kLatentDim + d].bits];
-    for (int d = 0; d < kRopeDim; ++d) qr[d] = bf16_value(B.q_rope[r * kRopeDim + d]);
+    for (int d = 0; d < kRopeDim; ++d) qr[d] = to_float(B.q_rope[r * kRopeDim + d]);
     std::vector<double> score(vis);
     double m = 0, smax = -INFINITY;
     for (int t = 0; t < vis; ++t) {
@@ -203,7 +187,7 @@ Fp8RowStats fp8_row_stats(const Batch& B) {
         dot += x;
       }
       for (int d = 0; d < kRopeDim; ++d) {
-        const double x = double(qr[d]) * bf16_value(kr[d]);
+        const double x = double(qr[d]) * to_float(kr[d]);
         a += std::fabs(x);
         dot += x;
       }
@@ -597,7 +581,7 @@ std::vector<float> bf16_p_rounding_allowance(const Batch& B) {
     const int len = B.seqlens[b];
     std::vector<float> kv(size_t(len) * kHeadDim);
     for (size_t i = 0; i < kv.size(); ++i) kv[i] = to_float(B.kv[b][i]);
-    for_each_task(size_t(B.s_q) * B.h, [&](size_t task) {
+    detail::parallel_for(int64_t(B.s_q) * B.h, [&](int64_t task) {
       const int r = int(task);
       const int vis = std::max(0, len - B.s_q + r / B.h + 1);
       if (vis == 0) return;

@@ -91,7 +91,8 @@ inline int& launches() {
 inline int reported_launch() {
   static const int at = [] {
     const char* v = std::getenv("SNAPMLA_PROFILE_CALL");
-    return v != nullptr && std::atoi(v) > 0 ? std::atoi(v) : 8;
+    const int n = v != nullptr ? std::atoi(v) : 0;
+    return n > 0 ? n : 8;
   }();
   return at;
 }
