@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One H200 call (device tool) for the lab options not yet run on a GPU: the 64-row tiles' base-2
 # score step (SNAPMLA_SCORE_STEP=folded, both decodes), decode_bf16's own-page PV from registers
-# (SNAPMLA_BF16_OWN_PV=registers), the late trigger of the programmatic combine
+# (SNAPMLA_BF16_OWN_PV=registers), the consumers' indices broadcast from lane 0 (all three decode
+# kernels; SNAPMLA_ROLE_INDEX=uniform), the late trigger of the programmatic combine
 # (SNAPMLA_COMBINE_PDL=late) and the 64-row tile on narrow calls (SNAPMLA_FP8_TILE=rows64_all).
 #  1. the GPU tests that cover them, with the untimed kernels' runs switched on
 #     (SNAPMLA_TEST_UNTIMED=1) and a short timeout: a hang (an earlier draft of the score step
@@ -33,18 +34,22 @@ within_budget() { [ $(( $(date +%s) - t0 )) -lt "${BUDGET:-480}" ] || { stamp "o
 failed=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$out/gpu.txt"
 
-filter='Shapes/*:GpuErrors.NonFinite*:GpuDecodeGaussian*:GpuDecode.CombineLabOptions*:GpuErrors.BadArguments*'
+filter='Shapes/*:GpuErrors.NonFinite*:GpuDecodeGaussian*:GpuDecode.CombineLabOptions*:GpuDecode.UniformRoleIndex*'
+filter="$filter:GpuErrors.BadArguments*"
 stamp "GPU tests with the untimed kernels' runs (SNAPMLA_TEST_UNTIMED=1)"
 SNAPMLA_TEST_UNTIMED=1 timeout $(cap ${TEST_TIMEOUT:-200}) .devbin/snapmla_gpu_tests --gtest_filter="$filter" \
   > "$out/gpu_tests_score_step.log" 2>&1
 rc=$?
 echo "gpu tests exit: $rc (124: timed out)"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[ RUN      \]" "$out/gpu_tests_score_step.log" | tail -3
-grep -E "tile 64f|decode_bf16 \((folded|own PV)" "$out/gpu_tests_score_step.log" | head -12
+grep -E "tile 64f|decode_bf16 \((folded|own PV)|UniformRoleIndex" "$out/gpu_tests_score_step.log" | head -14
 [ $rc -eq 0 ] || failed=$((failed + 1))
-# The GPU suite's Gaussian test (FlashMLA's per-element bounds on decode_bf16) under each option.
-for opt in SNAPMLA_SCORE_STEP=folded SNAPMLA_BF16_OWN_PV=registers; do
-  env "$opt" timeout $(cap 60) .devbin/snapmla_gpu_tests --gtest_filter='GpuDecodeGaussian*' \
+# The GPU suite's Gaussian test (FlashMLA's per-element bounds on decode_bf16) under each option;
+# under the uniform role index the shapes' tests against the reference too (every decode call).
+for opt in SNAPMLA_SCORE_STEP=folded SNAPMLA_BF16_OWN_PV=registers SNAPMLA_ROLE_INDEX=uniform; do
+  tests='GpuDecodeGaussian*'
+  [ "$opt" = SNAPMLA_ROLE_INDEX=uniform ] && tests='GpuDecodeGaussian*:Shapes/*'
+  env "$opt" timeout $(cap 90) .devbin/snapmla_gpu_tests --gtest_filter="$tests" \
     > "$out/gpu_tests_gaussian_${opt%%=*}.log" 2>&1 || failed=$((failed + 1))
   echo "Gaussian under $opt:"; grep -E "^\[  (PASSED|FAILED) " "$out/gpu_tests_gaussian_${opt%%=*}.log"
 done
@@ -57,6 +62,14 @@ rc=$?
 echo "memcheck exit: $rc"
 grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$out/memcheck_score_step.log" | tail -3
 [ $rc -eq 0 ] || failed=$((failed + 1))
+stamp "memcheck, narrow and 64-row shapes under the uniform role index"
+SNAPMLA_ROLE_INDEX=uniform timeout $(cap ${SAN_TIMEOUT:-120}) \
+  compute-sanitizer --tool memcheck --error-exitcode 9 .devbin/snapmla_gpu_tests \
+  --gtest_filter='Shapes/*h8_*:Shapes/*h128*:GpuErrors.NonFinite*' > "$out/memcheck_role_index.log" 2>&1
+rc=$?
+echo "memcheck exit: $rc"
+grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$out/memcheck_role_index.log" | tail -3
+[ $rc -eq 0 ] || failed=$((failed + 1))
 
 stamp "pip install ."
 ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps .whl/*.whl
@@ -64,9 +77,11 @@ if python3 -m pip install --no-build-isolation --no-index --no-deps . > "$out/pi
   cd /tmp  # the installed package
   # wide16: the transposing 64-row tile on the narrow tile's calls too (h <= 16; the other cases
   # run the same kernels as the default, a measure of the run's noise). ownpv: decode_bf16's
-  # own-page PV from registers (decode_fp8 runs its default there: noise again).
+  # own-page PV from registers (decode_fp8 runs its default there: noise again). uniform: the
+  # consumers' indices broadcast from lane 0 (every decode kernel but the V^T-register tile).
   variants="--env folded:SNAPMLA_SCORE_STEP=folded --env-bf16 --env late:SNAPMLA_COMBINE_PDL=late"
   variants="$variants --env wide16:SNAPMLA_FP8_TILE=rows64_all --env ownpv:SNAPMLA_BF16_OWN_PV=registers"
+  variants="$variants --env uniform:SNAPMLA_ROLE_INDEX=uniform"
   for what in sweep grid; do
     stamp "bench $what with the variants"
     args=--sweep

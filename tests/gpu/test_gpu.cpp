@@ -814,6 +814,83 @@ TEST(GpuDecode, CombineLabOptionsGiveTheSameBits) {
   }
 }
 
+// The consumers' indices broadcast from lane 0 (SNAPMLA_ROLE_INDEX=uniform, a lab option not yet
+// run on the H200, hence under test_untimed()) give every kernel's bits as they are: the same
+// operations on the same values, only in other registers. Every kernel and lab variant it applies
+// to (the narrow tile; the 64-row tile with each score step and P' rule; decode_bf16 with each
+// score step and own-page PV), on one- and multi-split CTAs, MTP causal rows, padding rows, 0-
+// and 1-token and odd lengths, with a NaN query row and a NaN token some rows see: out and lse
+// bitwise equal (NaN rows included), and the rows the default gives finite are finite.
+TEST(GpuDecode, UniformRoleIndexGivesTheSameBits) {
+  REQUIRE_GPU();
+  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  struct Shape {
+    std::vector<int32_t> lens;
+    int s_q, h;
+  };
+  const std::vector<Shape> shapes = {{{0, 1, 64, 700, 3000, 9000}, 1, 16},
+                                     {{1, 129, 5000}, 1, 128},
+                                     {{2, 300, 4097}, 4, 3},
+                                     {{77, 1500, 2049}, 2, 64}};
+  for (const Shape& shape : shapes) {
+    const int h = shape.h, s_q = shape.s_q;
+    SCOPED_TRACE("h=" + std::to_string(h) + " s_q=" + std::to_string(s_q));
+    Batch B = make_batch(rng, shape.lens, s_q, h);
+    // A NaN in the latent of sequence 1's last query row, and in the latent of the last
+    // sequence's last token (seen by its last query only when s_q > 1).
+    const size_t bad_row = size_t(2 * s_q * h - 1);
+    B.q_nope[bad_row * kLatentDim + 5] = e4m3{0x7F};
+    B.q[bad_row * kHeadDim + 5] = to_bf16(test::kNaN);
+    const int last = int(shape.lens.size()) - 1;
+    const int64_t slot = B.slot(last, shape.lens[last] - 1);
+    B.latent[size_t(slot) * kLatentDim + 9] = e4m3{0xFF};
+    B.bf16_data[size_t(slot) * kHeadDim + 9] = to_bf16(test::kNaN);
+    GpuBatch G(B);
+    GpuPlan plan(G.pages(), recommended_num_workers(kGpu, s_q, h), s_q, h);
+    for (const bool split : {false, true}) {
+      SCOPED_TRACE(split ? "planned" : "one split per sequence");
+      const DecodeOptions options = split ? plan.options(B.softmax_scale) : test::options(B);
+      struct Run {
+        const char* kernel;
+        const char* env;  // the lab option beside the role index
+        const char* value;
+      };
+      for (const Run run : {Run{"decode_fp8", "SNAPMLA_SCORE_STEP", "reference"},
+                            Run{"decode_fp8", "SNAPMLA_SCORE_STEP", "folded"},
+                            Run{"decode_fp8", "SNAPMLA_FP8_P_SCALE", "carried"},
+                            Run{"decode_fp8", "SNAPMLA_FP8_TILE", "rows64_all"},
+                            Run{"decode_bf16", "SNAPMLA_SCORE_STEP", "reference"},
+                            Run{"decode_bf16", "SNAPMLA_SCORE_STEP", "folded"},
+                            Run{"decode_bf16", "SNAPMLA_BF16_OWN_PV", "registers"}}) {
+        const std::string label = std::string(run.kernel) + " " + run.env + "=" + run.value;
+        SCOPED_TRACE(label);
+        const bool fp8 = std::string(run.kernel) == "decode_fp8";
+        ScopedEnv lab(run.env, run.value);
+        auto decode = [&](const char* role) {
+          ScopedEnv env("SNAPMLA_ROLE_INDEX", role);
+          G.out.poison();
+          G.lse.poison();
+          if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), options);
+          else decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), options);
+          device_memory::cuda_ok(cudaDeviceSynchronize(), "decode");
+          return std::make_pair(G.out.download(), G.lse.download());
+        };
+        const auto thread = decode("thread");
+        const auto uniform = decode("uniform");
+        size_t finite = 0;
+        for (const bf16 v : thread.first) finite += std::isfinite(to_float(v));
+        EXPECT_GT(finite, thread.first.size() / 2) << "most rows are finite, so the comparison can tell";
+        for (size_t i = 0; i < thread.first.size(); ++i)
+          ASSERT_EQ(uniform.first[i].bits, thread.first[i].bits) << label << " out " << i;
+        EXPECT_EQ(std::memcmp(uniform.second.data(), thread.second.data(), thread.second.size() * sizeof(float)), 0)
+            << label << " lse";
+      }
+    }
+  }
+}
+
 // plan_splits(split_blocks = L) on the GPU: a row gives the same bits decoded alone, in a batch,
 // and in the batch with another row's length gone bad (which changes the default plan: the
 // bad row has no splits), for both decodes and the narrow and 64-row tiles. The default plan
@@ -1019,8 +1096,14 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
       EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), "SNAPMLA_SCORE_STEP");
     }
     // decode_bf16's own-page PV source.
-    ScopedEnv env("SNAPMLA_BF16_OWN_PV", "tmem");
-    EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), "SNAPMLA_BF16_OWN_PV");
+    {
+      ScopedEnv env("SNAPMLA_BF16_OWN_PV", "tmem");
+      EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), "SNAPMLA_BF16_OWN_PV");
+    }
+    // The consumers' role index, read by both decodes on every call.
+    ScopedEnv env("SNAPMLA_ROLE_INDEX", "lane");
+    EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), "SNAPMLA_ROLE_INDEX");
+    EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), "SNAPMLA_ROLE_INDEX");
   }
   // The debug checks read the device tables and name the bad entry.
   EXPECT_NO_THROW(check_page_table(G.pages(), B.num_pages));

@@ -186,8 +186,9 @@ __device__ __forceinline__ void zero_nonfinite_tokens(const Smem& sm, int j, int
 }
 
 // kStep: the score step on fully visible pages (ScoreStep, a lab option; softmax.cuh). kOwnPv:
-// where the owner's PV of its own page reads P (OwnPagePv, a lab option; params.hpp).
-template <ScoreStep kStep, OwnPagePv kOwnPv>
+// where the owner's PV of its own page reads P (OwnPagePv, a lab option; params.hpp). kRole:
+// where the consumers' indices come from (RoleIndex, a lab option; params.hpp).
+template <ScoreStep kStep, OwnPagePv kOwnPv, RoleIndex kRole>
 __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     decode_bf16_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_kv,
                        const __grid_constant__ CUtensorMap tm_q) {
@@ -263,8 +264,8 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     const Work w = work_of(p, item);
     const int nblk = w.pages();
     const bool partial_last = nblk > 0 && w.end - (w.begin + (nblk - 1) * kPageSize) < kPageSize;
-    const int c = wg - 1;  // owns page 2 k + c of each pair; output half c
-    const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+    const int c = uniform_in_warp<kRole>(wg) - 1;  // owns page 2 k + c of each pair; output half c
+    const int warp = uniform_in_warp<kRole>(t / 32), lane = t % 32, g = lane / 4, q = lane % 4;
     const int r0 = 16 * warp + g;  // the thread's first row in the tile (and r0 + 8)
     int64_t row[2];
     int vis[2];
@@ -448,16 +449,23 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
 }
 
 // The kernel of the call's lab options.
-template <ScoreStep kStep>
+template <ScoreStep kStep, RoleIndex kRole>
 void launch_bf16(OwnPagePv own_pv, const DecodeParams& p, const DecodeOptions& options, const CUtensorMap& tm_kv,
                  const CUtensorMap& tm_q) {
   constexpr auto kRegs = OwnPagePv::kRegisters, kShared = OwnPagePv::kShared;
   if (own_pv == kRegs)
-    launch_decode<Bf16ConfigOf<kRegs>, decode_bf16_kernel<kStep, kRegs>>("decode_bf16", kSmemBytes, p, options, tm_kv,
-                                                                         tm_q);
+    launch_decode<Bf16ConfigOf<kRegs>, decode_bf16_kernel<kStep, kRegs, kRole>>("decode_bf16", kSmemBytes, p, options,
+                                                                                tm_kv, tm_q);
   else
-    launch_decode<Bf16ConfigOf<kShared>, decode_bf16_kernel<kStep, kShared>>("decode_bf16", kSmemBytes, p, options,
-                                                                             tm_kv, tm_q);
+    launch_decode<Bf16ConfigOf<kShared>, decode_bf16_kernel<kStep, kShared, kRole>>("decode_bf16", kSmemBytes, p,
+                                                                                    options, tm_kv, tm_q);
+}
+
+template <ScoreStep kStep>
+void launch_bf16(RoleIndex role, OwnPagePv own_pv, const DecodeParams& p, const DecodeOptions& options,
+                 const CUtensorMap& tm_kv, const CUtensorMap& tm_q) {
+  if (role == RoleIndex::kUniform) launch_bf16<kStep, RoleIndex::kUniform>(own_pv, p, options, tm_kv, tm_q);
+  else launch_bf16<kStep, RoleIndex::kThread>(own_pv, p, options, tm_kv, tm_q);
 }
 
 }  // namespace
@@ -467,14 +475,15 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
   DecodeParams p = make_params(q.batch, q.seqlen_q, q.num_heads, pages, out, options);
   const ScoreStep step = score_step("decode_bf16");  // the lab options: read (and checked) on every call
   const OwnPagePv own_pv = own_page_pv("decode_bf16");
+  const RoleIndex role = role_index("decode_bf16");
   if (q.batch == 0) return;
   p.q_bf16 = reinterpret_cast<const uint16_t*>(q.data);
   p.num_pages = cache.num_pages;
   const CUtensorMap tm_kv =
       plane_map(cache.data, cache.num_pages * kPageSize, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
   const CUtensorMap tm_q = plane_map(q.data, int64_t(q.batch) * p.rows, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
-  if (step == ScoreStep::kFolded) launch_bf16<ScoreStep::kFolded>(own_pv, p, options, tm_kv, tm_q);
-  else launch_bf16<ScoreStep::kReference>(own_pv, p, options, tm_kv, tm_q);
+  if (step == ScoreStep::kFolded) launch_bf16<ScoreStep::kFolded>(role, own_pv, p, options, tm_kv, tm_q);
+  else launch_bf16<ScoreStep::kReference>(role, own_pv, p, options, tm_kv, tm_q);
 }
 
 }  // namespace snapmla::cuda

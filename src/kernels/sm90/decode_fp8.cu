@@ -463,8 +463,9 @@ __device__ __forceinline__ void carried_iteration(float (&o)[32][4], float (&acc
 }
 
 // kCarried: Fp8PScale::kCarried's P' scales (carried_iteration) instead of the per-page ones;
-// kStep: the per-page rule's score step on fully visible pages (ScoreStep, a lab option).
-template <bool kCarried, ScoreStep kStep = ScoreStep::kReference>
+// kStep: the per-page rule's score step on fully visible pages (ScoreStep, a lab option); kRole:
+// where the consumers' indices come from (RoleIndex, a lab option).
+template <bool kCarried, ScoreStep kStep, RoleIndex kRole>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     decode_fp8_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                       const __grid_constant__ CUtensorMap tm_rope, const __grid_constant__ CUtensorMap tm_q) {
@@ -532,8 +533,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (item > range.first) split_boundary<Cfg::kThreads>(NoInit{});
     const Work w = work_of(p, item);
     const int nblk = w.pages();
-    const int c = wg - 1;  // owns pages j = c (mod 2); output half c
-    const int warp = t / 32, lane = t % 32, g = lane / 4;
+    const int c = uniform_in_warp<kRole>(wg) - 1;  // owns pages j = c (mod 2); output half c
+    const int warp = uniform_in_warp<kRole>(t / 32), lane = t % 32, g = lane / 4;
     RowView rv;
     rv.q = lane % 4;
     rv.r0 = 16 * warp + g;  // the thread's first row in the tile (and r0 + 8)
@@ -809,6 +810,22 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
   }
 }
 
+// The transposing tile's kernel of the call's lab options.
+template <RoleIndex kRole>
+void launch_rows64(Fp8PScale p_scale, ScoreStep step, const DecodeParams& p, const DecodeOptions& options,
+                   const CUtensorMap& tm_latent, const CUtensorMap& tm_rope, const CUtensorMap& tm_q) {
+  constexpr int kSmem = int(sizeof(Fp8TileSmem));
+  if (p_scale == Fp8PScale::kCarried)
+    launch_decode<Fp8TileConfig, decode_fp8_kernel<true, ScoreStep::kReference, kRole>>("decode_fp8", kSmem, p, options,
+                                                                                         tm_latent, tm_rope, tm_q);
+  else if (step == ScoreStep::kFolded)
+    launch_decode<Fp8TileConfig, decode_fp8_kernel<false, ScoreStep::kFolded, kRole>>("decode_fp8", kSmem, p, options,
+                                                                                       tm_latent, tm_rope, tm_q);
+  else
+    launch_decode<Fp8TileConfig, decode_fp8_kernel<false, ScoreStep::kReference, kRole>>("decode_fp8", kSmem, p, options,
+                                                                                          tm_latent, tm_rope, tm_q);
+}
+
 }  // namespace
 
 void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
@@ -816,7 +833,8 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
   DecodeParams p = make_params(q.batch, q.seqlen_q, q.num_heads, pages, out, options);
   const Fp8PScale p_scale = detail::resolved_p_scale("decode_fp8", options, p.rows);
   const Fp8Tile tile = detail::fp8_tile_of_call("decode_fp8", p.rows, options.fp8_tile, p_scale);
-  const ScoreStep step = score_step("decode_fp8");  // read (and checked) on every call, as the others
+  const ScoreStep step = score_step("decode_fp8");  // the lab options: read (and checked) on every call
+  const RoleIndex role = role_index("decode_fp8");
   if (q.batch == 0) return;
   p.q_nope = reinterpret_cast<const uint8_t*>(q.nope);
   p.q_rope = reinterpret_cast<const uint16_t*>(q.rope);
@@ -827,7 +845,7 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
   const CUtensorMap tm_latent = plane_map(cache.latent, rows, kLatentDim, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1);
   const CUtensorMap tm_rope = plane_map(cache.rope, rows, kRopeDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
   if (tile == Fp8Tile::kNarrow16) {
-    launch_decode_fp8_narrow(p, tm_latent, tm_rope, options);
+    launch_decode_fp8_narrow(role, p, tm_latent, tm_rope, options);
     return;
   }
   // The query latent as one more plane: [batch * rows, 512] bytes, a tile's 64 rows per box row.
@@ -835,19 +853,15 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
   if (tile == Fp8Tile::kRows64VRegs) {
     const CUtensorMap tm_q_rope =
         plane_map(q.rope, int64_t(q.batch) * p.rows, kRopeDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
-    launch_decode<Fp8VRegsConfig, decode_fp8_vregs_kernel>("decode_fp8", int(sizeof(Fp8VRegsSmem)), p, options, tm_latent, tm_rope,
-                                           tm_q, tm_q_rope);
+    // The role index stays per thread here: the broadcast one leaves ptxas 4 bytes of spills.
+    launch_decode<Fp8VRegsConfig, decode_fp8_vregs_kernel>("decode_fp8", int(sizeof(Fp8VRegsSmem)), p, options, tm_latent,
+                                                           tm_rope, tm_q, tm_q_rope);
   } else {
     profile::before_launch();  // profiling builds only: the stamps' table and report
-    if (p_scale == Fp8PScale::kCarried)
-      launch_decode<Fp8TileConfig, decode_fp8_kernel<true>>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options,
-                                                            tm_latent, tm_rope, tm_q);
-    else if (step == ScoreStep::kFolded)
-      launch_decode<Fp8TileConfig, decode_fp8_kernel<false, ScoreStep::kFolded>>(
-          "decode_fp8", int(sizeof(Fp8TileSmem)), p, options, tm_latent, tm_rope, tm_q);
+    if (role == RoleIndex::kUniform)
+      launch_rows64<RoleIndex::kUniform>(p_scale, step, p, options, tm_latent, tm_rope, tm_q);
     else
-      launch_decode<Fp8TileConfig, decode_fp8_kernel<false>>("decode_fp8", int(sizeof(Fp8TileSmem)), p, options,
-                                                             tm_latent, tm_rope, tm_q);
+      launch_rows64<RoleIndex::kThread>(p_scale, step, p, options, tm_latent, tm_rope, tm_q);
     profile::after_launch("decode_fp8");
   }
 }

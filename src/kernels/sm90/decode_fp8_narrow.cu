@@ -176,6 +176,8 @@ __device__ __forceinline__ void load_v(uint32_t (&a)[kMTiles][2][4], const uint8
   }
 }
 
+// kRole: where the consumers' indices come from (RoleIndex, a lab option).
+template <RoleIndex kRole>
 __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
     decode_fp8_narrow_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                              const __grid_constant__ CUtensorMap tm_rope) {
@@ -229,8 +231,8 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
     if (item > range.first) split_boundary<NarrowConfig::kThreads>(NoInit{});
     const Work w = work_of(p, item);
     const int nblk = w.pages();
-    const int c = wg - 1;
-    const int warp = t / 32, lane = t % 32, g = lane / 4, q = lane % 4;
+    const int c = uniform_in_warp<kRole>(wg) - 1;
+    const int warp = uniform_in_warp<kRole>(t / 32), lane = t % 32, g = lane / 4, q = lane % 4;
     const int tok0 = 16 * warp + g;  // the thread's tokens in S^T: tok0, tok0 + 8
     int vis[kCols];
     float factor[kCols], m[kCols], l[kCols], sigma[kCols];
@@ -448,10 +450,15 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
 
 }  // namespace
 
-void launch_decode_fp8_narrow(const DecodeParams& p, const CUtensorMap& tm_latent, const CUtensorMap& tm_rope,
-                              const DecodeOptions& options) {
+void launch_decode_fp8_narrow(RoleIndex role, const DecodeParams& p, const CUtensorMap& tm_latent,
+                              const CUtensorMap& tm_rope, const DecodeOptions& options) {
   profile::before_launch();  // profiling builds only: the stamps' table and report
-  launch_decode<NarrowConfig, decode_fp8_narrow_kernel>("decode_fp8", kSmemBytes, p, options, tm_latent, tm_rope);
+  if (role == RoleIndex::kUniform)
+    launch_decode<NarrowConfig, decode_fp8_narrow_kernel<RoleIndex::kUniform>>("decode_fp8", kSmemBytes, p, options,
+                                                                                tm_latent, tm_rope);
+  else
+    launch_decode<NarrowConfig, decode_fp8_narrow_kernel<RoleIndex::kThread>>("decode_fp8", kSmemBytes, p, options,
+                                                                               tm_latent, tm_rope);
   profile::after_launch("decode_fp8 (narrow tile)");
 }
 

@@ -126,6 +126,13 @@ inline OwnPagePv own_page_pv(const char* op) {
                                                                                       : OwnPagePv::kShared;
 }
 
+// SNAPMLA_ROLE_INDEX in the environment (a lab option, read per call): `thread` (unset) or
+// `uniform`, the decode kernels' RoleIndex (params.hpp).
+inline RoleIndex role_index(const char* op) {
+  return detail::env_choice(op, "SNAPMLA_ROLE_INDEX", {"thread", "uniform"}) == 1 ? RoleIndex::kUniform
+                                                                                  : RoleIndex::kThread;
+}
+
 // A decode kernel (Config::kThreads per CTA, `smem` bytes of dynamic shared memory, arguments p
 // and then `extra`) over the decode grid, then the combine of split sequences.
 template <typename Config, auto Kernel, typename... Extra>

@@ -12,8 +12,9 @@ namespace snapmla::cuda {
 
 inline constexpr int kNarrowTileRows = snapmla::detail::kNarrowRows;  // core/validate.hpp: the P' scale rule reads it too
 
-// The narrow kernel plus the combine of split sequences (p.rows <= kNarrowTileRows).
-void launch_decode_fp8_narrow(const DecodeParams& p, const CUtensorMap& tm_latent, const CUtensorMap& tm_rope,
+// The narrow kernel (its consumers' indices as `role` says) plus the combine of split sequences
+// (p.rows <= kNarrowTileRows).
+void launch_decode_fp8_narrow(RoleIndex role, const DecodeParams& p, const CUtensorMap& tm_latent, const CUtensorMap& tm_rope,
                               const DecodeOptions& options);
 
 }  // namespace snapmla::cuda

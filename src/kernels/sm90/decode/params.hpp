@@ -34,6 +34,17 @@ enum class ScoreStep { kReference, kFolded };
 // give the same bits. A lab option (SNAPMLA_BF16_OWN_PV) until the H200 has timed it.
 enum class OwnPagePv { kShared, kRegisters };
 
+// Where a decode kernel's consumer thread takes its consumer index (which pages it owns, its
+// output half, its named barriers' ids) and its warp's index from: threadIdx as it is (kThread),
+// or those values broadcast from lane 0 of the warp (kUniform), which ptxas then knows to be
+// warp-uniform. With kThread everything derived from them (the page stage's address, each
+// wgmma's descriptors, the barrier ids) lives in per-thread registers, is moved into uniform
+// registers once per wgmma (R2UR) and is re-derived from %tid where registers are short; with
+// kUniform it lives in the uniform datapath (decode_fp8's 64-row loop: 56 R2UR -> 1, 1764 ->
+// 1616 SASS instructions). The same operations on the same values, so the same bits. A lab option
+// (SNAPMLA_ROLE_INDEX) until the H200 has timed it.
+enum class RoleIndex { kThread, kUniform };
+
 struct DecodeParams {
   // Queries: FP8 (nope, rope, scale) or BF16 ([rows, 576]).
   const uint8_t* q_nope = nullptr;

@@ -25,6 +25,14 @@ struct Work {
   __device__ int pages() const { return (end - begin + kPageSize - 1) / kPageSize; }
 };
 
+// v, the same in every lane of the warp (a warpgroup's or a warp's index), as RoleIndex says:
+// as it is, or broadcast from lane 0 so that ptxas knows it is warp-uniform (params.hpp).
+template <RoleIndex kRole>
+__device__ __forceinline__ int uniform_in_warp(int v) {
+  if constexpr (kRole == RoleIndex::kUniform) return __shfl_sync(0xffffffffu, v, 0);
+  else return v;
+}
+
 // The grid is 1-D, row tile fastest: the row tiles of one worker are neighbours in launch order,
 // so they stream the same pages at about the same time and L2 serves the second read.
 __device__ __forceinline__ int row_tiles_of(const DecodeParams& p) { return (p.rows + kTileRows - 1) / kTileRows; }
