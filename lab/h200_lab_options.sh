@@ -44,12 +44,10 @@ echo "gpu tests exit: $rc (124: timed out)"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[ RUN      \]" "$out/gpu_tests_score_step.log" | tail -3
 grep -E "tile 64f|decode_bf16 \((folded|own PV)|UniformRoleIndex" "$out/gpu_tests_score_step.log" | head -14
 [ $rc -eq 0 ] || failed=$((failed + 1))
-# The GPU suite's Gaussian test (FlashMLA's per-element bounds on decode_bf16) under each option;
-# under the uniform role index the shapes' tests against the reference too (every decode call).
+# The GPU suite's Gaussian test (FlashMLA's per-element bounds on decode_bf16) under each option.
+# (The uniform role index's bits are compared with the default's on many shapes above.)
 for opt in SNAPMLA_SCORE_STEP=folded SNAPMLA_BF16_OWN_PV=registers SNAPMLA_ROLE_INDEX=uniform; do
-  tests='GpuDecodeGaussian*'
-  [ "$opt" = SNAPMLA_ROLE_INDEX=uniform ] && tests='GpuDecodeGaussian*:Shapes/*'
-  env "$opt" timeout $(cap 90) .devbin/snapmla_gpu_tests --gtest_filter="$tests" \
+  env "$opt" timeout $(cap 60) .devbin/snapmla_gpu_tests --gtest_filter='GpuDecodeGaussian*' \
     > "$out/gpu_tests_gaussian_${opt%%=*}.log" 2>&1 || failed=$((failed + 1))
   echo "Gaussian under $opt:"; grep -E "^\[  (PASSED|FAILED) " "$out/gpu_tests_gaussian_${opt%%=*}.log"
 done
@@ -63,9 +61,9 @@ echo "memcheck exit: $rc"
 grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$out/memcheck_score_step.log" | tail -3
 [ $rc -eq 0 ] || failed=$((failed + 1))
 stamp "memcheck, narrow and 64-row shapes under the uniform role index"
-SNAPMLA_ROLE_INDEX=uniform timeout $(cap ${SAN_TIMEOUT:-120}) \
+SNAPMLA_ROLE_INDEX=uniform timeout $(cap ${SAN_TIMEOUT:-90}) \
   compute-sanitizer --tool memcheck --error-exitcode 9 .devbin/snapmla_gpu_tests \
-  --gtest_filter='Shapes/*h8_*:Shapes/*h128*:GpuErrors.NonFinite*' > "$out/memcheck_role_index.log" 2>&1
+  --gtest_filter='Shapes/*h8_*:Shapes/*h128_sq1*:GpuErrors.NonFinite*' > "$out/memcheck_role_index.log" 2>&1
 rc=$?
 echo "memcheck exit: $rc"
 grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$out/memcheck_role_index.log" | tail -3
