@@ -3,7 +3,7 @@ and the count of chosen opcodes in its consumer loop (the smallest loop holding 
 wgmma), so that a lab variant's code can be weighed against the default's before the H200 times
 it (docs/kernels.md quotes these for the role index).
 
-    python lab/sass_loops.py [decode_fp8 decode_bf16 decode_fp8_narrow] [--ops R2UR,S2R,...]
+    python lab/sass_loops.py [decode_fp8 decode_bf16 decode_fp8_narrow] [--ops R2UR,S2R,...] [--root TREE]
 
 Each kernel source is compiled as the build's `sass` tests compile it (nvcc -cubin for
 sm_90a, -O3) and disassembled with cuobjdump, which needs nvdisasm beside it or on
@@ -47,12 +47,12 @@ def find_tool(name, explicit):
     raise SystemExit(f"{name} not found: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm, or pass its path")
 
 
-def disassemble(kernel, workdir, cuobjdump, nvdisasm_dir, nvcc):
-    source = os.path.join(ROOT, "src", "kernels", "sm90", kernel + ".cu")
+def disassemble(kernel, root, workdir, cuobjdump, nvdisasm_dir, nvcc):
+    source = os.path.join(root, "src", "kernels", "sm90", kernel + ".cu")
     cubin = os.path.join(workdir, kernel + ".cubin")
     subprocess.run([nvcc, "-cubin", "-o", cubin, "-std=c++20", "-O3", "-DNDEBUG", "-DSNAPMLA_HAVE_CUDA=1",
                     "--expt-relaxed-constexpr", "-gencode", "arch=compute_90a,code=sm_90a",
-                    "-I" + os.path.join(ROOT, "include"), "-I" + os.path.join(ROOT, "src"), source], check=True)
+                    "-I" + os.path.join(root, "include"), "-I" + os.path.join(root, "src"), source], check=True)
     env = dict(os.environ, NVDISASM_PATH=nvdisasm_dir)
     return subprocess.run([cuobjdump, "-sass", cubin], check=True, capture_output=True, text=True, env=env).stdout
 
@@ -112,6 +112,7 @@ def main(argv=None):
     ap.add_argument("--cuobjdump")
     ap.add_argument("--nvdisasm-dir")
     ap.add_argument("--nvcc", default=shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc")
+    ap.add_argument("--root", default=ROOT, help="the source tree (a draft's copy; default: this checkout)")
     args = ap.parse_args(argv)
     cuobjdump = find_tool("cuobjdump", args.cuobjdump)
     nvdisasm_dir = args.nvdisasm_dir or os.path.dirname(find_tool("nvdisasm", None))
@@ -120,7 +121,7 @@ def main(argv=None):
         for kernel in args.kernels:
             if kernel not in LOOP_KEY:
                 raise SystemExit(f"unknown kernel {kernel}: expected one of {', '.join(LOOP_KEY)}")
-            for name, instructions in functions(disassemble(kernel, work, cuobjdump, nvdisasm_dir, args.nvcc)).items():
+            for name, instructions in functions(disassemble(kernel, args.root, work, cuobjdump, nvdisasm_dir, args.nvcc)).items():
                 loop = smallest_loop(instructions, LOOP_KEY[kernel])
                 counts = collections.Counter(opcode(t) for _, t in loop)
                 label = re.sub(r"\(snapmla::cuda::DecodeParams.*", "", demangled(name))
