@@ -2,7 +2,8 @@
 # One H200 call (device tool) for the lab options not yet run on a GPU: the 64-row tiles' base-2
 # score step (SNAPMLA_SCORE_STEP=folded, both decodes), decode_bf16's own-page PV from registers
 # (SNAPMLA_BF16_OWN_PV=registers), the consumers' indices broadcast from lane 0 (all three decode
-# kernels; SNAPMLA_ROLE_INDEX=uniform), the late trigger of the programmatic combine
+# kernels; SNAPMLA_ROLE_INDEX=uniform), the combine folded into the decode kernels' tail
+# (SNAPMLA_COMBINE_FUSED=1), the late trigger of the programmatic combine
 # (SNAPMLA_COMBINE_PDL=late) and the 64-row tile on narrow calls (SNAPMLA_FP8_TILE=rows64_all).
 #  1. the GPU tests that cover them, with the untimed kernels' runs switched on
 #     (SNAPMLA_TEST_UNTIMED=1) and a short timeout: a hang (an earlier draft of the score step
@@ -11,7 +12,8 @@
 #  3. `pip install .`, then the bench's sweep and grid with the options as same-run variants
 #     (decode_bf16 under each of them too), and the kernel timeline at small batches (the
 #     combine under =1 and =late beside the ordinary launch); LENGTHS=1 adds the planner's split
-#     length at b = 1-8 under the late trigger (lab/split_sweep.py --lengths --env).
+#     length at b = 1-8 under the late trigger and under the fused combine (lab/split_sweep.py
+#     --lengths --env).
 #   lab/h200_lab_options.sh [OUT_DIR]   (carry .devbin, .whl, .peers; about four minutes)
 # The logs come back as OUT_DIR/h200_lab_options.tgz, the bench's files under OUT_DIR/results.
 # The optional parts (LENGTHS, the kernel timeline) are skipped past BUDGET seconds (default 480),
@@ -35,14 +37,14 @@ failed=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$out/gpu.txt"
 
 filter='Shapes/*:GpuErrors.NonFinite*:GpuDecodeGaussian*:GpuDecode.CombineLabOptions*:GpuDecode.UniformRoleIndex*'
-filter="$filter:GpuErrors.BadArguments*"
+filter="$filter:GpuDecode.FusedCombine*:GpuErrors.BadArguments*"
 stamp "GPU tests with the untimed kernels' runs (SNAPMLA_TEST_UNTIMED=1)"
 SNAPMLA_TEST_UNTIMED=1 timeout $(cap ${TEST_TIMEOUT:-200}) .devbin/snapmla_gpu_tests --gtest_filter="$filter" \
   > "$out/gpu_tests_score_step.log" 2>&1
 rc=$?
 echo "gpu tests exit: $rc (124: timed out)"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[ RUN      \]" "$out/gpu_tests_score_step.log" | tail -3
-grep -E "tile 64f|decode_bf16 \((folded|own PV)|UniformRoleIndex" "$out/gpu_tests_score_step.log" | head -14
+grep -E "tile 64f|decode_bf16 \((folded|own PV)|UniformRoleIndex|FusedCombine" "$out/gpu_tests_score_step.log" | head -16
 [ $rc -eq 0 ] || failed=$((failed + 1))
 # The GPU suite's Gaussian test (FlashMLA's per-element bounds on decode_bf16) under each option.
 # (The uniform role index's bits are compared with the default's on many shapes above.)
@@ -59,6 +61,13 @@ SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_FP8_TILE=64 timeout $(cap ${SAN_TIMEOUT:-120
 rc=$?
 echo "memcheck exit: $rc"
 grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$out/memcheck_score_step.log" | tail -3
+[ $rc -eq 0 ] || failed=$((failed + 1))
+stamp "memcheck, the fused combine's test"
+SNAPMLA_TEST_UNTIMED=1 timeout $(cap ${SAN_TIMEOUT:-90}) compute-sanitizer --tool memcheck --error-exitcode 9 \
+  .devbin/snapmla_gpu_tests --gtest_filter='GpuDecode.FusedCombine*' > "$out/memcheck_fused.log" 2>&1
+rc=$?
+echo "memcheck exit: $rc"
+grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$out/memcheck_fused.log" | tail -3
 [ $rc -eq 0 ] || failed=$((failed + 1))
 stamp "memcheck, narrow and 64-row shapes under the uniform role index"
 SNAPMLA_ROLE_INDEX=uniform timeout $(cap ${SAN_TIMEOUT:-90}) \
@@ -79,7 +88,7 @@ if python3 -m pip install --no-build-isolation --no-index --no-deps . > "$out/pi
   # consumers' indices broadcast from lane 0 (every decode kernel but the V^T-register tile).
   variants="--env folded:SNAPMLA_SCORE_STEP=folded --env-bf16 --env late:SNAPMLA_COMBINE_PDL=late"
   variants="$variants --env wide16:SNAPMLA_FP8_TILE=rows64_all --env ownpv:SNAPMLA_BF16_OWN_PV=registers"
-  variants="$variants --env uniform:SNAPMLA_ROLE_INDEX=uniform"
+  variants="$variants --env uniform:SNAPMLA_ROLE_INDEX=uniform --env fused:SNAPMLA_COMBINE_FUSED=1"
   for what in sweep grid; do
     stamp "bench $what with the variants"
     args=--sweep
@@ -92,9 +101,9 @@ if python3 -m pip install --no-build-isolation --no-index --no-deps . > "$out/pi
   done
   # LENGTHS=1: the planner's split length at b = 1-8 under the late trigger too (a few minutes).
   if [ -n "${LENGTHS:-}" ] && within_budget "the split lengths"; then
-    stamp "split lengths at b = 1-8, ordinary and late combine launch"
+    stamp "split lengths at b = 1-8: ordinary and late combine launch, fused combine"
     timeout $(cap ${LENGTHS_TIMEOUT:-240}) python3 "$repo/lab/split_sweep.py" --peers "$repo/.peers" --lengths \
-      --env SNAPMLA_COMBINE_PDL=late --out "$dest/results" > "$out/split_lengths_late.log" 2>&1
+      --env SNAPMLA_COMBINE_PDL=late SNAPMLA_COMBINE_FUSED=1 --out "$dest/results" > "$out/split_lengths_late.log" 2>&1
     echo "split lengths exit: $?"
     tail -32 "$out/split_lengths_late.log"
   fi

@@ -168,7 +168,8 @@ struct DecodeOptions {
   // or +inf, what FlashMLA reports. Nothing else is accepted.
   float empty_lse = -std::numeric_limits<float>::infinity();
   const SplitPlan* plan = nullptr;  // null: one split per sequence
-  // Room for the fp32 partial results of split sequences, decode_workspace_bytes() large.
+  // Room for the fp32 partial results of split sequences (and a counter per split and 64-row
+  // tile), decode_workspace_bytes() large.
   // Needed by the GPU path when a plan is given; the CPU path uses its own scratch.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;

@@ -212,4 +212,11 @@ SNAPMLA_HOST_DEVICE inline SequenceSplits sequence_splits(int64_t c0, int64_t bl
   return {c0, blocks, seq, sequence_cuts(c0, blocks, seq, s), s};
 }
 
+// The decode kernels' combine tail (a lab option, SNAPMLA_COMBINE_FUSED): split k of a sequence's
+// S splits merges the rows [tail_row_begin(k, S, R), tail_row_begin(k + 1, S, R)) of its R-row
+// tile, so that the S shares cover the tile's rows once each (a split gets none where S > R).
+SNAPMLA_HOST_DEVICE inline int tail_row_begin(int k, int splits, int rows) {
+  return int(int64_t(k) * rows / splits);
+}
+
 }  // namespace snapmla::detail

@@ -814,6 +814,87 @@ TEST(GpuDecode, CombineLabOptionsGiveTheSameBits) {
   }
 }
 
+// The decode kernels' own combine tail (SNAPMLA_COMBINE_FUSED=1, a lab option not yet run on the
+// H200, hence under test_untimed()) gives the combine kernel's bits: the same arithmetic
+// (combine_rows.cuh) on the same partials. Both decodes, the narrow and 64-row tiles (two row
+// tiles at h = 128, each with its own counters), one sequence over every worker, persistent
+// workers with several splits, MTP rows, 0- and 1-token sequences, and a bad page in a split
+// sequence (its rows NaN from one split). And the tail did run: each split sequence's counter,
+// per row tile, holds its split count after the call (the launch clears them first; the
+// workspace is poisoned before).
+TEST(GpuDecode, FusedCombineGivesTheSameBits) {
+  REQUIRE_GPU();
+  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  std::vector<int32_t> many(100);
+  for (auto& len : many) len = int32_t(rng() % 5000);
+  struct Shape {
+    std::vector<int32_t> lens;
+    int s_q, h;
+    bool bad_page;
+  };
+  const std::vector<Shape> shapes = {{{8192}, 1, 128, false},
+                                     {{8192}, 1, 16, false},
+                                     {{3000, 9000, 1, 0, 64, 700}, 1, 64, true},
+                                     {{5000, 77, 4097, 1}, 2, 64, false},
+                                     {{2000, 3000, 4000}, 4, 3, false},
+                                     {many, 1, 128, false},
+                                     {many, 1, 8, true}};
+  for (const Shape& shape : shapes) {
+    const int h = shape.h, s_q = shape.s_q, rows = h * s_q;
+    SCOPED_TRACE("b=" + std::to_string(shape.lens.size()) + " h=" + std::to_string(h) + " s_q=" + std::to_string(s_q));
+    Batch B = make_batch(rng, shape.lens, s_q, h);
+    GpuBatch G(B);
+    if (shape.bad_page) {  // the longest sequence's middle page out of range
+      const int b = int(std::max_element(shape.lens.begin(), shape.lens.end()) - shape.lens.begin());
+      std::vector<int32_t> bad = B.block_table;
+      bad[size_t(b) * B.max_pages + shape.lens[b] / kPageSize / 2] = int32_t(B.num_pages + 7);
+      G.table.upload(bad);
+    }
+    GpuPlan plan(G.pages(), recommended_num_workers(kGpu, s_q, h), s_q, h);
+    const auto offsets = plan.offsets.download();
+    const int capacity = plan.plan.capacity, tiles = (rows + 63) / 64;  // counters per split: one per 64-row tile
+    const size_t counters_at = size_t(capacity) * rows * (kLatentDim + 1) * sizeof(float);
+    for (const bool fp8 : {true, false}) {
+      const char* op = fp8 ? "decode_fp8" : "decode_bf16";
+      auto run = [&](const char* fused) {
+        ScopedEnv env("SNAPMLA_COMBINE_FUSED", fused);
+        G.out.poison();
+        G.lse.poison();
+        plan.workspace.poison();
+        if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), plan.options(B.softmax_scale));
+        else decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), plan.options(B.softmax_scale));
+        device_memory::cuda_ok(cudaDeviceSynchronize(), op);
+        return std::make_pair(G.out.download(), G.lse.download());
+      };
+      const auto ordinary = run("0");
+      const auto fused = run("1");
+      size_t finite = 0;
+      for (const bf16 v : ordinary.first) finite += std::isfinite(to_float(v));
+      EXPECT_GT(finite, ordinary.first.size() / 2) << op << ": most rows finite, so the comparison can tell";
+      for (size_t i = 0; i < ordinary.first.size(); ++i)
+        ASSERT_EQ(fused.first[i].bits, ordinary.first[i].bits) << op << " out " << i;
+      EXPECT_EQ(std::memcmp(fused.second.data(), ordinary.second.data(), ordinary.second.size() * sizeof(float)), 0)
+          << op << " lse";
+      const auto ws = plan.workspace.download();
+      int split_sequences = 0;
+      for (size_t b = 0; b + 1 < offsets.size(); ++b) {
+        const int splits = offsets[b + 1] - offsets[b];
+        if (splits <= 1) continue;
+        ++split_sequences;
+        for (int tile = 0; tile < tiles; ++tile) {
+          int32_t counter;
+          std::memcpy(&counter, ws.data() + counters_at + (size_t(offsets[b]) * tiles + tile) * sizeof(int32_t),
+                      sizeof(counter));
+          EXPECT_EQ(counter, splits) << op << ": sequence " << b << " row tile " << tile;
+        }
+      }
+      EXPECT_GT(split_sequences, 0) << "the plan splits some sequence, so the tail has work";
+    }
+  }
+}
+
 // The consumers' indices broadcast from lane 0 (SNAPMLA_ROLE_INDEX=uniform, a lab option not yet
 // run on the H200, hence under test_untimed()) give every kernel's bits as they are: the same
 // operations on the same values, only in other registers. Every kernel and lab variant it applies
@@ -1085,7 +1166,7 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
   }
   {
     // The combine's lab options, checked where they are read, before anything is launched.
-    for (const char* name : {"SNAPMLA_COMBINE_PDL", "SNAPMLA_COMBINE_WAVE", "SNAPMLA_COMBINE_TASKS"}) {
+    for (const char* name : {"SNAPMLA_COMBINE_PDL", "SNAPMLA_COMBINE_WAVE", "SNAPMLA_COMBINE_TASKS", "SNAPMLA_COMBINE_FUSED"}) {
       ScopedEnv env(name, "yes");
       EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), name);
       EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), name);

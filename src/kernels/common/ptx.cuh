@@ -81,6 +81,21 @@ __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
+// A counter in global memory read with acquire semantics at GPU scope: the writes other CTAs made
+// before their release (a fence, then an atomic on the counter) are visible after it.
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// The GPU's global nanosecond timer.
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
 // A grid launched as a programmatic dependent (cudaLaunchAttributeProgrammaticStreamSerialization)
 // may start before the grid it follows has finished: this waits until that grid has completed and
 // its memory is visible. A no-op for a grid launched the ordinary way.

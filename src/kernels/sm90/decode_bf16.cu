@@ -39,6 +39,7 @@
 #include "kernels/common/tma.cuh"
 #include "kernels/common/wgmma.cuh"
 #include "kernels/kernels.hpp"
+#include "decode/combine_tail.cuh"
 #include "decode/epilogue.cuh"
 #include "decode/launch.hpp"
 #include "decode/pipeline.cuh"
@@ -187,8 +188,9 @@ __device__ __forceinline__ void zero_nonfinite_tokens(const Smem& sm, int j, int
 
 // kStep: the score step on fully visible pages (ScoreStep, a lab option; softmax.cuh). kOwnPv:
 // where the owner's PV of its own page reads P (OwnPagePv, a lab option; params.hpp). kRole:
-// where the consumers' indices come from (RoleIndex, a lab option; params.hpp).
-template <ScoreStep kStep, OwnPagePv kOwnPv, RoleIndex kRole>
+// where the consumers' indices come from (RoleIndex, a lab option; params.hpp). kTail: the split
+// sequences merged by the kernel's own combine tail (SNAPMLA_COMBINE_FUSED, a lab option).
+template <ScoreStep kStep, OwnPagePv kOwnPv, RoleIndex kRole, bool kTail = false>
 __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     decode_bf16_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_kv,
                        const __grid_constant__ CUtensorMap tm_q) {
@@ -446,6 +448,8 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     if (w.single) write_rows_staged(p, w, st, o, sm.qn + (4 * c + warp) * 8192, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
     else write_partials(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
   }
+  // SNAPMLA_COMBINE_FUSED: the split sequences' rows merged here, not by the combine kernel.
+  if constexpr (kTail) combine_tail<128 * Cfg::kConsumers>(p, kRows, threadIdx.x - 128);
 }
 
 // The kernel of the call's lab options.
@@ -453,9 +457,13 @@ template <ScoreStep kStep, RoleIndex kRole>
 void launch_bf16(OwnPagePv own_pv, const DecodeParams& p, const DecodeOptions& options, const CUtensorMap& tm_kv,
                  const CUtensorMap& tm_q) {
   constexpr auto kRegs = OwnPagePv::kRegisters, kShared = OwnPagePv::kShared;
+  constexpr bool kDefault = kStep == ScoreStep::kReference && kRole == RoleIndex::kThread;
   if (own_pv == kRegs)
     launch_decode<Bf16ConfigOf<kRegs>, decode_bf16_kernel<kStep, kRegs, kRole>>("decode_bf16", kSmemBytes, p, options,
                                                                                 tm_kv, tm_q);
+  else if constexpr (kDefault)  // the default kernel: with its combine-tail twin
+    launch_decode<Bf16ConfigOf<kShared>, decode_bf16_kernel<kStep, kShared, kRole>,
+                  decode_bf16_kernel<kStep, kShared, kRole, true>>("decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
   else
     launch_decode<Bf16ConfigOf<kShared>, decode_bf16_kernel<kStep, kShared, kRole>>("decode_bf16", kSmemBytes, p,
                                                                                     options, tm_kv, tm_q);

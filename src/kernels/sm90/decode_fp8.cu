@@ -33,6 +33,7 @@
 #include "kernels/common/tma.cuh"
 #include "kernels/common/wgmma.cuh"
 #include "kernels/kernels.hpp"
+#include "decode/combine_tail.cuh"
 #include "decode/epilogue.cuh"
 #include "decode/fp8_tile.cuh"
 #include "decode/fp8_vregs_tile.cuh"
@@ -464,8 +465,9 @@ __device__ __forceinline__ void carried_iteration(float (&o)[32][4], float (&acc
 
 // kCarried: Fp8PScale::kCarried's P' scales (carried_iteration) instead of the per-page ones;
 // kStep: the per-page rule's score step on fully visible pages (ScoreStep, a lab option); kRole:
-// where the consumers' indices come from (RoleIndex, a lab option).
-template <bool kCarried, ScoreStep kStep, RoleIndex kRole>
+// where the consumers' indices come from (RoleIndex, a lab option); kTail: the split sequences
+// merged by the kernel's own combine tail (SNAPMLA_COMBINE_FUSED, a lab option).
+template <bool kCarried, ScoreStep kStep, RoleIndex kRole, bool kTail = false>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     decode_fp8_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                       const __grid_constant__ CUtensorMap tm_rope, const __grid_constant__ CUtensorMap tm_q) {
@@ -598,6 +600,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       write_partials(p, w, st, o, row0 + 16 * warp, Cfg::kOutHalf * c, lane, c == 0, fault);
     if (threadIdx.x == 128) SNAPMLA_MARK(kStored);
   }
+  // SNAPMLA_COMBINE_FUSED: the split sequences' rows merged here, not by the combine kernel.
+  if constexpr (kTail) combine_tail<kConsumerThreads>(p, kRows, threadIdx.x - 128);
 }
 static_assert(8 * 8192 <= Cfg::kStages * int(sizeof(Fp8TileSmem::Stage)), "the staged output fits the page stages");
 
@@ -821,6 +825,10 @@ void launch_rows64(Fp8PScale p_scale, ScoreStep step, const DecodeParams& p, con
   else if (step == ScoreStep::kFolded)
     launch_decode<Fp8TileConfig, decode_fp8_kernel<false, ScoreStep::kFolded, kRole>>("decode_fp8", kSmem, p, options,
                                                                                        tm_latent, tm_rope, tm_q);
+  else if constexpr (kRole == RoleIndex::kThread)  // the default kernel: with its combine-tail twin
+    launch_decode<Fp8TileConfig, decode_fp8_kernel<false, ScoreStep::kReference, kRole>,
+                  decode_fp8_kernel<false, ScoreStep::kReference, kRole, true>>("decode_fp8", kSmem, p, options, tm_latent,
+                                                                                tm_rope, tm_q);
   else
     launch_decode<Fp8TileConfig, decode_fp8_kernel<false, ScoreStep::kReference, kRole>>("decode_fp8", kSmem, p, options,
                                                                                           tm_latent, tm_rope, tm_q);

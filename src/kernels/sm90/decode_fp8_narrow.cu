@@ -28,6 +28,7 @@
 #include "kernels/common/tma.cuh"
 #include "kernels/common/wgmma.cuh"
 #include "kernels/kernels.hpp"
+#include "decode/combine_tail.cuh"
 #include "decode/epilogue.cuh"
 #include "decode/launch.hpp"
 #include "decode/narrow.hpp"
@@ -176,8 +177,9 @@ __device__ __forceinline__ void load_v(uint32_t (&a)[kMTiles][2][4], const uint8
   }
 }
 
-// kRole: where the consumers' indices come from (RoleIndex, a lab option).
-template <RoleIndex kRole>
+// kRole: where the consumers' indices come from (RoleIndex, a lab option); kTail: the split
+// sequences merged by the kernel's own combine tail (SNAPMLA_COMBINE_FUSED, a lab option).
+template <RoleIndex kRole, bool kTail = false>
 __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
     decode_fp8_narrow_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                              const __grid_constant__ CUtensorMap tm_rope) {
@@ -446,6 +448,8 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
       }
     if (t == 0) SNAPMLA_MARK(kStored);
   }
+  // SNAPMLA_COMBINE_FUSED: the split sequences' rows merged here, not by the combine kernel.
+  if constexpr (kTail) combine_tail<128 * NarrowConfig::kConsumers>(p, kNarrowTileRows, threadIdx.x - 128);
 }
 
 }  // namespace
@@ -457,8 +461,9 @@ void launch_decode_fp8_narrow(RoleIndex role, const DecodeParams& p, const CUten
     launch_decode<NarrowConfig, decode_fp8_narrow_kernel<RoleIndex::kUniform>>("decode_fp8", kSmemBytes, p, options,
                                                                                 tm_latent, tm_rope);
   else
-    launch_decode<NarrowConfig, decode_fp8_narrow_kernel<RoleIndex::kThread>>("decode_fp8", kSmemBytes, p, options,
-                                                                               tm_latent, tm_rope);
+    launch_decode<NarrowConfig, decode_fp8_narrow_kernel<RoleIndex::kThread>,
+                  decode_fp8_narrow_kernel<RoleIndex::kThread, true>>("decode_fp8", kSmemBytes, p, options, tm_latent,
+                                                                      tm_rope);
   profile::after_launch("decode_fp8 (narrow tile)");
 }
 

@@ -25,49 +25,14 @@
 #include "kernels/common/numeric.cuh"
 #include "kernels/common/ptx.cuh"
 #include "combine.hpp"
+#include "combine_rows.cuh"
 
 namespace snapmla::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
-constexpr int kQuarters = 4;     // tasks per row: 128 dims each
-constexpr int kGroup = 8;        // splits whose partial rows are in flight at once in one warp
 constexpr int kBlocksPerSm = 4;  // 8-warp blocks resident per SM (at most 64 registers a thread)
 constexpr int kMaxWarpsPerTask = kWarpsPerBlock;
-
-// s += w v per component: both task shapes weigh a partial row with it, so their bits agree.
-__device__ __forceinline__ void add_weighted(float4& s, float w, const float4& v) {
-  s.x += w * v.x;
-  s.y += w * v.y;
-  s.z += w * v.z;
-  s.w += w * v.w;
-}
-
-__device__ __forceinline__ void add(float4& a, const float4& b) {
-  a.x += b.x;
-  a.y += b.y;
-  a.z += b.z;
-  a.w += b.w;
-}
-
-// The row's lse over splits lo .. hi - 1 (each warp of a task forms it alike): NaN where a split
-// faulted (a bad page or length, a non-finite score: the row is NaN), -inf where every split is
-// empty.
-__device__ __forceinline__ float combined_lse(const float* lse_of, int rows, int lo, int hi, int lane) {
-  float m = -INFINITY;
-  bool faulted = false;
-  for (int k = lo + lane; k < hi; k += 32) {
-    const float v = lse_of[int64_t(k) * rows];
-    faulted |= isnan(v);
-    m = fmaxf(m, v);
-  }
-  m = warp_max(m);
-  if (__any_sync(0xffffffffu, faulted)) return NAN;
-  if (m == -INFINITY) return m;
-  float sum = 0.f;
-  for (int k = lo + lane; k < hi; k += 32) sum += expf(lse_of[int64_t(k) * rows] - m);
-  return m + logf(warp_sum(sum));
-}
 
 // One group's weighted sum, splits g0 .. min(g0 + kGroup, hi) - 1 in order (zero past hi).
 __device__ __forceinline__ float4 group_sum(const float* lse_of, const float* src, int rows, int64_t split_stride,
@@ -99,60 +64,16 @@ __device__ __forceinline__ int warps_per_task(int splits, int tasks, int blocks)
   return w;
 }
 
-// One quarter of row r of sequence b's output from its sum (NaN where the row faulted, zero where
-// it saw nothing), and with quarter 0 the row's lse (the empty lse where it saw nothing).
-__device__ __forceinline__ void store_row_quarter(const CombineParams& p, int b, int r, int d0, int quarter, int lane,
-                                                  bool sums, float total, const float4& acc) {
-  uint2* out = reinterpret_cast<uint2*>(p.out + (int64_t(b) * p.rows + r) * kLatentDim + d0);
-  *out = sums ? make_uint2(bf16x2_bits(acc.x, acc.y), bf16x2_bits(acc.z, acc.w))
-              : isnan(total) ? make_uint2(bf16x2_bits(NAN, NAN), bf16x2_bits(NAN, NAN)) : make_uint2(0u, 0u);
-  if (quarter == 0 && lane == 0) {
-    const int i = r / p.num_heads, h = r % p.num_heads;
-    p.lse[(int64_t(b) * p.num_heads + h) * p.seqlen_q + i] = sums || isnan(total) ? total : p.empty_lse;
-  }
-}
-
 // Row tasks: block (b, y) merges rows y * 8 + w, + gridDim.y * 8, ... of sequence b, warp w a
-// row, its four quarters together.
+// row (combine_row, combine_rows.cuh).
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_row_kernel(CombineParams p) {
   ptx::grid_dependency_wait();  // the decode's partials (launched as its programmatic dependent)
   const int b = blockIdx.x;
   const int lo = p.split_offsets[b], hi = p.split_offsets[b + 1];
   if (hi - lo <= 1) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t split_stride = int64_t(p.rows) * kLatentDim;
-  for (int r = blockIdx.y * kWarpsPerBlock + warp; r < p.rows; r += gridDim.y * kWarpsPerBlock) {
-    const float* lse_of = p.partial_lse + r;  // split k's at k * rows
-    const float total = combined_lse(lse_of, p.rows, lo, hi, lane);
-    const bool sums = total > -INFINITY;  // false for NaN too
-    const float* src = p.partial_out + int64_t(r) * kLatentDim + 4 * lane;  // quarter q at q * 128
-    float4 acc[kQuarters];
-#pragma unroll
-    for (int q = 0; q < kQuarters; ++q) acc[q] = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int g0 = lo; sums && g0 < hi; g0 += kGroup) {
-      float4 s[kQuarters];
-#pragma unroll
-      for (int q = 0; q < kQuarters; ++q) s[q] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int u = 0; u < kGroup; ++u) {
-        const int k = g0 + u;
-        if (k >= hi) break;
-        const float w = expf(lse_of[int64_t(k) * p.rows] - total);
-        float4 v[kQuarters];
-#pragma unroll
-        for (int q = 0; q < kQuarters; ++q)
-          v[q] = *reinterpret_cast<const float4*>(src + k * split_stride + q * (kLatentDim / kQuarters));
-        if (w == 0.f) continue;  // an empty split (lse -inf) adds nothing
-#pragma unroll
-        for (int q = 0; q < kQuarters; ++q) add_weighted(s[q], w, v[q]);
-      }
-#pragma unroll
-      for (int q = 0; q < kQuarters; ++q) add(acc[q], s[q]);
-    }
-#pragma unroll
-    for (int q = 0; q < kQuarters; ++q)
-      store_row_quarter(p, b, r, q * (kLatentDim / kQuarters) + 4 * lane, q, lane, sums, total, acc[q]);
-  }
+  for (int r = blockIdx.y * kWarpsPerBlock + warp; r < p.rows; r += gridDim.y * kWarpsPerBlock)
+    combine_row<false>(p, b, r, lo, hi, lane);
 }
 
 // Quarter tasks: block (b, y) merges sequence b's tasks y * T + t, + gridDim.y * T, ... (T = 8 / W

@@ -5,8 +5,10 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "core/validate.hpp"
 #include "kernels/common/check.cuh"
@@ -40,6 +42,15 @@ inline DecodeParams make_params(int batch, int s_q, int h, const PageTable& page
     p.partial_lse = p.partial_out + size_t(options.plan->capacity) * p.rows * kLatentDim;
   }
   return p;
+}
+
+// Where the decode's own combine keeps its counters (decode_workspace_bytes counts them), and how
+// many: one per split of the plan's capacity and 64-row tile.
+inline int* combine_counters_of(const DecodeParams& p, const DecodeOptions& options) {
+  return reinterpret_cast<int*>(p.partial_lse + size_t(options.plan->capacity) * p.rows);
+}
+inline size_t combine_counter_count(const DecodeParams& p, const DecodeOptions& options) {
+  return size_t(options.plan->capacity) * size_t((p.rows + kTileRows - 1) / kTileRows);
 }
 
 // The decode grid: one CTA per (worker, 64-row tile), row tile fastest (grid_worker /
@@ -133,23 +144,58 @@ inline RoleIndex role_index(const char* op) {
                                                                                   : RoleIndex::kThread;
 }
 
+// SNAPMLA_COMBINE_FUSED in the environment (a lab option, read per call like the others): `1` runs
+// the decode kernel's instantiation with the combine tail (combine_tail.cuh), which merges its
+// split sequences itself, where there is one (the default kernels' settings), a plan is given and
+// the grid has at most one CTA per SM (the tail's waits need the whole grid resident); unset or 0,
+// or elsewhere: the kernel without it, then the combine kernel.
+inline bool combine_fused(const char* op) { return detail::env_flag(op, "SNAPMLA_COMBINE_FUSED"); }
+
+// The current device's SM count (0 where the query fails: nothing is folded in then).
+inline int sm_count() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return sms;
+}
+
 // A decode kernel (Config::kThreads per CTA, `smem` bytes of dynamic shared memory, arguments p
-// and then `extra`) over the decode grid, then the combine of split sequences.
-template <typename Config, auto Kernel, typename... Extra>
+// and then `extra`) over the decode grid, then the combine of split sequences: by the combine
+// kernel, or under SNAPMLA_COMBINE_FUSED by TailKernel, the same kernel with the combine tail
+// (nullptr: none).
+template <typename Config, auto Kernel, auto TailKernel = nullptr, typename... Extra>
 void launch_decode(const char* op, int smem, const DecodeParams& p, const DecodeOptions& options,
                    const Extra&... extra) {
+  constexpr bool kHasTail = !std::is_same_v<decltype(TailKernel), std::nullptr_t>;
   const cudaStream_t stream = as_stream(options.stream);
   const dim3 grid = decode_grid(op, p, options);
   // The lab options are read (and checked) before anything runs.
   const CombineLaunch launch = combine_launch(op);
   const bool wave_over_workers = combine_wave_over_workers(op);
   const CombineTasks tasks = combine_tasks(op);
+  const bool fused = combine_fused(op) && kHasTail && options.plan && int64_t(grid.x) <= sm_count();
   DecodeParams kp = p;
   kp.dependents_late = launch == CombineLaunch::kProgrammaticLate;
-  allow_dynamic_smem<Kernel>(smem);
-  Kernel<<<grid, Config::kThreads, smem, stream>>>(kp, extra...);
+  if (fused) {
+    kp.combine_counters = combine_counters_of(p, options);
+    check(cudaMemsetAsync(kp.combine_counters, 0, combine_counter_count(p, options) * sizeof(int), stream),
+          "cudaMemsetAsync (combine counters)");
+  }
+  if constexpr (kHasTail) {
+    if (fused) {
+      allow_dynamic_smem<TailKernel>(smem);
+      TailKernel<<<grid, Config::kThreads, smem, stream>>>(kp, extra...);
+    }
+  }
+  if (!fused) {
+    allow_dynamic_smem<Kernel>(smem);
+    Kernel<<<grid, Config::kThreads, smem, stream>>>(kp, extra...);
+  }
   check_launch(op);
-  if (options.plan) combine(combine_params(kp, wave_over_workers), stream, launch != CombineLaunch::kOrdinary, tasks);
+  if (options.plan && !fused)
+    combine(combine_params(kp, wave_over_workers), stream, launch != CombineLaunch::kOrdinary, tasks);
 }
 
 }  // namespace snapmla::cuda

@@ -70,6 +70,11 @@ struct DecodeParams {
   int num_workers = 0;  // the grid's workers: the plan's capacity - batch, or its capacity without ranges
   float* partial_out = nullptr;  // [capacity, rows, 512]
   float* partial_lse = nullptr;  // [capacity, rows]
+  // Non-null: the decode kernel merges its split sequences' partials itself, in its tail, instead
+  // of the combine kernel (combine_tail.cuh; SNAPMLA_COMBINE_FUSED, a lab option): one counter per
+  // split and 64-row tile ([capacity, row tiles], zero at the launch), after partial_lse in the
+  // workspace.
+  int* combine_counters = nullptr;
   // Where a CTA lets a programmatic combine start (griddepcontrol.launch_dependents, a no-op for the
   // ordinary launch): false, at its start; true, once its last split's pages are done, before its
   // stores (SNAPMLA_COMBINE_PDL=late, launch.hpp).

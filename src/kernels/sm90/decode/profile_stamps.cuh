@@ -23,6 +23,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "kernels/common/ptx.cuh"
+
 namespace snapmla::cuda::profile {
 namespace {
 
@@ -48,17 +50,11 @@ struct CtaRecord {
 
 __device__ CtaRecord g_records[kMaxCtas];
 
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 // One thread of the CTA records milestone m.
 __device__ __forceinline__ void mark(Mark m) {
   if (blockIdx.x >= kMaxCtas) return;
   CtaRecord& r = g_records[blockIdx.x];
-  r.ns[int(m)] = global_ns();
+  r.ns[int(m)] = ptx::global_timer_ns();
   if (m == Mark::kStart) {
     r.clock_start = clock64();
     unsigned sm;

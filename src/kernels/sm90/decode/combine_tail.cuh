@@ -1,0 +1,90 @@
+// The decode kernels' own combine (SNAPMLA_COMBINE_FUSED, a lab option): instead of a combine
+// kernel after the decode, each CTA merges a share of its split sequences' rows once their
+// partials are all written. Why: at small batches the combine and the gap before it were a third
+// of a call (H200, b = 1, h = 128, 8K: decode 15.1 us, combine 4.8, between the kernels 2.1), and
+// every split a shorter split length adds costs combine time.
+//
+// The protocol, per (sequence, 64-row tile), over a counter in the workspace that is zero at the
+// launch (launch.hpp clears it):
+//   1. after the CTA's last split, all its partials stored (the consumers' barrier), one thread
+//      releases them (fence) and adds 1 per split it wrote to its sequence's counter;
+//   2. then, split by split, it waits until the counter holds the sequence's split count S, and
+//      the consumers merge the split's share of the tile's rows (k of S: rows k R / S up to
+//      (k + 1) R / S, detail::tail_row_begin), reading the partials from L2 (another CTA wrote them; this SM's L1 may hold
+//      an earlier call's), with the combine kernels' arithmetic (combine_rows.cuh): the same bits.
+// Signalling every split before waiting on any keeps CTAs from waiting on each other in a cycle
+// (a CTA waiting after its first split could wait on one that waits for its second). The waits
+// need every CTA of the grid resident at once: the launch folds the combine in only where the grid
+// has at most one CTA per SM (the decode CTAs fill an SM's shared memory).
+#pragma once
+
+#include "core/split_rule.hpp"
+#include "kernels/common/ptx.cuh"
+#include "kernels/smxx/combine_rows.cuh"
+#include "params.hpp"
+#include "scheduler.cuh"
+
+namespace snapmla::cuda {
+
+// The named barrier of the consumers' tail (above every kernel's own ids, below the split
+// boundary's).
+inline constexpr int kCombineTailBarrier = 14;
+static_assert(kCombineTailBarrier != kSplitBoundaryBarrier, "distinct named barriers");
+
+// How long a CTA waits for a sequence's splits before it gives up on them (1 s; a balanced plan's
+// CTAs end within a split of each other, microseconds to a few milliseconds).
+inline constexpr uint64_t kCombineWaitNs = 1000000000ull;
+
+// Row r of sequence b written as a faulted row: NaN output and lse.
+__device__ __forceinline__ void nan_row(const CombineParams& p, int b, int r, int lane) {
+#pragma unroll
+  for (int q = 0; q < kQuarters; ++q)
+    store_row_quarter(p, b, r, q * (kLatentDim / kQuarters) + 4 * lane, q, lane, false, NAN,
+                      make_float4(0.f, 0.f, 0.f, 0.f));
+}
+
+__device__ __forceinline__ int* combine_counter(const DecodeParams& p, int first_split, int row0) {
+  return p.combine_counters + int64_t(first_split) * row_tiles_of(p) + row0 / kTileRows;
+}
+
+// Run by the CTA's consumer threads (kThreads of them, `tid` in [0, kThreads)) after its splits,
+// where p.combine_counters is set. tile_rows: the kernel's rows per CTA (64, or 16 for the narrow
+// tile). The CTA's splits and row tile are looked up again rather than held across the kernel's
+// main loop (in the 64-row tile they spilled there).
+template <int kThreads>
+__device__ __forceinline__ void combine_tail(const DecodeParams& p, int tile_rows, int tid) {
+  const SplitRange range = splits_of_worker(p, grid_worker(p));
+  const int row0 = grid_row0(p);
+  const int warp = tid / 32, lane = tid % 32;
+  ptx::named_barrier(kCombineTailBarrier, kThreads);  // every partial of the CTA is stored
+  if (tid == 0) __threadfence();
+  for (int item = range.first; item < range.last; ++item) {
+    const Work w = work_of(p, item);  // a whole warp's lookup: every warp makes it
+    if (!w.single && tid == 0) atomicAdd(combine_counter(p, p.split_offsets[w.seq], row0), 1);
+  }
+  const CombineParams cp{p.split_offsets, p.partial_out, p.partial_lse, p.out,       p.lse, p.batch,
+                         p.rows,          p.seqlen_q,    p.num_heads,   p.empty_lse, 0};
+  const int rows = min(tile_rows, p.rows - row0);
+  for (int item = range.first; item < range.last; ++item) {
+    const Work w = work_of(p, item);
+    if (w.single) continue;
+    const int lo = p.split_offsets[w.seq], splits = p.split_offsets[w.seq + 1] - lo;
+    const int* counter = combine_counter(p, lo, row0);
+    if (tid == 0) {
+      const uint64_t t0 = ptx::global_timer_ns();
+      while (ptx::ld_acquire_gpu(counter) < splits && ptx::global_timer_ns() - t0 < kCombineWaitNs) __nanosleep(64);
+    }
+    ptx::named_barrier(kCombineTailBarrier, kThreads);  // the sequence's partials are all in, or given up on
+    // A count that never completes (split ranges not made by plan_splits: a split no CTA has, or
+    // two that have it) makes the share's rows NaN instead of a hang.
+    const bool complete = ptx::ld_acquire_gpu(counter) == splits;
+    const int k = item - lo;
+    const int r_end = row0 + detail::tail_row_begin(k + 1, splits, rows);
+    for (int r = row0 + detail::tail_row_begin(k, splits, rows) + warp; r < r_end; r += kThreads / 32) {
+      if (complete) combine_row<true>(cp, w.seq, r, lo, lo + splits, lane);
+      else nan_row(cp, w.seq, r, lane);
+    }
+  }
+}
+
+}  // namespace snapmla::cuda
