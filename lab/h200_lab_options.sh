@@ -14,7 +14,7 @@
 #     combine under =1 and =late beside the ordinary launch); LENGTHS=1 adds the planner's split
 #     length at b = 1-8 under the late trigger and under the fused combine (lab/split_sweep.py
 #     --lengths --env).
-#   lab/h200_lab_options.sh [OUT_DIR]   (carry .devbin, .whl, .peers; about four minutes)
+#   [PARTS=tests|bench] lab/h200_lab_options.sh [OUT_DIR]   (carry .devbin, .whl, .peers)
 # The logs come back as OUT_DIR/h200_lab_options.tgz, the bench's files under OUT_DIR/results.
 # The optional parts (LENGTHS, the kernel timeline) are skipped past BUDGET seconds (default 480),
 # so that the archive is written inside the device's 600-second limit.
@@ -32,90 +32,99 @@ t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 # A part's timeout: its own (N seconds), cut to what is left before LIMIT (default 570) seconds.
 cap() { local left=$(( ${LIMIT:-570} - ($(date +%s) - t0) )); [ "$left" -lt 1 ] && left=1; [ "$1" -lt "$left" ] && echo "$1" || echo "$left"; }
+# PARTS: which halves to run, `tests` (the GPU tests and memcheck under the options) and `bench`
+# (pip install, the sweep and grid with the options as variants, the split lengths, the timeline);
+# both by default. Two calls, PARTS=tests then PARTS=bench, give the bench the whole time limit.
+part() { [[ ",${PARTS:-tests,bench}," == *",$1,"* ]]; }
 within_budget() { [ $(( $(date +%s) - t0 )) -lt "${BUDGET:-480}" ] || { stamp "over BUDGET: $1 skipped"; return 1; }; }
 failed=0
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$out/gpu.txt"
 
-filter='Shapes/*:GpuErrors.NonFinite*:GpuDecodeGaussian*:GpuDecode.CombineLabOptions*:GpuDecode.UniformRoleIndex*'
-filter="$filter:GpuDecode.FusedCombine*:GpuErrors.BadArguments*"
-stamp "GPU tests with the untimed kernels' runs (SNAPMLA_TEST_UNTIMED=1)"
-SNAPMLA_TEST_UNTIMED=1 timeout $(cap ${TEST_TIMEOUT:-200}) .devbin/snapmla_gpu_tests --gtest_filter="$filter" \
-  > "$out/gpu_tests_score_step.log" 2>&1
-rc=$?
-echo "gpu tests exit: $rc (124: timed out)"
-grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[ RUN      \]" "$out/gpu_tests_score_step.log" | tail -3
-grep -E "tile 64f|decode_bf16 \((folded|own PV)|UniformRoleIndex|FusedCombine" "$out/gpu_tests_score_step.log" | head -16
-[ $rc -eq 0 ] || failed=$((failed + 1))
-# The GPU suite's Gaussian test (FlashMLA's per-element bounds on decode_bf16) under each option.
-# (The uniform role index's bits are compared with the default's on many shapes above.)
-for opt in SNAPMLA_SCORE_STEP=folded SNAPMLA_BF16_OWN_PV=registers SNAPMLA_ROLE_INDEX=uniform; do
-  env "$opt" timeout $(cap 60) .devbin/snapmla_gpu_tests --gtest_filter='GpuDecodeGaussian*' \
-    > "$out/gpu_tests_gaussian_${opt%%=*}.log" 2>&1 || failed=$((failed + 1))
-  echo "Gaussian under $opt:"; grep -E "^\[  (PASSED|FAILED) " "$out/gpu_tests_gaussian_${opt%%=*}.log"
-done
-
-stamp "memcheck, 64-row shapes under the untimed kernels"
-SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_FP8_TILE=64 timeout $(cap ${SAN_TIMEOUT:-120}) \
-  compute-sanitizer --tool memcheck --error-exitcode 9 .devbin/snapmla_gpu_tests \
-  --gtest_filter='Shapes/*h64*:Shapes/*h128*:GpuErrors.NonFinite*' > "$out/memcheck_score_step.log" 2>&1
-rc=$?
-echo "memcheck exit: $rc"
-grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$out/memcheck_score_step.log" | tail -3
-[ $rc -eq 0 ] || failed=$((failed + 1))
-stamp "memcheck, the fused combine's test"
-SNAPMLA_TEST_UNTIMED=1 timeout $(cap ${SAN_TIMEOUT:-90}) compute-sanitizer --tool memcheck --error-exitcode 9 \
-  .devbin/snapmla_gpu_tests --gtest_filter='GpuDecode.FusedCombine*' > "$out/memcheck_fused.log" 2>&1
-rc=$?
-echo "memcheck exit: $rc"
-grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$out/memcheck_fused.log" | tail -3
-[ $rc -eq 0 ] || failed=$((failed + 1))
-stamp "memcheck, narrow and 64-row shapes under the uniform role index"
-SNAPMLA_ROLE_INDEX=uniform timeout $(cap ${SAN_TIMEOUT:-90}) \
-  compute-sanitizer --tool memcheck --error-exitcode 9 .devbin/snapmla_gpu_tests \
-  --gtest_filter='Shapes/*h8_*:Shapes/*h128_sq1*:GpuErrors.NonFinite*' > "$out/memcheck_role_index.log" 2>&1
-rc=$?
-echo "memcheck exit: $rc"
-grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$out/memcheck_role_index.log" | tail -3
-[ $rc -eq 0 ] || failed=$((failed + 1))
-
-stamp "pip install ."
-ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps .whl/*.whl
-if python3 -m pip install --no-build-isolation --no-index --no-deps . > "$out/pip_install.log" 2>&1; then
-  cd /tmp  # the installed package
-  # wide16: the transposing 64-row tile on the narrow tile's calls too (h <= 16; the other cases
-  # run the same kernels as the default, a measure of the run's noise). ownpv: decode_bf16's
-  # own-page PV from registers (decode_fp8 runs its default there: noise again). uniform: the
-  # consumers' indices broadcast from lane 0 (every decode kernel but the V^T-register tile).
-  variants="--env folded:SNAPMLA_SCORE_STEP=folded --env-bf16 --env late:SNAPMLA_COMBINE_PDL=late"
-  variants="$variants --env wide16:SNAPMLA_FP8_TILE=rows64_all --env ownpv:SNAPMLA_BF16_OWN_PV=registers"
-  variants="$variants --env uniform:SNAPMLA_ROLE_INDEX=uniform --env fused:SNAPMLA_COMBINE_FUSED=1"
-  for what in sweep grid; do
-    stamp "bench $what with the variants"
-    args=--sweep
-    [ $what = grid ] && args="--cases grid"
-    # shellcheck disable=SC2086
-    timeout $(cap ${BENCH_TIMEOUT:-240}) python3 -m snapmla.bench --peers "$repo/.peers" $args $variants \
-      --out "$dest/results" > "$out/bench_$what.log" 2>&1
-    echo "bench $what exit: $?"
-    grep -E "^- " "$out/bench_$what.log" | head -20
+if part tests; then
+  filter='Shapes/*:GpuErrors.NonFinite*:GpuDecodeGaussian*:GpuDecode.CombineLabOptions*:GpuDecode.UniformRoleIndex*'
+  filter="$filter:GpuDecode.FusedCombine*:GpuErrors.BadArguments*"
+  stamp "GPU tests with the untimed kernels' runs (SNAPMLA_TEST_UNTIMED=1)"
+  SNAPMLA_TEST_UNTIMED=1 timeout $(cap ${TEST_TIMEOUT:-200}) .devbin/snapmla_gpu_tests --gtest_filter="$filter" \
+    > "$out/gpu_tests_score_step.log" 2>&1
+  rc=$?
+  echo "gpu tests exit: $rc (124: timed out)"
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[ RUN      \]" "$out/gpu_tests_score_step.log" | tail -3
+  grep -E "tile 64f|decode_bf16 \((folded|own PV)|UniformRoleIndex|FusedCombine" "$out/gpu_tests_score_step.log" | head -16
+  [ $rc -eq 0 ] || failed=$((failed + 1))
+  # The GPU suite's Gaussian test (FlashMLA's per-element bounds on decode_bf16) under each option.
+  # (The uniform role index's bits are compared with the default's on many shapes above.)
+  for opt in SNAPMLA_SCORE_STEP=folded SNAPMLA_BF16_OWN_PV=registers SNAPMLA_ROLE_INDEX=uniform; do
+    env "$opt" timeout $(cap 60) .devbin/snapmla_gpu_tests --gtest_filter='GpuDecodeGaussian*' \
+      > "$out/gpu_tests_gaussian_${opt%%=*}.log" 2>&1 || failed=$((failed + 1))
+    echo "Gaussian under $opt:"; grep -E "^\[  (PASSED|FAILED) " "$out/gpu_tests_gaussian_${opt%%=*}.log"
   done
-  # LENGTHS=1: the planner's split length at b = 1-8 under the late trigger too (a few minutes).
-  if [ -n "${LENGTHS:-}" ] && within_budget "the split lengths"; then
-    stamp "split lengths at b = 1-8: ordinary and late combine launch, fused combine"
-    timeout $(cap ${LENGTHS_TIMEOUT:-240}) python3 "$repo/lab/split_sweep.py" --peers "$repo/.peers" --lengths \
-      --env SNAPMLA_COMBINE_PDL=late SNAPMLA_COMBINE_FUSED=1 --out "$dest/results" > "$out/split_lengths_late.log" 2>&1
-    echo "split lengths exit: $?"
-    tail -32 "$out/split_lengths_late.log"
+
+  stamp "memcheck, 64-row shapes under the untimed kernels"
+  SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_FP8_TILE=64 timeout $(cap ${SAN_TIMEOUT:-120}) \
+    compute-sanitizer --tool memcheck --error-exitcode 9 .devbin/snapmla_gpu_tests \
+    --gtest_filter='Shapes/*h64*:Shapes/*h128*:GpuErrors.NonFinite*' > "$out/memcheck_score_step.log" 2>&1
+  rc=$?
+  echo "memcheck exit: $rc"
+  grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$out/memcheck_score_step.log" | tail -3
+  [ $rc -eq 0 ] || failed=$((failed + 1))
+  stamp "memcheck, the fused combine's test"
+  SNAPMLA_TEST_UNTIMED=1 timeout $(cap ${SAN_TIMEOUT:-90}) compute-sanitizer --tool memcheck --error-exitcode 9 \
+    .devbin/snapmla_gpu_tests --gtest_filter='GpuDecode.FusedCombine*' > "$out/memcheck_fused.log" 2>&1
+  rc=$?
+  echo "memcheck exit: $rc"
+  grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$out/memcheck_fused.log" | tail -3
+  [ $rc -eq 0 ] || failed=$((failed + 1))
+  stamp "memcheck, narrow and 64-row shapes under the uniform role index"
+  SNAPMLA_ROLE_INDEX=uniform timeout $(cap ${SAN_TIMEOUT:-90}) \
+    compute-sanitizer --tool memcheck --error-exitcode 9 .devbin/snapmla_gpu_tests \
+    --gtest_filter='Shapes/*h8_*:Shapes/*h128_sq1*:GpuErrors.NonFinite*' > "$out/memcheck_role_index.log" 2>&1
+  rc=$?
+  echo "memcheck exit: $rc"
+  grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$out/memcheck_role_index.log" | tail -3
+  [ $rc -eq 0 ] || failed=$((failed + 1))
+
+fi
+if part bench; then
+  stamp "pip install ."
+  ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps .whl/*.whl
+  if python3 -m pip install --no-build-isolation --no-index --no-deps . > "$out/pip_install.log" 2>&1; then
+    cd /tmp  # the installed package
+    # wide16: the transposing 64-row tile on the narrow tile's calls too (h <= 16; the other cases
+    # run the same kernels as the default, a measure of the run's noise). ownpv: decode_bf16's
+    # own-page PV from registers (decode_fp8 runs its default there: noise again). uniform: the
+    # consumers' indices broadcast from lane 0 (every decode kernel but the V^T-register tile).
+    variants="--env folded:SNAPMLA_SCORE_STEP=folded --env-bf16 --env late:SNAPMLA_COMBINE_PDL=late"
+    variants="$variants --env wide16:SNAPMLA_FP8_TILE=rows64_all --env ownpv:SNAPMLA_BF16_OWN_PV=registers"
+    variants="$variants --env uniform:SNAPMLA_ROLE_INDEX=uniform --env fused:SNAPMLA_COMBINE_FUSED=1"
+    for what in sweep grid; do
+      stamp "bench $what with the variants"
+      args=--sweep
+      [ $what = grid ] && args="--cases grid"
+      # shellcheck disable=SC2086
+      timeout $(cap ${BENCH_TIMEOUT:-240}) python3 -m snapmla.bench --peers "$repo/.peers" $args $variants \
+        --out "$dest/results" > "$out/bench_$what.log" 2>&1
+      echo "bench $what exit: $?"
+      grep -E "^- " "$out/bench_$what.log" | head -20
+    done
+    # LENGTHS=1: the planner's split length at b = 1-8 under the late trigger too (a few minutes).
+    if [ -n "${LENGTHS:-}" ] && within_budget "the split lengths"; then
+      stamp "split lengths at b = 1-8: ordinary and late combine launch, fused combine"
+      timeout $(cap ${LENGTHS_TIMEOUT:-240}) python3 "$repo/lab/split_sweep.py" --peers "$repo/.peers" --lengths \
+        --env SNAPMLA_COMBINE_PDL=late SNAPMLA_COMBINE_FUSED=1 --out "$dest/results" > "$out/split_lengths_late.log" 2>&1
+      echo "split lengths exit: $?"
+      tail -32 "$out/split_lengths_late.log"
+    fi
+    if within_budget "the kernel timeline"; then
+      stamp "kernel timeline (ordinary, =1 and =late combine launches, fused combine)"
+      timeout $(cap 100) python3 "$repo/lab/kernel_timeline.py" --peers "$repo/.peers" \
+        --env SNAPMLA_COMBINE_PDL=1 SNAPMLA_COMBINE_PDL=late SNAPMLA_COMBINE_FUSED=1 > "$out/kernel_timeline.log" 2>&1
+      echo "kernel timeline exit: $?"
+      tail -40 "$out/kernel_timeline.log"
+    fi
+  else
+    tail -30 "$out/pip_install.log"
+    failed=$((failed + 1))
   fi
-  if within_budget "the kernel timeline"; then
-    stamp "kernel timeline (ordinary, =1 and =late combine launches)"
-    timeout $(cap 100) python3 "$repo/lab/kernel_timeline.py" --peers "$repo/.peers" > "$out/kernel_timeline.log" 2>&1
-    echo "kernel timeline exit: $?"
-    tail -40 "$out/kernel_timeline.log"
-  fi
-else
-  tail -30 "$out/pip_install.log"
-  failed=$((failed + 1))
 fi
 stamp "done: $failed part(s) failed"
 exit $failed
