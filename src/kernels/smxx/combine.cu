@@ -129,12 +129,8 @@ void combine(const CombineParams& p, cudaStream_t stream, bool programmatic, Com
   if (p.batch == 0) return;
   // The current device's SM count (the dispatch made the output's device current): a grid-size
   // heuristic only, so a failed query falls back to the H200's.
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    cudaGetLastError();
-    sms = 132;
-  }
+  int sms = current_sm_count();
+  if (sms == 0) sms = 132;
   // Blocks per sequence: enough for 8 warps per task (a block per task) where one wave of blocks
   // holds them, else that wave's share; a block whose sequence has fewer groups takes more tasks,
   // and those past its tasks exit at once. The wave is shared among the sequences that can have

@@ -10,8 +10,9 @@
 //      releases them (fence) and adds 1 per split it wrote to its sequence's counter;
 //   2. then, split by split, it waits until the counter holds the sequence's split count S, and
 //      the consumers merge the split's share of the tile's rows (k of S: rows k R / S up to
-//      (k + 1) R / S, detail::tail_row_begin), reading the partials from L2 (another CTA wrote them; this SM's L1 may hold
-//      an earlier call's), with the combine kernels' arithmetic (combine_rows.cuh): the same bits.
+//      (k + 1) R / S, detail::tail_row_begin), reading the partials from L2 (another CTA wrote
+//      them; this SM's L1 may hold an earlier call's), with the combine kernels' arithmetic
+//      (combine_rows.cuh): the same bits.
 // Signalling every split before waiting on any keeps CTAs from waiting on each other in a cycle
 // (a CTA waiting after its first split could wait on one that waits for its second). The waits
 // need every CTA of the grid resident at once: the launch folds the combine in only where the grid

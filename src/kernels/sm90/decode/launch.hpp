@@ -151,16 +151,6 @@ inline RoleIndex role_index(const char* op) {
 // or elsewhere: the kernel without it, then the combine kernel.
 inline bool combine_fused(const char* op) { return detail::env_flag(op, "SNAPMLA_COMBINE_FUSED"); }
 
-// The current device's SM count (0 where the query fails: nothing is folded in then).
-inline int sm_count() {
-  int dev = 0, sms = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return sms;
-}
-
 // A decode kernel (Config::kThreads per CTA, `smem` bytes of dynamic shared memory, arguments p
 // and then `extra`) over the decode grid, then the combine of split sequences: by the combine
 // kernel, or under SNAPMLA_COMBINE_FUSED by TailKernel, the same kernel with the combine tail
@@ -175,7 +165,8 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
   const CombineLaunch launch = combine_launch(op);
   const bool wave_over_workers = combine_wave_over_workers(op);
   const CombineTasks tasks = combine_tasks(op);
-  const bool fused = combine_fused(op) && kHasTail && options.plan && int64_t(grid.x) <= sm_count();
+  // (A failed SM-count query gives 0: the combine kernel then.)
+  const bool fused = combine_fused(op) && kHasTail && options.plan && int64_t(grid.x) <= current_sm_count();
   DecodeParams kp = p;
   kp.dependents_late = launch == CombineLaunch::kProgrammaticLate;
   if (fused) {
