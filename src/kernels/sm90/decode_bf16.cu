@@ -74,6 +74,7 @@ constexpr int kBoxes = kHeadDim * 2 / kTmaBoxBytes;  // 9: latent dims 64 b .. 6
 constexpr int kRopeBox = kBoxes - 1;
 constexpr int kStageBytes = kBoxes * kBoxBytes;      // 72 KB
 constexpr int kQnBytes = kRows * kLatentDim * 2;     // 64 KB: 8 boxes of 64 rows x 64 dims, as a page's
+static_assert(kCombineTailScratchBytes<256> <= kQnBytes, "the combine tail's scratch fits the Q tile");
 // Load groups of a stage: 0 the rope box, 1 + h the latent boxes 4 h .. 4 h + 3 (V half h).
 constexpr int kGroups = 3;
 // The shared-memory plan: offsets and size from this struct, not from hand-kept sums. The Q tile
@@ -449,7 +450,8 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     else write_partials(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
   }
   // SNAPMLA_COMBINE_FUSED: the split sequences' rows merged here, not by the combine kernel.
-  if constexpr (kTail) combine_tail<128 * Cfg::kConsumers>(p, kRows, threadIdx.x - 128);
+  // Its scratch: the Q tile, free once the CTA's splits are done.
+  if constexpr (kTail) combine_tail<128 * Cfg::kConsumers>(p, kRows, threadIdx.x - 128, reinterpret_cast<float4*>(sm.qn));
 }
 
 // The kernel of the call's lab options.

@@ -601,9 +601,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (threadIdx.x == 128) SNAPMLA_MARK(kStored);
   }
   // SNAPMLA_COMBINE_FUSED: the split sequences' rows merged here, not by the combine kernel.
-  if constexpr (kTail) combine_tail<kConsumerThreads>(p, kRows, threadIdx.x - 128);
+  // Its scratch: the page stages, free once the CTA's splits are done.
+  if constexpr (kTail) combine_tail<kConsumerThreads>(p, kRows, threadIdx.x - 128, reinterpret_cast<float4*>(sm.stage));
 }
 static_assert(8 * 8192 <= Cfg::kStages * int(sizeof(Fp8TileSmem::Stage)), "the staged output fits the page stages");
+static_assert(kCombineTailScratchBytes<kConsumerThreads> <= Cfg::kStages * int(sizeof(Fp8TileSmem::Stage)),
+              "the combine tail's scratch fits the page stages");
 
 // The V^T-register tile (fp8_vregs_tile.cuh; Fp8Tile::kRows64VRegs): the consumers' softmax step
 // above, the Q rope from shared memory and the PV transposed.

@@ -72,6 +72,7 @@ struct NarrowSmemLayout {
   alignas(8) uint8_t ring[Ring::kBytes];
 };
 static_assert(kStageBytes % 1024 == 0, "each stage's boxes keep the 128-byte swizzle's alignment");
+static_assert(kCombineTailScratchBytes<128 * 2> <= kStages * kStageBytes, "the combine tail's scratch fits the stages");
 constexpr int kSmemBytes = int(sizeof(NarrowSmemLayout));
 static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 
@@ -449,7 +450,9 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
     if (t == 0) SNAPMLA_MARK(kStored);
   }
   // SNAPMLA_COMBINE_FUSED: the split sequences' rows merged here, not by the combine kernel.
-  if constexpr (kTail) combine_tail<128 * NarrowConfig::kConsumers>(p, kNarrowTileRows, threadIdx.x - 128);
+  // Its scratch: the page stages, free once the CTA's splits are done.
+  if constexpr (kTail)
+    combine_tail<128 * NarrowConfig::kConsumers>(p, kNarrowTileRows, threadIdx.x - 128, reinterpret_cast<float4*>(sm.stage));
 }
 
 }  // namespace

@@ -74,36 +74,45 @@ __device__ __forceinline__ void store_row_quarter(const CombineParams& p, int b,
   }
 }
 
+// One group's weighted sums of a row's four quarters: splits g0 .. min(g0 + kGroup, hi) - 1 in
+// split order (an empty split, weight 0, adds nothing). lse_of: the row's split lse (split k's at
+// k * rows); src: the row's partial, this lane's 4 dims of quarter 0 (quarter q at q * 128).
+template <bool kFromL2>
+__device__ __forceinline__ void row_group_sum(float4 (&s)[kQuarters], const float* lse_of, const float* src, int rows,
+                                              int g0, int hi, float total) {
+  const int64_t split_stride = int64_t(rows) * kLatentDim;
+#pragma unroll
+  for (int q = 0; q < kQuarters; ++q) s[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+  for (int u = 0; u < kGroup; ++u) {
+    const int k = g0 + u;
+    if (k >= hi) break;
+    const float w = expf(load_partial<kFromL2>(lse_of + int64_t(k) * rows) - total);
+    float4 v[kQuarters];
+#pragma unroll
+    for (int q = 0; q < kQuarters; ++q)
+      v[q] = load_partial<kFromL2>(reinterpret_cast<const float4*>(src + k * split_stride + q * (kLatentDim / kQuarters)));
+    if (w == 0.f) continue;  // an empty split (lse -inf) adds nothing
+#pragma unroll
+    for (int q = 0; q < kQuarters; ++q) add_weighted(s[q], w, v[q]);
+  }
+}
+
 // Row r of sequence b (its splits lo .. hi - 1) by one warp, all four quarters at once: a split's
-// four quarter loads are in flight together, its weight formed once. The row's bits are those of
-// the quarter tasks too (combine.cu).
+// four quarter loads are in flight together, its weight formed once; the groups' sums added in
+// group order. The row's bits are those of the quarter tasks too (combine.cu).
 template <bool kFromL2>
 __device__ __forceinline__ void combine_row(const CombineParams& p, int b, int r, int lo, int hi, int lane) {
-  const int64_t split_stride = int64_t(p.rows) * kLatentDim;
   const float* lse_of = p.partial_lse + r;  // split k's at k * rows
   const float total = combined_lse<kFromL2>(lse_of, p.rows, lo, hi, lane);
   const bool sums = total > -INFINITY;  // false for NaN too
-  const float* src = p.partial_out + int64_t(r) * kLatentDim + 4 * lane;  // quarter q at q * 128
+  const float* src = p.partial_out + int64_t(r) * kLatentDim + 4 * lane;
   float4 acc[kQuarters];
 #pragma unroll
   for (int q = 0; q < kQuarters; ++q) acc[q] = make_float4(0.f, 0.f, 0.f, 0.f);
   for (int g0 = lo; sums && g0 < hi; g0 += kGroup) {
     float4 s[kQuarters];
-#pragma unroll
-    for (int q = 0; q < kQuarters; ++q) s[q] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int u = 0; u < kGroup; ++u) {
-      const int k = g0 + u;
-      if (k >= hi) break;
-      const float w = expf(load_partial<kFromL2>(lse_of + int64_t(k) * p.rows) - total);
-      float4 v[kQuarters];
-#pragma unroll
-      for (int q = 0; q < kQuarters; ++q)
-        v[q] = load_partial<kFromL2>(reinterpret_cast<const float4*>(src + k * split_stride + q * (kLatentDim / kQuarters)));
-      if (w == 0.f) continue;  // an empty split (lse -inf) adds nothing
-#pragma unroll
-      for (int q = 0; q < kQuarters; ++q) add_weighted(s[q], w, v[q]);
-    }
+    row_group_sum<kFromL2>(s, lse_of, src, p.rows, g0, hi, total);
 #pragma unroll
     for (int q = 0; q < kQuarters; ++q) add(acc[q], s[q]);
   }

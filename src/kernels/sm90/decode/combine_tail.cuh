@@ -36,24 +36,26 @@ static_assert(kCombineTailBarrier != kSplitBoundaryBarrier, "distinct named barr
 // CTAs end within a split of each other, microseconds to a few milliseconds).
 inline constexpr uint64_t kCombineWaitNs = 1000000000ull;
 
-// Row r of sequence b written as a faulted row: NaN output and lse.
-__device__ __forceinline__ void nan_row(const CombineParams& p, int b, int r, int lane) {
-#pragma unroll
-  for (int q = 0; q < kQuarters; ++q)
-    store_row_quarter(p, b, r, q * (kLatentDim / kQuarters) + 4 * lane, q, lane, false, NAN,
-                      make_float4(0.f, 0.f, 0.f, 0.f));
-}
-
 __device__ __forceinline__ int* combine_counter(const DecodeParams& p, int first_split, int row0) {
   return p.combine_counters + int64_t(first_split) * row_tiles_of(p) + row0 / kTileRows;
 }
 
+// The shared memory combine_tail needs (free once a CTA's splits are done: the kernels pass a
+// page stage or their Q tile): one group's sums per warp, 2 KB each.
+template <int kThreads>
+inline constexpr int kCombineTailScratchBytes = kThreads / 32 * kQuarters * 32 * int(sizeof(float4));
+
 // Run by the CTA's consumer threads (kThreads of them, `tid` in [0, kThreads)) after its splits,
 // where p.combine_counters is set. tile_rows: the kernel's rows per CTA (64, or 16 for the narrow
-// tile). The CTA's splits and row tile are looked up again rather than held across the kernel's
-// main loop (in the 64-row tile they spilled there).
+// tile); scratch: kCombineTailScratchBytes of shared memory. The CTA's splits and row tile are
+// looked up again rather than held across the kernel's main loop (in the 64-row tile they spilled
+// there). A share's rows are merged W warps to a row (W a power of two up to the row's groups of
+// kGroup splits), so that a row waits for one load latency per W groups rather than per group: the
+// W warps sum a group each, and the row's first warp adds their sums in group order, as the
+// combine kernels' quarter tasks do (the same bits).
 template <int kThreads>
-__device__ __forceinline__ void combine_tail(const DecodeParams& p, int tile_rows, int tid) {
+__device__ __forceinline__ void combine_tail(const DecodeParams& p, int tile_rows, int tid, float4* scratch) {
+  constexpr int kWarps = kThreads / 32;
   const SplitRange range = splits_of_worker(p, grid_worker(p));
   const int row0 = grid_row0(p);
   const int warp = tid / 32, lane = tid % 32;
@@ -69,7 +71,7 @@ __device__ __forceinline__ void combine_tail(const DecodeParams& p, int tile_row
   for (int item = range.first; item < range.last; ++item) {
     const Work w = work_of(p, item);
     if (w.single) continue;
-    const int lo = p.split_offsets[w.seq], splits = p.split_offsets[w.seq + 1] - lo;
+    const int lo = p.split_offsets[w.seq], hi = p.split_offsets[w.seq + 1], splits = hi - lo;
     const int* counter = combine_counter(p, lo, row0);
     if (tid == 0) {
       const uint64_t t0 = ptx::global_timer_ns();
@@ -80,10 +82,46 @@ __device__ __forceinline__ void combine_tail(const DecodeParams& p, int tile_row
     // two that have it) makes the share's rows NaN instead of a hang.
     const bool complete = ptx::ld_acquire_gpu(counter) == splits;
     const int k = item - lo;
+    const int r_begin = row0 + detail::tail_row_begin(k, splits, rows);
     const int r_end = row0 + detail::tail_row_begin(k + 1, splits, rows);
-    for (int r = row0 + detail::tail_row_begin(k, splits, rows) + warp; r < r_end; r += kThreads / 32) {
-      if (complete) combine_row<true>(cp, w.seq, r, lo, lo + splits, lane);
-      else nan_row(cp, w.seq, r, lane);
+    int W = 1;  // warps per row: the same in every thread (a CTA-uniform loop of barriers below)
+    while (2 * W <= kWarps && 2 * W <= (splits + kGroup - 1) / kGroup) W *= 2;
+    const int part = warp % W;
+    for (int r_first = r_begin; r_first < r_end; r_first += kWarps / W) {
+      const int r = r_first + warp / W;
+      const bool active = r < r_end;
+      const float* lse_of = p.partial_lse + (active ? r : 0);  // split k's at k * rows
+      const float total = active && complete ? combined_lse<true>(lse_of, p.rows, lo, hi, lane) : NAN;
+      const bool sums = total > -INFINITY;  // false for NaN too
+      const float* src = p.partial_out + int64_t(active ? r : 0) * kLatentDim + 4 * lane;
+      float4 acc[kQuarters];
+#pragma unroll
+      for (int q = 0; q < kQuarters; ++q) acc[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int g0 = lo; g0 < hi; g0 += W * kGroup) {  // a round: W groups, one per part
+        const int mine = g0 + part * kGroup;
+        float4 s[kQuarters];
+        if (sums && mine < hi) row_group_sum<true>(s, lse_of, src, p.rows, mine, hi, total);
+        else
+#pragma unroll
+          for (int q = 0; q < kQuarters; ++q) s[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (W == 1) {
+#pragma unroll
+          for (int q = 0; q < kQuarters; ++q) add(acc[q], s[q]);
+          continue;
+        }
+#pragma unroll
+        for (int q = 0; q < kQuarters; ++q) scratch[(warp * kQuarters + q) * 32 + lane] = s[q];
+        ptx::named_barrier(kCombineTailBarrier, kThreads);
+        if (part == 0)
+          for (int j = 0; j < W && g0 + j * kGroup < hi; ++j)
+#pragma unroll
+            for (int q = 0; q < kQuarters; ++q) add(acc[q], scratch[((warp + j) * kQuarters + q) * 32 + lane]);
+        ptx::named_barrier(kCombineTailBarrier, kThreads);
+      }
+      if (active && part == 0)
+#pragma unroll
+        for (int q = 0; q < kQuarters; ++q)
+          store_row_quarter(cp, w.seq, r, q * (kLatentDim / kQuarters) + 4 * lane, q, lane, sums, total, acc[q]);
     }
   }
 }
