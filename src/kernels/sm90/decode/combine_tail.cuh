@@ -35,6 +35,7 @@ static_assert(kCombineTailBarrier != kSplitBoundaryBarrier, "distinct named barr
 // How long a CTA waits for a sequence's splits before it gives up on them (1 s; a balanced plan's
 // CTAs end within a split of each other, microseconds to a few milliseconds).
 inline constexpr uint64_t kCombineWaitNs = 1000000000ull;
+inline constexpr int kCombineClosed = 1 << 30;  // a counter given up on: at least this
 
 __device__ __forceinline__ int* combine_counter(const DecodeParams& p, int first_split, int row0) {
   return p.combine_counters + int64_t(first_split) * row_tiles_of(p) + row0 / kTileRows;
@@ -72,14 +73,18 @@ __device__ __forceinline__ void combine_tail(const DecodeParams& p, int tile_row
     const Work w = work_of(p, item);
     if (w.single) continue;
     const int lo = p.split_offsets[w.seq], hi = p.split_offsets[w.seq + 1], splits = hi - lo;
-    const int* counter = combine_counter(p, lo, row0);
+    int* counter = combine_counter(p, lo, row0);
+    // A count that does not complete (split ranges not made by plan_splits: a split no CTA has, or
+    // two that have it) makes the sequence's rows NaN instead of a hang: a CTA that gives up
+    // closes the counter (raises it to kCombineClosed, above any split count, where late signals
+    // cannot bring it back to the count), so that every thread of every CTA of the sequence,
+    // whenever it reads it, sees it incomplete.
     if (tid == 0) {
       const uint64_t t0 = ptx::global_timer_ns();
       while (ptx::ld_acquire_gpu(counter) < splits && ptx::global_timer_ns() - t0 < kCombineWaitNs) __nanosleep(64);
+      if (ptx::ld_acquire_gpu(counter) < splits) atomicMax(counter, kCombineClosed);
     }
     ptx::named_barrier(kCombineTailBarrier, kThreads);  // the sequence's partials are all in, or given up on
-    // A count that never completes (split ranges not made by plan_splits: a split no CTA has, or
-    // two that have it) makes the share's rows NaN instead of a hang.
     const bool complete = ptx::ld_acquire_gpu(counter) == splits;
     const int k = item - lo;
     const int r_begin = row0 + detail::tail_row_begin(k, splits, rows);
