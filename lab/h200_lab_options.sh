@@ -43,7 +43,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 
 
 if part tests; then
   filter='Shapes/*:GpuErrors.NonFinite*:GpuDecodeGaussian*:GpuDecode.CombineLabOptions*:GpuDecode.UniformRoleIndex*'
-  filter="$filter:GpuDecode.FusedCombine*:GpuErrors.BadArguments*"
+  filter="$filter:GpuDecode.FusedCombine*:GpuErrors.FusedCombine*:GpuErrors.BadArguments*"
   stamp "GPU tests with the untimed kernels' runs (SNAPMLA_TEST_UNTIMED=1)"
   SNAPMLA_TEST_UNTIMED=1 timeout $(cap ${TEST_TIMEOUT:-200}) .devbin/snapmla_gpu_tests --gtest_filter="$filter" \
     > "$out/gpu_tests_score_step.log" 2>&1

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -892,6 +893,49 @@ TEST(GpuDecode, FusedCombineGivesTheSameBits) {
       }
       EXPECT_GT(split_sequences, 0) << "the plan splits some sequence, so the tail has work";
     }
+  }
+}
+
+// The fused combine on split ranges not made by plan_splits: with worker 0's range emptied, no CTA
+// computes sequence 0's first split, so its counter never completes. The call still ends (the
+// tail's wait gives up after a second and closes the counter), sequence 0's rows are NaN, and the
+// other sequences' rows have the bits of the ordinary call on the intact plan.
+TEST(GpuErrors, FusedCombineOnBrokenSplitRangesEndsWithTheSequenceNaN) {
+  REQUIRE_GPU();
+  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  const int h = 64;
+  Batch B = make_batch(rng, {3000, 3000, 3000, 3000}, 1, h);
+  GpuBatch G(B);
+  GpuPlan plan(G.pages(), recommended_num_workers(kGpu, 1, h), 1, h);
+  const size_t row = size_t(h) * kLatentDim;  // one sequence's output
+  for (const bool fp8 : {true, false}) {
+    const char* op = fp8 ? "decode_fp8" : "decode_bf16";
+    auto run = [&](const char* fused) {
+      ScopedEnv env("SNAPMLA_COMBINE_FUSED", fused);
+      G.out.poison();
+      G.lse.poison();
+      if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), plan.options(B.softmax_scale));
+      else decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), plan.options(B.softmax_scale));
+      device_memory::cuda_ok(cudaDeviceSynchronize(), op);
+      return G.out.download();
+    };
+    const auto intact = run("0");
+    const auto ranges = plan.worker_splits.download();
+    ASSERT_GT(ranges[1], ranges[0]) << "worker 0 has a split to lose";
+    auto broken = ranges;
+    broken[1] = broken[0];  // worker 0's range empty; worker 1's starts where it did
+    plan.worker_splits.upload(broken);
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto out = run("1");
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    plan.worker_splits.upload(ranges);
+    EXPECT_LT(seconds, 30.0) << op << ": the waits gave up";
+    size_t nan0 = 0;
+    for (size_t i = 0; i < row; ++i) nan0 += std::isnan(to_float(out[i]));
+    EXPECT_EQ(nan0, row) << op << ": sequence 0's rows all NaN";
+    for (size_t i = row; i < out.size(); ++i) ASSERT_EQ(out[i].bits, intact[i].bits) << op << " out " << i;
   }
 }
 
