@@ -74,7 +74,7 @@ constexpr int kBoxes = kHeadDim * 2 / kTmaBoxBytes;  // 9: latent dims 64 b .. 6
 constexpr int kRopeBox = kBoxes - 1;
 constexpr int kStageBytes = kBoxes * kBoxBytes;      // 72 KB
 constexpr int kQnBytes = kRows * kLatentDim * 2;     // 64 KB: 8 boxes of 64 rows x 64 dims, as a page's
-static_assert(kCombineTailScratchBytes<256> <= kQnBytes, "the combine tail's scratch fits the Q tile");
+static_assert(kCombineTailScratchBytes<128 * Bf16Config::kConsumers> <= kQnBytes, "the combine tail's scratch fits the Q tile");
 // Load groups of a stage: 0 the rope box, 1 + h the latent boxes 4 h .. 4 h + 3 (V half h).
 constexpr int kGroups = 3;
 // The shared-memory plan: offsets and size from this struct, not from hand-kept sums. The Q tile

@@ -72,7 +72,7 @@ struct NarrowSmemLayout {
   alignas(8) uint8_t ring[Ring::kBytes];
 };
 static_assert(kStageBytes % 1024 == 0, "each stage's boxes keep the 128-byte swizzle's alignment");
-static_assert(kCombineTailScratchBytes<128 * 2> <= kStages * kStageBytes, "the combine tail's scratch fits the stages");
+static_assert(kCombineTailScratchBytes<128 * NarrowConfig::kConsumers> <= kStages * kStageBytes, "the combine tail's scratch fits the stages");
 constexpr int kSmemBytes = int(sizeof(NarrowSmemLayout));
 static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 
