@@ -925,7 +925,7 @@ TEST(GpuErrors, FusedCombineOnBrokenSplitRangesEndsWithTheSequenceNaN) {
     const auto ranges = plan.worker_splits.download();
     ASSERT_GT(ranges[1], ranges[0]) << "worker 0 has a split to lose";
     auto broken = ranges;
-    broken[1] = broken[0];  // worker 0's range empty; worker 1's starts where it did
+    broken[0] = broken[1];  // worker 0's range empty, its splits nobody's; worker 1's as it was
     plan.worker_splits.upload(broken);
     const auto t0 = std::chrono::steady_clock::now();
     const auto out = run("1");
