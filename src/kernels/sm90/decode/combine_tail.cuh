@@ -61,18 +61,26 @@ __device__ __forceinline__ void combine_tail(const DecodeParams& p, int tile_row
   const int row0 = grid_row0(p);
   const int warp = tid / 32, lane = tid % 32;
   ptx::named_barrier(kCombineTailBarrier, kThreads);  // every partial of the CTA is stored
-  if (tid == 0) __threadfence();
-  for (int item = range.first; item < range.last; ++item) {
-    const Work w = work_of(p, item);  // a whole warp's lookup: every warp makes it
-    if (!w.single && tid == 0) atomicAdd(combine_counter(p, p.split_offsets[w.seq], row0), 1);
+  if (range.first >= range.last) return;
+  // The CTA's splits are consecutive, so their sequences are too: the first one's is looked up
+  // (a whole warp's lookup: every warp makes it), the others found by walking the offsets (each
+  // sequence has a split at least), rather than a lookup per split and pass.
+  const int seq0 = work_of(p, range.first).seq;
+  if (tid == 0) {
+    __threadfence();
+    for (int item = range.first, seq = seq0; item < range.last; ++item) {
+      while (item >= p.split_offsets[seq + 1]) ++seq;
+      const int lo = p.split_offsets[seq];
+      if (p.split_offsets[seq + 1] - lo > 1) atomicAdd(combine_counter(p, lo, row0), 1);
+    }
   }
   const CombineParams cp{p.split_offsets, p.partial_out, p.partial_lse, p.out,       p.lse, p.batch,
                          p.rows,          p.seqlen_q,    p.num_heads,   p.empty_lse, 0};
   const int rows = min(tile_rows, p.rows - row0);
-  for (int item = range.first; item < range.last; ++item) {
-    const Work w = work_of(p, item);
-    if (w.single) continue;
-    const int lo = p.split_offsets[w.seq], hi = p.split_offsets[w.seq + 1], splits = hi - lo;
+  for (int item = range.first, seq = seq0; item < range.last; ++item) {
+    while (item >= p.split_offsets[seq + 1]) ++seq;
+    const int lo = p.split_offsets[seq], hi = p.split_offsets[seq + 1], splits = hi - lo;
+    if (splits <= 1) continue;
     int* counter = combine_counter(p, lo, row0);
     // A count that does not complete (split ranges not made by plan_splits: a split no CTA has, or
     // two that have it) makes the sequence's rows NaN instead of a hang: a CTA that gives up
@@ -126,7 +134,7 @@ __device__ __forceinline__ void combine_tail(const DecodeParams& p, int tile_row
       if (active && part == 0)
 #pragma unroll
         for (int q = 0; q < kQuarters; ++q)
-          store_row_quarter(cp, w.seq, r, q * (kLatentDim / kQuarters) + 4 * lane, q, lane, sums, total, acc[q]);
+          store_row_quarter(cp, seq, r, q * (kLatentDim / kQuarters) + 4 * lane, q, lane, sums, total, acc[q]);
     }
   }
 }
