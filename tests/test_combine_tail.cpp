@@ -2,9 +2,11 @@
 // combine_tail.cuh) rests on, checked on the planner's own plans without a GPU: every split of a
 // plan is in exactly one worker's range, so that a split sequence's counter (one per row tile)
 // ends at its split count, no lower (a hang, or NaN rows after the wait gives up) and no higher;
-// and the S splits' row shares (detail::tail_row_begin) cover a tile's rows once each, so that
-// every row of a split sequence is merged exactly once. Over random batches with empty, one-token
-// and long sequences, any worker count, the default and the batch-invariant plans.
+// every sequence has a split, so that the tail finds a split's sequence by walking the offsets
+// from its CTA's first split's; and the S splits' row shares (detail::tail_row_begin) cover a
+// tile's rows once each, so that every row of a split sequence is merged exactly once. Over
+// random batches with empty, one-token and long sequences, any worker count, the default and the
+// batch-invariant plans.
 #include <gtest/gtest.h>
 
 #include <snapmla/snapmla.hpp>
@@ -57,6 +59,19 @@ TEST(CombineTail, EverySplitIsInOneWorkerAndTheSharesCoverEachRowOnce) {
       for (int item = first; item < last; ++item) ++owners[item];
     }
     for (int item = 0; item < splits; ++item) ASSERT_EQ(owners[item], 1) << "split " << item;
+    // Every sequence has a split, so the tail's walk from a CTA's first split's sequence over the
+    // offsets (while item >= offsets[seq + 1]: ++seq) ends at each split's own sequence.
+    for (int b = 0; b < batch; ++b) ASSERT_GT(P.offsets[b + 1], P.offsets[b]) << "sequence " << b;
+    for (int k = 0; k < plan_workers; ++k) {
+      const int first = std::min(std::max(P.worker_splits[k], 0), splits);
+      const int last = std::min(std::max(P.worker_splits[k + 1], first), splits);
+      if (first >= last) continue;
+      int seq = int(std::upper_bound(P.offsets.begin(), P.offsets.end(), first) - P.offsets.begin()) - 1;
+      for (int item = first; item < last; ++item) {
+        while (item >= P.offsets[seq + 1]) ++seq;
+        ASSERT_TRUE(P.offsets[seq] <= item && item < P.offsets[seq + 1]) << "worker " << k << " split " << item;
+      }
+    }
     // Each row of a split sequence's tile in exactly one split's share, for every tile height.
     for (int b = 0; b < batch; ++b) {
       const int s = P.offsets[b + 1] - P.offsets[b];
