@@ -60,29 +60,27 @@ if part tests; then
     echo "Gaussian under $opt:"; grep -E "^\[  (PASSED|FAILED) " "$out/gpu_tests_gaussian_${opt%%=*}.log"
   done
 
+  # memcheck LOG TIMEOUT FILTER [NAME=VALUE ...]: the GPU tests of FILTER under memcheck, with the
+  # given settings of the environment.
+  memcheck() {
+    local log=$1 limit=$2 filter=$3
+    shift 3
+    env "$@" timeout "$(cap "$limit")" compute-sanitizer --tool memcheck --error-exitcode 9 \
+      .devbin/snapmla_gpu_tests --gtest_filter="$filter" > "$out/$log" 2>&1
+    local rc=$?
+    echo "memcheck exit: $rc"
+    grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$out/$log" | tail -3
+    [ $rc -eq 0 ] || failed=$((failed + 1))
+  }
   stamp "memcheck, 64-row shapes under the untimed kernels"
-  SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_FP8_TILE=64 timeout $(cap ${SAN_TIMEOUT:-120}) \
-    compute-sanitizer --tool memcheck --error-exitcode 9 .devbin/snapmla_gpu_tests \
-    --gtest_filter='Shapes/*h64*:Shapes/*h128*:GpuErrors.NonFinite*' > "$out/memcheck_score_step.log" 2>&1
-  rc=$?
-  echo "memcheck exit: $rc"
-  grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$out/memcheck_score_step.log" | tail -3
-  [ $rc -eq 0 ] || failed=$((failed + 1))
-  stamp "memcheck, the fused combine's test"
-  SNAPMLA_TEST_UNTIMED=1 timeout $(cap ${SAN_TIMEOUT:-90}) compute-sanitizer --tool memcheck --error-exitcode 9 \
-    .devbin/snapmla_gpu_tests --gtest_filter='GpuDecode.FusedCombine*' > "$out/memcheck_fused.log" 2>&1
-  rc=$?
-  echo "memcheck exit: $rc"
-  grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$out/memcheck_fused.log" | tail -3
-  [ $rc -eq 0 ] || failed=$((failed + 1))
+  memcheck memcheck_score_step.log "${SAN_TIMEOUT:-120}" 'Shapes/*h64*:Shapes/*h128*:GpuErrors.NonFinite*' \
+    SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_FP8_TILE=64
+  stamp "memcheck, the fused combine's tests"
+  memcheck memcheck_fused.log "${SAN_TIMEOUT:-90}" 'GpuDecode.FusedCombine*:GpuErrors.FusedCombine*' \
+    SNAPMLA_TEST_UNTIMED=1
   stamp "memcheck, narrow and 64-row shapes under the uniform role index"
-  SNAPMLA_ROLE_INDEX=uniform timeout $(cap ${SAN_TIMEOUT:-90}) \
-    compute-sanitizer --tool memcheck --error-exitcode 9 .devbin/snapmla_gpu_tests \
-    --gtest_filter='Shapes/*h8_*:Shapes/*h128_sq1*:GpuErrors.NonFinite*' > "$out/memcheck_role_index.log" 2>&1
-  rc=$?
-  echo "memcheck exit: $rc"
-  grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$out/memcheck_role_index.log" | tail -3
-  [ $rc -eq 0 ] || failed=$((failed + 1))
+  memcheck memcheck_role_index.log "${SAN_TIMEOUT:-90}" 'Shapes/*h8_*:Shapes/*h128_sq1*:GpuErrors.NonFinite*' \
+    SNAPMLA_ROLE_INDEX=uniform
 
 fi
 if part bench; then

@@ -71,6 +71,14 @@ struct GpuBatch {
     lse.poison();
     return {out.get(), lse.get(), kGpu};
   }
+  // decode_fp8 (use_fp8) or decode_bf16 of the batch into freshly poisoned outputs, waited for:
+  // the outputs and the lse, downloaded.
+  std::pair<std::vector<bf16>, std::vector<float>> decode(bool use_fp8, const DecodeOptions& options) {
+    if (use_fp8) decode_fp8(qq(), fp8(), pages(), output(), options);
+    else decode_bf16(query(), bf16c(), pages(), output(), options);
+    device_memory::cuda_ok(cudaDeviceSynchronize(), use_fp8 ? "decode_fp8" : "decode_bf16");
+    return {out.download(), lse.download()};
+  }
 };
 
 // A plan on the device, planned by the GPU kernel, with its workspace.
@@ -790,12 +798,7 @@ TEST(GpuDecode, CombineLabOptionsGiveTheSameBits) {
     GpuPlan plan(G.pages(), recommended_num_workers(kGpu, 1, h), 1, h);
     auto run = [&](bool fp8, const char* name, const char* value) {
       ScopedEnv env(name, value);
-      G.out.poison();
-      G.lse.poison();
-      if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), plan.options(B.softmax_scale));
-      else decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), plan.options(B.softmax_scale));
-      device_memory::cuda_ok(cudaDeviceSynchronize(), "decode");
-      return std::make_pair(G.out.download(), G.lse.download());
+      return G.decode(fp8, plan.options(B.softmax_scale));
     };
     for (const bool fp8 : {true, false}) {
       const char* op = fp8 ? "decode_fp8" : "decode_bf16";
@@ -861,13 +864,8 @@ TEST(GpuDecode, FusedCombineGivesTheSameBits) {
       const char* op = fp8 ? "decode_fp8" : "decode_bf16";
       auto run = [&](const char* fused) {
         ScopedEnv env("SNAPMLA_COMBINE_FUSED", fused);
-        G.out.poison();
-        G.lse.poison();
         plan.workspace.poison();
-        if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), plan.options(B.softmax_scale));
-        else decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), plan.options(B.softmax_scale));
-        device_memory::cuda_ok(cudaDeviceSynchronize(), op);
-        return std::make_pair(G.out.download(), G.lse.download());
+        return G.decode(fp8, plan.options(B.softmax_scale));
       };
       const auto ordinary = run("0");
       const auto fused = run("1");
@@ -914,12 +912,7 @@ TEST(GpuErrors, FusedCombineOnBrokenSplitRangesEndsWithTheSequenceNaN) {
     const char* op = fp8 ? "decode_fp8" : "decode_bf16";
     auto run = [&](const char* fused) {
       ScopedEnv env("SNAPMLA_COMBINE_FUSED", fused);
-      G.out.poison();
-      G.lse.poison();
-      if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), plan.options(B.softmax_scale));
-      else decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), plan.options(B.softmax_scale));
-      device_memory::cuda_ok(cudaDeviceSynchronize(), op);
-      return G.out.download();
+      return G.decode(fp8, plan.options(B.softmax_scale)).first;
     };
     const auto intact = run("0");
     const auto ranges = plan.worker_splits.download();
@@ -995,12 +988,7 @@ TEST(GpuDecode, UniformRoleIndexGivesTheSameBits) {
         ScopedEnv lab(run.env, run.value);
         auto decode = [&](const char* role) {
           ScopedEnv env("SNAPMLA_ROLE_INDEX", role);
-          G.out.poison();
-          G.lse.poison();
-          if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), options);
-          else decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), options);
-          device_memory::cuda_ok(cudaDeviceSynchronize(), "decode");
-          return std::make_pair(G.out.download(), G.lse.download());
+          return G.decode(fp8, options);
         };
         const auto thread = decode("thread");
         const auto uniform = decode("uniform");

@@ -47,13 +47,14 @@ template <int kThreads>
 inline constexpr int kCombineTailScratchBytes = kThreads / 32 * kQuarters * 32 * int(sizeof(float4));
 
 // Run by the CTA's consumer threads (kThreads of them, `tid` in [0, kThreads)) after its splits,
-// where p.combine_counters is set. tile_rows: the kernel's rows per CTA (64, or 16 for the narrow
-// tile); scratch: kCombineTailScratchBytes of shared memory. The CTA's splits and row tile are
-// looked up again rather than held across the kernel's main loop (in the 64-row tile they spilled
-// there). A share's rows are merged W warps to a row (W a power of two up to the row's groups of
-// kGroup splits), so that a row waits for one load latency per W groups rather than per group: the
-// W warps sum a group each, and the row's first warp adds their sums in group order, as the
-// combine kernels' quarter tasks do (the same bits).
+// where p.combine_counters is set (a CTA without splits has left at the kernel's start).
+// tile_rows: the kernel's rows per CTA (64, or 16 for the narrow tile); scratch:
+// kCombineTailScratchBytes of shared memory. The CTA's splits and row tile are looked up again
+// rather than held across the kernel's main loop (in the 64-row tile they spilled there). A
+// share's rows are merged W warps to a row (W a power of two up to the row's groups of kGroup
+// splits), so that a row waits for one load latency per W groups rather than per group: the W
+// warps sum a group each, and the row's first warp adds their sums in group order, as the combine
+// kernels' quarter tasks do (the same bits).
 template <int kThreads>
 __device__ __forceinline__ void combine_tail(const DecodeParams& p, int tile_rows, int tid, float4* scratch) {
   constexpr int kWarps = kThreads / 32;
@@ -61,7 +62,6 @@ __device__ __forceinline__ void combine_tail(const DecodeParams& p, int tile_row
   const int row0 = grid_row0(p);
   const int warp = tid / 32, lane = tid % 32;
   ptx::named_barrier(kCombineTailBarrier, kThreads);  // every partial of the CTA is stored
-  if (range.first >= range.last) return;
   // The CTA's splits are consecutive, so their sequences are too: the first one's is looked up
   // (a whole warp's lookup: every warp makes it), the others found by walking the offsets (each
   // sequence has a split at least), rather than a lookup per split and pass.
