@@ -3,18 +3,19 @@
 # score step (SNAPMLA_SCORE_STEP=folded, both decodes), decode_bf16's own-page PV from registers
 # (SNAPMLA_BF16_OWN_PV=registers), the consumers' indices broadcast from lane 0 (all three decode
 # kernels; SNAPMLA_ROLE_INDEX=uniform), the combine folded into the decode kernels' tail
-# (SNAPMLA_COMBINE_FUSED=1), the late trigger of the programmatic combine
-# (SNAPMLA_COMBINE_PDL=late) and the 64-row tile on narrow calls (SNAPMLA_FP8_TILE=rows64_all).
+# (SNAPMLA_COMBINE_FUSED=1), the fp32 partials staged through shared memory (SNAPMLA_PARTIALS=staged),
+# the late trigger of the programmatic combine (SNAPMLA_COMBINE_PDL=late) and the 64-row tile on
+# narrow calls (SNAPMLA_FP8_TILE=rows64_all).
 #  1. the GPU tests that cover them, with the untimed kernels' runs switched on
 #     (SNAPMLA_TEST_UNTIMED=1) and a short timeout: a hang (an earlier draft of the score step
 #     hung on a poisoned row) stops this part only;
 #  2. memcheck on those tests' 64-row shapes under the untimed kernels;
 #  3. `pip install .`, then the bench's sweep and grid with the options as same-run variants
 #     (decode_bf16 under each of them too), and the kernel timeline at small batches (the
-#     combine under =1 and =late beside the ordinary launch); LENGTHS=1 adds the planner's split
-#     length at b = 1-8 under the late trigger and under the fused combine (lab/split_sweep.py
-#     --lengths --env).
-#   [PARTS=tests|bench] [SKIP_VARIANTS="fused ..."] lab/h200_lab_options.sh [OUT_DIR]
+#     combine under =1 and =late beside the ordinary launch, the fused combine and the staged
+#     partials); LENGTHS=1 adds the planner's split length at b = 1-8 under the late trigger and
+#     under the fused combine with and without staged partials (lab/split_sweep.py --lengths --env).
+#   [PARTS=tests|bench] [VARIANTS="uniform fused ..."] [SKIP_VARIANTS="fused ..."] lab/h200_lab_options.sh [OUT_DIR]
 #   (carry .devbin, .whl, .peers)
 # The logs come back as OUT_DIR/h200_lab_options.tgz, the bench's files under OUT_DIR/results.
 # The optional parts (LENGTHS, the kernel timeline) are skipped past BUDGET seconds (default 480),
@@ -43,14 +44,14 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 
 
 if part tests; then
   filter='Shapes/*:GpuErrors.NonFinite*:GpuDecodeGaussian*:GpuDecode.CombineLabOptions*:GpuDecode.UniformRoleIndex*'
-  filter="$filter:GpuDecode.FusedCombine*:GpuErrors.FusedCombine*:GpuErrors.BadArguments*"
+  filter="$filter:GpuDecode.FusedCombine*:GpuErrors.FusedCombine*:GpuDecode.StagedPartials*:GpuErrors.BadArguments*"
   stamp "GPU tests with the untimed kernels' runs (SNAPMLA_TEST_UNTIMED=1)"
   SNAPMLA_TEST_UNTIMED=1 timeout $(cap ${TEST_TIMEOUT:-200}) .devbin/snapmla_gpu_tests --gtest_filter="$filter" \
     > "$out/gpu_tests_score_step.log" 2>&1
   rc=$?
   echo "gpu tests exit: $rc (124: timed out)"
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[ RUN      \]" "$out/gpu_tests_score_step.log" | tail -3
-  grep -E "tile 64f|decode_bf16 \((folded|own PV)|UniformRoleIndex|FusedCombine" "$out/gpu_tests_score_step.log" | head -16
+  grep -E "tile 64f|decode_bf16 \((folded|own PV)|UniformRoleIndex|FusedCombine|StagedPartials" "$out/gpu_tests_score_step.log" | head -20
   [ $rc -eq 0 ] || failed=$((failed + 1))
   # The GPU suite's Gaussian test (FlashMLA's per-element bounds on decode_bf16) under each option.
   # (The uniform role index's bits are compared with the default's on many shapes above.)
@@ -75,9 +76,9 @@ if part tests; then
   stamp "memcheck, 64-row shapes under the untimed kernels"
   memcheck memcheck_score_step.log "${SAN_TIMEOUT:-120}" 'Shapes/*h64*:Shapes/*h128*:GpuErrors.NonFinite*' \
     SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_FP8_TILE=64
-  stamp "memcheck, the fused combine's tests"
-  memcheck memcheck_fused.log "${SAN_TIMEOUT:-90}" 'GpuDecode.FusedCombine*:GpuErrors.FusedCombine*' \
-    SNAPMLA_TEST_UNTIMED=1
+  stamp "memcheck, the fused combine's and the staged partials' tests"
+  memcheck memcheck_fused.log "${SAN_TIMEOUT:-120}" \
+    'GpuDecode.FusedCombine*:GpuErrors.FusedCombine*:GpuDecode.StagedPartials*' SNAPMLA_TEST_UNTIMED=1
   stamp "memcheck, narrow and 64-row shapes under the uniform role index"
   memcheck memcheck_role_index.log "${SAN_TIMEOUT:-90}" 'Shapes/*h8_*:Shapes/*h128_sq1*:GpuErrors.NonFinite*' \
     SNAPMLA_ROLE_INDEX=uniform
@@ -92,11 +93,16 @@ if part bench; then
     # run the same kernels as the default, a measure of the run's noise). ownpv: decode_bf16's
     # own-page PV from registers (decode_fp8 runs its default there: noise again). uniform: the
     # consumers' indices broadcast from lane 0 (every decode kernel but the V^T-register tile).
+    # staged: the fp32 partials through shared memory (the default 64-row kernels of both decodes).
+    # VARIANTS="uniform fused ...": only those (each variant adds two graphs per case, so all
+    # seven may not fit one call's time: split them over two PARTS=bench calls).
     # SKIP_VARIANTS="fused ...": leave those out (one whose tests failed in the PARTS=tests call:
     # a kernel that gives up waiting takes a second a call, which would eat the bench's time).
     variants="--env-bf16"
     for v in folded:SNAPMLA_SCORE_STEP=folded late:SNAPMLA_COMBINE_PDL=late wide16:SNAPMLA_FP8_TILE=rows64_all \
-             ownpv:SNAPMLA_BF16_OWN_PV=registers uniform:SNAPMLA_ROLE_INDEX=uniform fused:SNAPMLA_COMBINE_FUSED=1; do
+             ownpv:SNAPMLA_BF16_OWN_PV=registers uniform:SNAPMLA_ROLE_INDEX=uniform fused:SNAPMLA_COMBINE_FUSED=1 \
+             staged:SNAPMLA_PARTIALS=staged; do
+      [ -z "${VARIANTS:-}" ] || [[ " $VARIANTS " == *" ${v%%:*} "* ]] || continue
       [[ " ${SKIP_VARIANTS:-} " == *" ${v%%:*} "* ]] || variants="$variants --env $v"
     done
     echo "bench variants: $variants"
@@ -112,16 +118,18 @@ if part bench; then
     done
     # LENGTHS=1: the planner's split length at b = 1-8 under the late trigger too (a few minutes).
     if [ -n "${LENGTHS:-}" ] && within_budget "the split lengths"; then
-      stamp "split lengths at b = 1-8: ordinary and late combine launch, fused combine"
+      stamp "split lengths at b = 1-8: ordinary and late combine launch, fused combine (fragments, staged)"
       timeout $(cap ${LENGTHS_TIMEOUT:-240}) python3 "$repo/lab/split_sweep.py" --peers "$repo/.peers" --lengths \
-        --env SNAPMLA_COMBINE_PDL=late SNAPMLA_COMBINE_FUSED=1 --out "$dest/results" > "$out/split_lengths_late.log" 2>&1
+        --env SNAPMLA_COMBINE_PDL=late SNAPMLA_COMBINE_FUSED=1 SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged \
+        --out "$dest/results" > "$out/split_lengths_late.log" 2>&1
       echo "split lengths exit: $?"
       tail -32 "$out/split_lengths_late.log"
     fi
     if within_budget "the kernel timeline"; then
-      stamp "kernel timeline (ordinary, =1 and =late combine launches, fused combine)"
-      timeout $(cap 100) python3 "$repo/lab/kernel_timeline.py" --peers "$repo/.peers" \
-        --env SNAPMLA_COMBINE_PDL=1 SNAPMLA_COMBINE_PDL=late SNAPMLA_COMBINE_FUSED=1 > "$out/kernel_timeline.log" 2>&1
+      stamp "kernel timeline (ordinary, =1 and =late combine launches, fused combine, staged partials, both)"
+      timeout $(cap 120) python3 "$repo/lab/kernel_timeline.py" --peers "$repo/.peers" \
+        --env SNAPMLA_COMBINE_PDL=1 SNAPMLA_COMBINE_PDL=late SNAPMLA_COMBINE_FUSED=1 SNAPMLA_PARTIALS=staged \
+        SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged > "$out/kernel_timeline.log" 2>&1
       echo "kernel timeline exit: $?"
       tail -40 "$out/kernel_timeline.log"
     fi

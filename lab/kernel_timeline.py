@@ -1,8 +1,8 @@
 """Where a decode call's time goes at small batches: the device time of each kernel of one call
 (the decode, the combine; the peers' decode and combine) beside the call's graph-replayed time,
 so the difference is what the GPU spends between kernels (launch, ramp-up, tail). decode_fp8 is
-also timed under lab settings of the environment (--env; default SNAPMLA_COMBINE_PDL=1 and =late), in the
-same interleaved rounds, for a same-run A/B of a lab option.
+also timed under lab settings of the environment (--env; default SNAPMLA_COMBINE_PDL=1 and =late; several
+settings at once joined by commas), in the same interleaved rounds, for a same-run A/B of a lab option.
 
     python lab/kernel_timeline.py [--peers DIR] [--cases b,h,s_q,s_k ...] [--replays N] [--env NAME=VALUE ...]
 
@@ -72,8 +72,7 @@ def main(argv=None):
         }
         # decode_fp8 under each lab setting of --env (default: the programmatic combine).
         for setting in args.env:
-            name, _, value = setting.partition("=")
-            kernels[f"fp8 {setting}"] = bench.with_env(kernels["fp8"], name, value)
+            kernels[f"fp8 {setting}"] = bench.with_env_settings(kernels["fp8"], setting)
         if peers is not None:
             kernels.update(bench.peer_kernels(torch, peers, x, s_q, h))
         graphs = bench.capture_graphs(torch, kernels, x.tables, x.calls)

@@ -17,7 +17,8 @@ instead times the split length at the recommended worker count: the planner's ru
 query_rows scaled by each of ROW_SCALES (0: equal shares; the rule's split length grows with the
 square root of query_rows), on the small-batch cases of the bench's sweep (SMALL_CASES).
 `--env NAME=VALUE ...` times every plan also under each lab setting (e.g.
-SNAPMLA_COMBINE_PDL=late: whether a later combine launch moves the best split length).
+SNAPMLA_COMBINE_PDL=late: whether a later combine launch moves the best split length; several
+settings at once joined by commas).
 """
 
 import argparse
@@ -29,7 +30,7 @@ import statistics
 import torch
 
 import snapmla
-from snapmla.bench import capture_graphs, load_peers, time_interleaved, with_env
+from snapmla.bench import capture_graphs, load_peers, time_interleaved, with_env_settings
 
 CASES = [(1, 128, 1, 1024), (1, 128, 1, 4096), (1, 128, 1, 8192), (1, 128, 1, 16384), (2, 128, 1, 8192),
          (4, 128, 1, 4096), (8, 128, 1, 16384), (1, 128, 2, 8192), (1, 64, 1, 8192), (1, 16, 1, 8192)]
@@ -68,8 +69,7 @@ def run_case(case, peers, calls, rounds, lengths=False, settings=()):
         calls_by[name] = (lambda pl: lambda t: snapmla.decode_fp8(
             qq, fp8, t, seqlens, softmax_scale=scale, plan=pl))(plan)
         for setting in settings:  # the same plan under a lab setting, captured under it
-            env_name, value = setting.split("=", 1)
-            calls_by[f"{name} {setting}"] = with_env(calls_by[name], env_name, value)
+            calls_by[f"{name} {setting}"] = with_env_settings(calls_by[name], setting)
     if peers is not None:
         fm, f8 = peers.FlashMLA(seqlens, s_q, h), peers.PR54(seqlens, s_q, h)
         cache4 = kv.view(num_pages, 64, 1, 576)

@@ -208,6 +208,17 @@ def with_env(call, name, value):
     return run
 
 
+def with_env_settings(call, settings):
+    """`call` under several settings of the environment at once: settings is NAME=VALUE, or
+    several joined by commas (e.g. SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged)."""
+    for setting in settings.split(","):
+        name, eq, value = setting.partition("=")
+        if not (eq and name):
+            raise SystemExit(f"expected NAME=VALUE[,NAME=VALUE...], got '{settings}'")
+        call = with_env(call, name, value)
+    return call
+
+
 def fixed_split_plan(snapmla, lens, seqlens, workers, query_rows, split_blocks):
     """The batch-invariant plan (plan_splits' split_blocks) for lengths `lens` (host) with room for
     its splits: every sequence cut at multiples of split_blocks blocks."""

@@ -894,6 +894,79 @@ TEST(GpuDecode, FusedCombineGivesTheSameBits) {
   }
 }
 
+// The staged fp32 partials (SNAPMLA_PARTIALS=staged, a lab option not yet run on the H200, hence
+// under test_untimed()) store the fragments' values at the fragments' addresses: the workspace's
+// partials and partial lse bytewise equal (it is poisoned before each call, so a row the staged
+// store skips or misplaces shows), and the call's out and lse bitwise equal, with the combine
+// kernel and with the fused combine tail. The 64-row kernels of both decodes (decode_fp8's on
+// every shape, also where the narrow tile would run): two row tiles at h = 128, padding rows past
+// h * s_q in the last tile (h = 20; 12 rows at s_q = 4), persistent workers with several splits,
+// MTP rows, 0- and 1-token sequences (rows with l = 0) and a bad page in a split sequence (NaN rows).
+TEST(GpuDecode, StagedPartialsGiveTheSameBits) {
+  REQUIRE_GPU();
+  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  std::vector<int32_t> many(100);
+  for (auto& len : many) len = int32_t(rng() % 5000);
+  struct Shape {
+    std::vector<int32_t> lens;
+    int s_q, h;
+    bool bad_page;
+  };
+  const std::vector<Shape> shapes = {{{8192}, 1, 128, false},
+                                     {{3000, 9000, 1, 0, 64, 700}, 1, 20, true},
+                                     {{5000, 77, 4097, 1}, 2, 64, false},
+                                     {{2000, 3000, 4000}, 4, 3, false},
+                                     {many, 1, 128, true}};
+  for (const Shape& shape : shapes) {
+    const int h = shape.h, s_q = shape.s_q, rows = h * s_q;
+    SCOPED_TRACE("b=" + std::to_string(shape.lens.size()) + " h=" + std::to_string(h) + " s_q=" + std::to_string(s_q));
+    Batch B = make_batch(rng, shape.lens, s_q, h);
+    GpuBatch G(B);
+    if (shape.bad_page) {  // the longest sequence's middle page out of range
+      const int b = int(std::max_element(shape.lens.begin(), shape.lens.end()) - shape.lens.begin());
+      std::vector<int32_t> bad = B.block_table;
+      bad[size_t(b) * B.max_pages + shape.lens[b] / kPageSize / 2] = int32_t(B.num_pages + 7);
+      G.table.upload(bad);
+    }
+    GpuPlan plan(G.pages(), recommended_num_workers(kGpu, s_q, h), s_q, h);
+    DecodeOptions options = plan.options(B.softmax_scale);
+    options.fp8_tile = Fp8Tile::kRows64;
+    const size_t partial_bytes = size_t(plan.plan.capacity) * rows * (kLatentDim + 1) * sizeof(float);
+    for (const bool fp8 : {true, false}) {
+      const char* op = fp8 ? "decode_fp8" : "decode_bf16";
+      auto run = [&](const char* store, const char* fused) {
+        ScopedEnv env_store("SNAPMLA_PARTIALS", store), env_fused("SNAPMLA_COMBINE_FUSED", fused);
+        plan.workspace.poison();
+        const auto result = G.decode(fp8, options);
+        auto ws = plan.workspace.download();
+        ws.resize(partial_bytes);  // the partials and their lse
+        return std::make_pair(result, ws);
+      };
+      const auto fragments = run("fragments", "0");
+      size_t finite = 0;
+      for (const bf16 v : fragments.first.first) finite += std::isfinite(to_float(v));
+      EXPECT_GT(finite, fragments.first.first.size() / 2) << op << ": most rows finite, so the comparison can tell";
+      size_t written = 0;
+      for (const uint8_t x : fragments.second) written += x != 0xFF;
+      EXPECT_GT(written, partial_bytes / 100) << op << ": the plan splits some sequence, so partials are stored";
+      for (const char* fused : {"0", "1"}) {
+        SCOPED_TRACE(std::string("SNAPMLA_COMBINE_FUSED=") + fused);
+        const auto staged = run("staged", fused);
+        for (size_t i = 0; i < partial_bytes; ++i)
+          ASSERT_EQ(staged.second[i], fragments.second[i]) << op << " workspace byte " << i;
+        const auto& out = fragments.first.first;
+        for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(staged.first.first[i].bits, out[i].bits) << op << " out " << i;
+        EXPECT_EQ(std::memcmp(staged.first.second.data(), fragments.first.second.data(),
+                              fragments.first.second.size() * sizeof(float)),
+                  0)
+            << op << " lse";
+      }
+    }
+  }
+}
+
 // The fused combine on split ranges not made by plan_splits: with worker 0's range emptied, no CTA
 // computes sequence 0's first split, so its counter never completes. The call still ends (the
 // tail's wait gives up after a second and closes the counter), sequence 0's rows are NaN, and the
@@ -1197,8 +1270,10 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
     EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), "SNAPMLA_FP8_TILE");
   }
   {
-    // The combine's lab options, checked where they are read, before anything is launched.
-    for (const char* name : {"SNAPMLA_COMBINE_PDL", "SNAPMLA_COMBINE_WAVE", "SNAPMLA_COMBINE_TASKS", "SNAPMLA_COMBINE_FUSED"}) {
+    // The combine's lab options and the partials' store, checked where they are read, before
+    // anything is launched.
+    for (const char* name : {"SNAPMLA_COMBINE_PDL", "SNAPMLA_COMBINE_WAVE", "SNAPMLA_COMBINE_TASKS", "SNAPMLA_COMBINE_FUSED",
+                             "SNAPMLA_PARTIALS"}) {
       ScopedEnv env(name, "yes");
       EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), name);
       EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), name);

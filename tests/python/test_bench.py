@@ -37,6 +37,28 @@ def test_with_env_restores_the_environment_when_the_call_raises():
             os.environ["SNAPMLA_FP8_TILE"] = old
 
 
+def test_with_env_settings_applies_every_setting_together_and_rejects_a_bad_one():
+    names = ("SNAPMLA_COMBINE_FUSED", "SNAPMLA_PARTIALS")
+    old = {n: os.environ.pop(n, None) for n in names}
+    try:
+        seen = []
+        call = bench.with_env_settings(lambda t: seen.append(tuple(os.environ.get(n) for n in names)) or t,
+                                       "SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged")
+        assert call(5) == 5
+        assert seen == [("1", "staged")]
+        assert all(n not in os.environ for n in names)
+        bench.with_env_settings(lambda t: seen.append(os.environ.get("SNAPMLA_PARTIALS")), "SNAPMLA_PARTIALS=")(0)
+        assert seen[-1] == ""
+        for bad in ["SNAPMLA_PARTIALS", "A=1,,B=2", "=x"]:
+            with __import__("pytest").raises(SystemExit, match="NAME=VALUE"):
+                bench.with_env_settings(lambda t: t, bad)
+    finally:
+        for n, v in old.items():
+            os.environ.pop(n, None)
+            if v is not None:
+                os.environ[n] = v
+
+
 def test_variants_are_the_lab_options_asked_for():
     args = bench.argparse.Namespace(vregs=False, carried=True)
     assert bench.variants(args) == ["carried"]

@@ -91,6 +91,8 @@ struct Bf16SmemLayout {
 };
 static_assert(offsetof(Bf16SmemLayout, stages) % 1024 == 0, "TMA boxes with the 128-byte swizzle");
 static_assert(offsetof(Bf16SmemLayout, full) % 8 == 0, "mbarriers are 8-byte aligned");
+static_assert(offsetof(Bf16SmemLayout, stages) == kQnBytes && 8 * kPartialStageBytes <= offsetof(Bf16SmemLayout, full),
+              "the staged partials fit the Q tile and the stages, which follow it");
 constexpr int kSmemBytes = int(sizeof(Bf16SmemLayout));
 static_assert(kSmemBytes <= 227 * 1024, "shared memory per block on sm_90");
 
@@ -190,8 +192,10 @@ __device__ __forceinline__ void zero_nonfinite_tokens(const Smem& sm, int j, int
 // kStep: the score step on fully visible pages (ScoreStep, a lab option; softmax.cuh). kOwnPv:
 // where the owner's PV of its own page reads P (OwnPagePv, a lab option; params.hpp). kRole:
 // where the consumers' indices come from (RoleIndex, a lab option; params.hpp). kTail: the split
-// sequences merged by the kernel's own combine tail (SNAPMLA_COMBINE_FUSED, a lab option).
-template <ScoreStep kStep, OwnPagePv kOwnPv, RoleIndex kRole, bool kTail = false>
+// sequences merged by the kernel's own combine tail (SNAPMLA_COMBINE_FUSED, a lab option). kStore:
+// how a split's fp32 partials are stored (PartialStore, a lab option; params.hpp).
+template <ScoreStep kStep, OwnPagePv kOwnPv, RoleIndex kRole, bool kTail = false,
+          PartialStore kStore = PartialStore::kFragments>
 __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     decode_bf16_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_kv,
                        const __grid_constant__ CUtensorMap tm_q) {
@@ -445,9 +449,14 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
       st.m[1] *= kLn2;
     }
     // Past add_other_sums' barrier no wgmma is in flight: each warp stages its 8 KB of output in
-    // the Q tile.
-    if (w.single) write_rows_staged(p, w, st, o, sm.qn + (4 * c + warp) * 8192, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
-    else write_partials(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
+    // the Q tile (its 16.5 KB of fp32 partials, where staged, from the Q tile on into the stages).
+    if (w.single)
+      write_rows_staged(p, w, st, o, sm.qn + (4 * c + warp) * 8192, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
+    else if (kStore == PartialStore::kStaged)
+      write_partials_staged(p, w, st, o, reinterpret_cast<float*>(sm.qn + (4 * c + warp) * kPartialStageBytes),
+                            row0 + 16 * warp, 256 * c, lane, c == 0, fault);
+    else
+      write_partials(p, w, st, o, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
   }
   // SNAPMLA_COMBINE_FUSED: the split sequences' rows merged here, not by the combine kernel.
   // Its scratch: the Q tile, free once the CTA's splits are done.
@@ -460,15 +469,19 @@ void launch_bf16(OwnPagePv own_pv, const DecodeParams& p, const DecodeOptions& o
                  const CUtensorMap& tm_q) {
   constexpr auto kRegs = OwnPagePv::kRegisters, kShared = OwnPagePv::kShared;
   constexpr bool kDefault = kStep == ScoreStep::kReference && kRole == RoleIndex::kThread;
+  constexpr auto kStaged = PartialStore::kStaged;
   if (own_pv == kRegs)
-    launch_decode<Bf16ConfigOf<kRegs>, decode_bf16_kernel<kStep, kRegs, kRole>>("decode_bf16", kSmemBytes, p, options,
-                                                                                tm_kv, tm_q);
-  else if constexpr (kDefault)  // the default kernel: with its combine-tail twin
-    launch_decode<Bf16ConfigOf<kShared>, decode_bf16_kernel<kStep, kShared, kRole>,
-                  decode_bf16_kernel<kStep, kShared, kRole, true>>("decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
+    launch_decode<Bf16ConfigOf<kRegs>, SplitKernels<decode_bf16_kernel<kStep, kRegs, kRole>>>(
+        "decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
+  else if constexpr (kDefault)  // the default kernel: with its split-epilogue twins
+    launch_decode<Bf16ConfigOf<kShared>,
+                  SplitKernels<decode_bf16_kernel<kStep, kShared, kRole>, decode_bf16_kernel<kStep, kShared, kRole, true>,
+                               decode_bf16_kernel<kStep, kShared, kRole, false, kStaged>,
+                               decode_bf16_kernel<kStep, kShared, kRole, true, kStaged>>>("decode_bf16", kSmemBytes, p,
+                                                                                           options, tm_kv, tm_q);
   else
-    launch_decode<Bf16ConfigOf<kShared>, decode_bf16_kernel<kStep, kShared, kRole>>("decode_bf16", kSmemBytes, p,
-                                                                                    options, tm_kv, tm_q);
+    launch_decode<Bf16ConfigOf<kShared>, SplitKernels<decode_bf16_kernel<kStep, kShared, kRole>>>(
+        "decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
 }
 
 template <ScoreStep kStep>

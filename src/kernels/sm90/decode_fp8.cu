@@ -466,8 +466,10 @@ __device__ __forceinline__ void carried_iteration(float (&o)[32][4], float (&acc
 // kCarried: Fp8PScale::kCarried's P' scales (carried_iteration) instead of the per-page ones;
 // kStep: the per-page rule's score step on fully visible pages (ScoreStep, a lab option); kRole:
 // where the consumers' indices come from (RoleIndex, a lab option); kTail: the split sequences
-// merged by the kernel's own combine tail (SNAPMLA_COMBINE_FUSED, a lab option).
-template <bool kCarried, ScoreStep kStep, RoleIndex kRole, bool kTail = false>
+// merged by the kernel's own combine tail (SNAPMLA_COMBINE_FUSED, a lab option); kStore: how a
+// split's fp32 partials are stored (PartialStore, a lab option).
+template <bool kCarried, ScoreStep kStep, RoleIndex kRole, bool kTail = false,
+          PartialStore kStore = PartialStore::kFragments>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     decode_fp8_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                       const __grid_constant__ CUtensorMap tm_rope, const __grid_constant__ CUtensorMap tm_q) {
@@ -592,10 +594,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       if (nblk > 0) st.m[ri] = sm.max_after(nblk - 1, rv.r0 + 8 * ri) * (kBase2 ? kLn2 : 1.f);
     }
     // Past add_other_sums' barrier no wgmma is in flight and every page was consumed: each warp
-    // stages its 8 KB of bf16 in the page stages.
+    // stages its 8 KB of bf16 in the page stages (its 16.5 KB of fp32 partials, where staged, from
+    // the Q tile on).
     if (w.single)
       write_rows_staged(p, w, st, o, sm.stage + (4 * c + warp) * 8192, row0 + 16 * warp, Cfg::kOutHalf * c,
                         lane, c == 0, fault);
+    else if (kStore == PartialStore::kStaged)
+      write_partials_staged(p, w, st, o, reinterpret_cast<float*>(sm.q_latent + (4 * c + warp) * kPartialStageBytes),
+                            row0 + 16 * warp, Cfg::kOutHalf * c, lane, c == 0, fault);
     else
       write_partials(p, w, st, o, row0 + 16 * warp, Cfg::kOutHalf * c, lane, c == 0, fault);
     if (threadIdx.x == 128) SNAPMLA_MARK(kStored);
@@ -607,6 +613,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 static_assert(8 * 8192 <= Cfg::kStages * int(sizeof(Fp8TileSmem::Stage)), "the staged output fits the page stages");
 static_assert(kCombineTailScratchBytes<kConsumerThreads> <= Cfg::kStages * int(sizeof(Fp8TileSmem::Stage)),
               "the combine tail's scratch fits the page stages");
+static_assert(offsetof(Fp8TileSmem, stages) == sizeof(Fp8TileSmem::q_latent) &&
+                  8 * kPartialStageBytes <= offsetof(Fp8TileSmem, vt),
+              "the staged partials fit the Q tile and the page stages, which follow it");
 
 // The V^T-register tile (fp8_vregs_tile.cuh; Fp8Tile::kRows64VRegs): the consumers' softmax step
 // above, the Q rope from shared memory and the PV transposed.
@@ -817,24 +826,30 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
   }
 }
 
+// The default kernel and its twins with the split epilogue's lab options: the combine tail, the
+// staged partials, both.
+template <bool kTail, PartialStore kStore>
+constexpr auto kDefaultFp8Kernel = decode_fp8_kernel<false, ScoreStep::kReference, RoleIndex::kThread, kTail, kStore>;
+using DefaultFp8Kernels =
+    SplitKernels<kDefaultFp8Kernel<false, PartialStore::kFragments>, kDefaultFp8Kernel<true, PartialStore::kFragments>,
+                 kDefaultFp8Kernel<false, PartialStore::kStaged>, kDefaultFp8Kernel<true, PartialStore::kStaged>>;
+
 // The transposing tile's kernel of the call's lab options.
 template <RoleIndex kRole>
 void launch_rows64(Fp8PScale p_scale, ScoreStep step, const DecodeParams& p, const DecodeOptions& options,
                    const CUtensorMap& tm_latent, const CUtensorMap& tm_rope, const CUtensorMap& tm_q) {
   constexpr int kSmem = int(sizeof(Fp8TileSmem));
   if (p_scale == Fp8PScale::kCarried)
-    launch_decode<Fp8TileConfig, decode_fp8_kernel<true, ScoreStep::kReference, kRole>>("decode_fp8", kSmem, p, options,
-                                                                                         tm_latent, tm_rope, tm_q);
+    launch_decode<Fp8TileConfig, SplitKernels<decode_fp8_kernel<true, ScoreStep::kReference, kRole>>>(
+        "decode_fp8", kSmem, p, options, tm_latent, tm_rope, tm_q);
   else if (step == ScoreStep::kFolded)
-    launch_decode<Fp8TileConfig, decode_fp8_kernel<false, ScoreStep::kFolded, kRole>>("decode_fp8", kSmem, p, options,
-                                                                                       tm_latent, tm_rope, tm_q);
-  else if constexpr (kRole == RoleIndex::kThread)  // the default kernel: with its combine-tail twin
-    launch_decode<Fp8TileConfig, decode_fp8_kernel<false, ScoreStep::kReference, kRole>,
-                  decode_fp8_kernel<false, ScoreStep::kReference, kRole, true>>("decode_fp8", kSmem, p, options, tm_latent,
-                                                                                tm_rope, tm_q);
+    launch_decode<Fp8TileConfig, SplitKernels<decode_fp8_kernel<false, ScoreStep::kFolded, kRole>>>(
+        "decode_fp8", kSmem, p, options, tm_latent, tm_rope, tm_q);
+  else if constexpr (kRole == RoleIndex::kThread)  // the default kernel: with its split-epilogue twins
+    launch_decode<Fp8TileConfig, DefaultFp8Kernels>("decode_fp8", kSmem, p, options, tm_latent, tm_rope, tm_q);
   else
-    launch_decode<Fp8TileConfig, decode_fp8_kernel<false, ScoreStep::kReference, kRole>>("decode_fp8", kSmem, p, options,
-                                                                                          tm_latent, tm_rope, tm_q);
+    launch_decode<Fp8TileConfig, SplitKernels<decode_fp8_kernel<false, ScoreStep::kReference, kRole>>>(
+        "decode_fp8", kSmem, p, options, tm_latent, tm_rope, tm_q);
 }
 
 }  // namespace
@@ -865,8 +880,8 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
     const CUtensorMap tm_q_rope =
         plane_map(q.rope, int64_t(q.batch) * p.rows, kRopeDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
     // The role index stays per thread here: the broadcast one leaves ptxas 4 bytes of spills.
-    launch_decode<Fp8VRegsConfig, decode_fp8_vregs_kernel>("decode_fp8", int(sizeof(Fp8VRegsSmem)), p, options, tm_latent,
-                                                           tm_rope, tm_q, tm_q_rope);
+    launch_decode<Fp8VRegsConfig, SplitKernels<decode_fp8_vregs_kernel>>("decode_fp8", int(sizeof(Fp8VRegsSmem)), p,
+                                                                         options, tm_latent, tm_rope, tm_q, tm_q_rope);
   } else {
     profile::before_launch();  // profiling builds only: the stamps' table and report
     if (role == RoleIndex::kUniform)

@@ -1,8 +1,8 @@
 // Writes a warp's output tile (the 64-row decode kernels; sigma is 1 in decode_bf16): normalized
-// rows as bf16 into `out` (a sequence with one split) or as fp32 partials for the combine kernel,
-// and the lse. A row that saw no token gets 0 and -inf; a CTA that met an out-of-range page index
-// writes NaN, so the fault is visible. The narrow tile writes its own layout (O^T) with the same
-// row_scale and row_lse.
+// rows as bf16 into `out` (a sequence with one split) or as fp32 partials for the combine kernel
+// (from the fragment, or staged through shared memory), and the lse. A row that saw no token gets
+// 0 and -inf; a CTA that met an out-of-range page index writes NaN, so the fault is visible. The
+// narrow tile writes its own layout (O^T) with the same row_scale and row_lse.
 #pragma once
 
 #include "kernels/common/numeric.cuh"
@@ -62,6 +62,51 @@ __device__ __forceinline__ void write_partials(const DecodeParams& p, const Work
       *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(a, b);
     }
     if (write_lse && q == 0) store_lse(p, w, r, lse);
+  }
+}
+
+// write_partials through shared memory (DecodeParams::staged_partials; SNAPMLA_PARTIALS=staged, a
+// lab option): the warp's 16 rows x 256 fp32 go into `stage` (kPartialStageBytes of shared memory
+// of its own) and back out as whole row segments, one 16-byte store per lane, 512 contiguous bytes
+// per instruction. The fragment's own 8-byte stores write 8 rows x 32 bytes per instruction: four
+// times the write requests for the same bytes, at the end of every CTA of a split sequence (every
+// CTA at small batches, where they stand between the last page and the combine). Staged rows are
+// kPartialStageStride floats apart, so each half-warp's fragment store (4 rows x 32 bytes) covers
+// the 32 banks once. The same values at the same addresses as write_partials.
+inline constexpr int kPartialStageStride = 256 + 8;  // floats per staged row
+inline constexpr int kPartialStageBytes = 16 * kPartialStageStride * int(sizeof(float));
+
+__device__ __forceinline__ void write_partials_staged(const DecodeParams& p, const Work& w, const SoftmaxState& st,
+                                                      const float (&o)[32][4], float* stage, int row0, int dim0,
+                                                      int lane, bool write_lse, bool fault) {
+  const int g = lane / 4, q = lane % 4;
+  float scale[2];
+  bool zero[2];
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int r = row0 + g + 8 * ri;
+    const bool empty = st.l[ri] == 0.f;
+    zero[ri] = empty && !fault;
+    scale[ri] = row_scale(empty, st.l[ri], st.sigma[ri], fault);
+    if (write_lse && q == 0 && r < p.rows) store_lse(p, w, r, row_lse(st.m[ri], st.l[ri], fault));
+  }
+#pragma unroll
+  for (int n = 0; n < 32; ++n)
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const float a = zero[ri] ? 0.f : o[n][2 * ri] * scale[ri];
+      const float b = zero[ri] ? 0.f : o[n][2 * ri + 1] * scale[ri];
+      *reinterpret_cast<float2*>(stage + (g + 8 * ri) * kPartialStageStride + 8 * n + 2 * q) = make_float2(a, b);
+    }
+  __syncwarp();
+  float* dst = p.partial_out + (int64_t(w.split) * p.rows + row0) * kLatentDim + dim0 + 4 * lane;
+#pragma unroll
+  for (int rr = 0; rr < 16; ++rr) {
+    if (row0 + rr >= p.rows) break;  // the same in every lane
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      *reinterpret_cast<float4*>(dst + rr * kLatentDim + 128 * half) =
+          *reinterpret_cast<const float4*>(stage + rr * kPartialStageStride + 128 * half + 4 * lane);
   }
 }
 

@@ -151,22 +151,64 @@ inline RoleIndex role_index(const char* op) {
 // or elsewhere: the kernel without it, then the combine kernel.
 inline bool combine_fused(const char* op) { return detail::env_flag(op, "SNAPMLA_COMBINE_FUSED"); }
 
-// A decode kernel (Config::kThreads per CTA, `smem` bytes of dynamic shared memory, arguments p
-// and then `extra`) over the decode grid, then the combine of split sequences: by the combine
-// kernel, or under SNAPMLA_COMBINE_FUSED by TailKernel, the same kernel with the combine tail
-// (nullptr: none).
-template <typename Config, auto Kernel, auto TailKernel = nullptr, typename... Extra>
+// SNAPMLA_PARTIALS in the environment (a lab option, read per call like the others): `fragments`
+// (unset) or `staged`, the PartialStore of the kernels that have a staged instantiation (the
+// default 64-row kernels: decode_fp8's transposing tile and decode_bf16); elsewhere the fragments'.
+inline PartialStore partial_store(const char* op) {
+  return detail::env_choice(op, "SNAPMLA_PARTIALS", {"fragments", "staged"}) == 1 ? PartialStore::kStaged
+                                                                                  : PartialStore::kFragments;
+}
+
+// Whether a SplitKernels slot holds a kernel (not nullptr).
+template <auto Kernel>
+inline constexpr bool kInstantiated = !std::is_same_v<decltype(Kernel), std::nullptr_t>;
+
+// A decode kernel's instantiations for the split epilogue's lab options: Plain (the fp32 partials
+// from the fragment, then the combine kernel) and, where instantiated (else nullptr), Tail (the
+// combine tail: SNAPMLA_COMBINE_FUSED), Staged (PartialStore::kStaged: SNAPMLA_PARTIALS=staged) and
+// StagedTail (both). A setting without its instantiation falls back to the one without it.
+template <auto Plain, auto Tail = nullptr, auto Staged = nullptr, auto StagedTail = nullptr>
+struct SplitKernels {
+  static constexpr bool kHasTail = kInstantiated<Tail>;
+
+  template <typename... Args>
+  static void launch(bool fused, PartialStore store, dim3 grid, int threads, int smem, cudaStream_t stream,
+                     const Args&... args) {
+    const bool staged = store == PartialStore::kStaged;
+    if constexpr (kInstantiated<StagedTail>)
+      if (fused && staged) return run<StagedTail>(grid, threads, smem, stream, args...);
+    if constexpr (kInstantiated<Tail>)
+      if (fused) return run<Tail>(grid, threads, smem, stream, args...);
+    if constexpr (kInstantiated<Staged>)
+      if (staged) return run<Staged>(grid, threads, smem, stream, args...);
+    run<Plain>(grid, threads, smem, stream, args...);
+  }
+
+ private:
+  template <auto Kernel, typename... Args>
+  static void run(dim3 grid, int threads, int smem, cudaStream_t stream, const Args&... args) {
+    allow_dynamic_smem<Kernel>(smem);
+    Kernel<<<grid, threads, smem, stream>>>(args...);
+  }
+};
+
+// A decode kernel set (SplitKernels; Config::kThreads per CTA, `smem` bytes of dynamic shared
+// memory, arguments p and then `extra`) over the decode grid, then the combine of split sequences:
+// by the combine kernel, or under SNAPMLA_COMBINE_FUSED by the set's instantiation with the combine
+// tail.
+template <typename Config, typename Kernels, typename... Extra>
 void launch_decode(const char* op, int smem, const DecodeParams& p, const DecodeOptions& options,
                    const Extra&... extra) {
-  constexpr bool kHasTail = !std::is_same_v<decltype(TailKernel), std::nullptr_t>;
   const cudaStream_t stream = as_stream(options.stream);
   const dim3 grid = decode_grid(op, p, options);
   // The lab options are read (and checked) before anything runs.
   const CombineLaunch launch = combine_launch(op);
   const bool wave_over_workers = combine_wave_over_workers(op);
   const CombineTasks tasks = combine_tasks(op);
+  const PartialStore store = partial_store(op);
   // (A failed SM-count query gives 0: the combine kernel then.)
-  const bool fused = combine_fused(op) && kHasTail && options.plan && int64_t(grid.x) <= current_sm_count();
+  const bool fused =
+      combine_fused(op) && Kernels::kHasTail && options.plan && int64_t(grid.x) <= current_sm_count();
   DecodeParams kp = p;
   kp.dependents_late = launch == CombineLaunch::kProgrammaticLate;
   if (fused) {
@@ -174,16 +216,7 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
     check(cudaMemsetAsync(kp.combine_counters, 0, combine_counter_count(p, options) * sizeof(int), stream),
           "cudaMemsetAsync (combine counters)");
   }
-  if constexpr (kHasTail) {
-    if (fused) {
-      allow_dynamic_smem<TailKernel>(smem);
-      TailKernel<<<grid, Config::kThreads, smem, stream>>>(kp, extra...);
-    }
-  }
-  if (!fused) {
-    allow_dynamic_smem<Kernel>(smem);
-    Kernel<<<grid, Config::kThreads, smem, stream>>>(kp, extra...);
-  }
+  Kernels::launch(fused, store, grid, Config::kThreads, smem, stream, kp, extra...);
   check_launch(op);
   if (options.plan && !fused)
     combine(combine_params(kp, wave_over_workers), stream, launch != CombineLaunch::kOrdinary, tasks);

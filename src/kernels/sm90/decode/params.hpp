@@ -45,6 +45,13 @@ enum class OwnPagePv { kShared, kRegisters };
 // (SNAPMLA_ROLE_INDEX) until the H200 has timed it.
 enum class RoleIndex { kThread, kUniform };
 
+// How the 64-row tiles' CTAs store a split's fp32 partials (epilogue.cuh): kFragments, from the
+// accumulator fragment (write_partials: 8 rows x 32 bytes per store instruction); kStaged, through
+// shared memory as whole rows (write_partials_staged: 512 contiguous bytes per instruction, a
+// quarter of the write requests). The same values at the same addresses. A lab option
+// (SNAPMLA_PARTIALS) until the H200 has timed it.
+enum class PartialStore { kFragments, kStaged };
+
 struct DecodeParams {
   // Queries: FP8 (nope, rope, scale) or BF16 ([rows, 576]).
   const uint8_t* q_nope = nullptr;
