@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One H200 call (device tool) for the lab options not yet run on a GPU: the 64-row tiles' base-2
 # score step (SNAPMLA_SCORE_STEP=folded, both decodes), decode_bf16's own-page PV from registers
-# (SNAPMLA_BF16_OWN_PV=registers), the consumers' indices broadcast from lane 0 (all three decode
+# (SNAPMLA_BF16_OWN_PV=registers), decode_bf16's page-A QK first (SNAPMLA_BF16_QK_ORDER=a_first),
+# the consumers' indices broadcast from lane 0 (all three decode
 # kernels; SNAPMLA_ROLE_INDEX=uniform), the combine folded into the decode kernels' tail
 # (SNAPMLA_COMBINE_FUSED=1), the fp32 partials staged through shared memory (SNAPMLA_PARTIALS=staged),
 # the late trigger of the programmatic combine (SNAPMLA_COMBINE_PDL=late) and the 64-row tile on
@@ -45,17 +46,20 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 
 if part tests; then
   filter='Shapes/*:GpuErrors.NonFinite*:GpuDecodeGaussian*:GpuDecode.CombineLabOptions*:GpuDecode.UniformRoleIndex*'
   filter="$filter:GpuDecode.FusedCombine*:GpuErrors.FusedCombine*:GpuDecode.StagedPartials*:GpuErrors.BadArguments*"
+  filter="$filter:GpuDecode.Bf16QkOrder*"
   stamp "GPU tests with the untimed kernels' runs (SNAPMLA_TEST_UNTIMED=1)"
   SNAPMLA_TEST_UNTIMED=1 timeout $(cap ${TEST_TIMEOUT:-200}) .devbin/snapmla_gpu_tests --gtest_filter="$filter" \
     > "$out/gpu_tests_score_step.log" 2>&1
   rc=$?
   echo "gpu tests exit: $rc (124: timed out)"
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[ RUN      \]" "$out/gpu_tests_score_step.log" | tail -3
-  grep -E "tile 64f|decode_bf16 \((folded|own PV)|UniformRoleIndex|FusedCombine|StagedPartials" "$out/gpu_tests_score_step.log" | head -20
+  grep -E "tile 64f|decode_bf16 \((folded|own PV|page A)|UniformRoleIndex|FusedCombine|StagedPartials|Bf16QkOrder" \
+    "$out/gpu_tests_score_step.log" | head -24
   [ $rc -eq 0 ] || failed=$((failed + 1))
   # The GPU suite's Gaussian test (FlashMLA's per-element bounds on decode_bf16) under each option.
   # (The uniform role index's bits are compared with the default's on many shapes above.)
-  for opt in SNAPMLA_SCORE_STEP=folded SNAPMLA_BF16_OWN_PV=registers SNAPMLA_ROLE_INDEX=uniform; do
+  for opt in SNAPMLA_SCORE_STEP=folded SNAPMLA_BF16_OWN_PV=registers SNAPMLA_ROLE_INDEX=uniform \
+             SNAPMLA_BF16_QK_ORDER=a_first; do
     env "$opt" timeout $(cap 60) .devbin/snapmla_gpu_tests --gtest_filter='GpuDecodeGaussian*' \
       > "$out/gpu_tests_gaussian_${opt%%=*}.log" 2>&1 || failed=$((failed + 1))
     echo "Gaussian under $opt:"; grep -E "^\[  (PASSED|FAILED) " "$out/gpu_tests_gaussian_${opt%%=*}.log"
@@ -82,6 +86,14 @@ if part tests; then
   stamp "memcheck, narrow and 64-row shapes under the uniform role index"
   memcheck memcheck_role_index.log "${SAN_TIMEOUT:-90}" 'Shapes/*h8_*:Shapes/*h128_sq1*:GpuErrors.NonFinite*' \
     SNAPMLA_ROLE_INDEX=uniform
+  # decode_bf16's page-A QK first adds a named-barrier hand-off: synccheck on its bits test.
+  stamp "synccheck, decode_bf16 with page A's QK first"
+  SNAPMLA_TEST_UNTIMED=1 timeout "$(cap "${SAN_TIMEOUT:-90}")" compute-sanitizer --tool synccheck --error-exitcode 9 \
+    .devbin/snapmla_gpu_tests --gtest_filter='GpuDecode.Bf16QkOrder*' > "$out/synccheck_qk_order.log" 2>&1
+  rc=$?
+  echo "synccheck exit: $rc"
+  grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED) " "$out/synccheck_qk_order.log" | tail -3
+  [ $rc -eq 0 ] || failed=$((failed + 1))
 
 fi
 if part bench; then
@@ -94,14 +106,15 @@ if part bench; then
     # own-page PV from registers (decode_fp8 runs its default there: noise again). uniform: the
     # consumers' indices broadcast from lane 0 (every decode kernel but the V^T-register tile).
     # staged: the fp32 partials through shared memory (the default 64-row kernels of both decodes).
+    # qkfirst: decode_bf16's page-A QK first (decode_fp8 runs its default there: noise again).
     # VARIANTS="uniform fused ...": only those (each variant adds two graphs per case, so all
-    # seven may not fit one call's time: split them over two PARTS=bench calls).
+    # eight may not fit one call's time: split them over two PARTS=bench calls).
     # SKIP_VARIANTS="fused ...": leave those out (one whose tests failed in the PARTS=tests call:
     # a kernel that gives up waiting takes a second a call, which would eat the bench's time).
     variants="--env-bf16"
     for v in folded:SNAPMLA_SCORE_STEP=folded late:SNAPMLA_COMBINE_PDL=late wide16:SNAPMLA_FP8_TILE=rows64_all \
              ownpv:SNAPMLA_BF16_OWN_PV=registers uniform:SNAPMLA_ROLE_INDEX=uniform fused:SNAPMLA_COMBINE_FUSED=1 \
-             staged:SNAPMLA_PARTIALS=staged; do
+             staged:SNAPMLA_PARTIALS=staged qkfirst:SNAPMLA_BF16_QK_ORDER=a_first; do
       [ -z "${VARIANTS:-}" ] || [[ " $VARIANTS " == *" ${v%%:*} "* ]] || continue
       [[ " ${SKIP_VARIANTS:-} " == *" ${v%%:*} "* ]] || variants="$variants --env $v"
     done

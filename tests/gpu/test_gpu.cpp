@@ -537,22 +537,26 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
 
   const auto want16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), cpu_opt);
   const auto want16_bf = bf16_rounded(want16.out);
-  // With each score step (SNAPMLA_SCORE_STEP) and each source of the owner's P
-  // (SNAPMLA_BF16_OWN_PV), lab options (the untimed ones under test_untimed()), the same bounds;
-  // and the own PV from registers gives the first run's bits (its registers hold the words of
-  // the P tile, in the same products).
+  // With each score step (SNAPMLA_SCORE_STEP), each source of the owner's P (SNAPMLA_BF16_OWN_PV)
+  // and page A's QK first (SNAPMLA_BF16_QK_ORDER), lab options (the untimed ones under
+  // test_untimed()), the same bounds; and the own PV from registers and the QK order give the first
+  // run's bits (the same products: P from registers holding the P tile's words, or the same wgmmas
+  // issued in another order).
   struct Bf16Run {
     const char* label;
     const char* step;  // null: the environment's own
     const char* own_pv;
+    const char* qk_order;
   };
   std::vector<bf16> first_out;
   std::vector<float> first_lse;
-  for (const Bf16Run run : {Bf16Run{"", nullptr, nullptr}, Bf16Run{" (folded)", "folded", nullptr},
-                            Bf16Run{" (own PV from registers)", nullptr, "registers"}}) {
-    if ((run.step || run.own_pv) && !test_untimed()) continue;
+  for (const Bf16Run run : {Bf16Run{"", nullptr, nullptr, nullptr}, Bf16Run{" (folded)", "folded", nullptr, nullptr},
+                            Bf16Run{" (own PV from registers)", nullptr, "registers", nullptr},
+                            Bf16Run{" (page A's QK first)", nullptr, nullptr, "a_first"}}) {
+    if ((run.step || run.own_pv || run.qk_order) && !test_untimed()) continue;
     ScopedEnv step("SNAPMLA_SCORE_STEP", run.step);
     ScopedEnv own_pv("SNAPMLA_BF16_OWN_PV", run.own_pv);
+    ScopedEnv qk_order("SNAPMLA_BF16_QK_ORDER", run.qk_order);
     G.out.poison();
     G.lse.poison();
     decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), gpu_opt);
@@ -560,7 +564,7 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
     if (first_out.empty()) {
       first_out = G.out.download();
       first_lse = G.lse.download();
-    } else if (run.own_pv) {
+    } else if (run.own_pv || run.qk_order) {
       const auto out = G.out.download();
       const auto lse = G.lse.download();
       for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i].bits, first_out[i].bits) << run.label << " out " << i;
@@ -1077,6 +1081,53 @@ TEST(GpuDecode, UniformRoleIndexGivesTheSameBits) {
   }
 }
 
+// decode_bf16 with consumer 1's QKs issued after consumer 0's (SNAPMLA_BF16_QK_ORDER=a_first, a lab
+// option not yet run on the H200, hence under test_untimed()): only the order of the same wgmmas
+// moves, so out and lse keep the default's bits. One- and multi-split CTAs (the hand-off across
+// split boundaries), odd page counts (a discarded QK in the last pair), 0- and 1-token sequences
+// (no QK at all), MTP causal rows, padding rows, a NaN query row and a NaN token.
+TEST(GpuDecode, Bf16QkOrderGivesTheSameBits) {
+  REQUIRE_GPU();
+  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  struct Shape {
+    std::vector<int32_t> lens;
+    int s_q, h;
+  };
+  const std::vector<Shape> shapes = {{{0, 1, 64, 700, 3000, 9000}, 1, 16},
+                                     {{1, 129, 5000}, 1, 128},
+                                     {{2, 300, 4097}, 4, 3},
+                                     {{77, 1500, 2049}, 2, 64}};
+  for (const Shape& shape : shapes) {
+    const int h = shape.h, s_q = shape.s_q;
+    SCOPED_TRACE("h=" + std::to_string(h) + " s_q=" + std::to_string(s_q));
+    Batch B = make_batch(rng, shape.lens, s_q, h);
+    const size_t bad_row = size_t(2 * s_q * h - 1);
+    B.q[bad_row * kHeadDim + 5] = to_bf16(test::kNaN);
+    const int last = int(shape.lens.size()) - 1;
+    B.bf16_data[size_t(B.slot(last, shape.lens[last] - 1)) * kHeadDim + 9] = to_bf16(test::kNaN);
+    GpuBatch G(B);
+    GpuPlan plan(G.pages(), recommended_num_workers(kGpu, s_q, h), s_q, h);
+    for (const bool split : {false, true}) {
+      SCOPED_TRACE(split ? "planned" : "one split per sequence");
+      const DecodeOptions options = split ? plan.options(B.softmax_scale) : test::options(B);
+      auto decode = [&](const char* order) {
+        ScopedEnv env("SNAPMLA_BF16_QK_ORDER", order);
+        return G.decode(false, options);
+      };
+      const auto release = decode("release");
+      const auto a_first = decode("a_first");
+      size_t finite = 0;
+      for (const bf16 v : release.first) finite += std::isfinite(to_float(v));
+      EXPECT_GT(finite, release.first.size() / 2) << "most rows are finite, so the comparison can tell";
+      for (size_t i = 0; i < release.first.size(); ++i) ASSERT_EQ(a_first.first[i].bits, release.first[i].bits) << "out " << i;
+      EXPECT_EQ(std::memcmp(a_first.second.data(), release.second.data(), release.second.size() * sizeof(float)), 0)
+          << "lse";
+    }
+  }
+}
+
 // plan_splits(split_blocks = L) on the GPU: a row gives the same bits decoded alone, in a batch,
 // and in the batch with another row's length gone bad (which changes the default plan: the
 // bad row has no splits), for both decodes and the narrow and 64-row tiles. The default plan
@@ -1283,10 +1334,14 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
       ScopedEnv env("SNAPMLA_SCORE_STEP", "fast");
       EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), "SNAPMLA_SCORE_STEP");
     }
-    // decode_bf16's own-page PV source.
+    // decode_bf16's own-page PV source and QK order.
     {
       ScopedEnv env("SNAPMLA_BF16_OWN_PV", "tmem");
       EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), "SNAPMLA_BF16_OWN_PV");
+    }
+    {
+      ScopedEnv env("SNAPMLA_BF16_QK_ORDER", "b_first");
+      EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), "SNAPMLA_BF16_QK_ORDER");
     }
     // The consumers' role index, read by both decodes on every call.
     ScopedEnv env("SNAPMLA_ROLE_INDEX", "lane");

@@ -68,6 +68,7 @@ enum class Bf16Barrier : int {
   kOwnerWarps = 2, // 2, 4
   kTailZero = 5,
   kAddSums = 1,
+  kQkIssued = 6,  // Bf16QkOrder::kPageAFirst: consumer 0 has issued its next QK (both consumers)
 };
 constexpr int kBoxBytes = kPageSize * kTmaBoxBytes;  // 8 KB: 64 tokens x 64 dims
 constexpr int kBoxes = kHeadDim * 2 / kTmaBoxBytes;  // 9: latent dims 64 b .. 64 b + 63, then rope
@@ -193,9 +194,10 @@ __device__ __forceinline__ void zero_nonfinite_tokens(const Smem& sm, int j, int
 // where the owner's PV of its own page reads P (OwnPagePv, a lab option; params.hpp). kRole:
 // where the consumers' indices come from (RoleIndex, a lab option; params.hpp). kTail: the split
 // sequences merged by the kernel's own combine tail (SNAPMLA_COMBINE_FUSED, a lab option). kStore:
-// how a split's fp32 partials are stored (PartialStore, a lab option; params.hpp).
+// how a split's fp32 partials are stored (PartialStore, a lab option; params.hpp). kQkOrder: the
+// order of the next pair's QKs (Bf16QkOrder, a lab option; params.hpp).
 template <ScoreStep kStep, OwnPagePv kOwnPv, RoleIndex kRole, bool kTail = false,
-          PartialStore kStore = PartialStore::kFragments>
+          PartialStore kStore = PartialStore::kFragments, Bf16QkOrder kQkOrder = Bf16QkOrder::kOnRelease>
 __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     decode_bf16_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_kv,
                        const __grid_constant__ CUtensorMap tm_q) {
@@ -327,13 +329,25 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
       qk_half(j, 1 - c);
       wg::commit();
     };
+    // Under kPageAFirst consumer 1 issues each QK (the first, and each pair's) after consumer 0 has
+    // issued its own: both issue one per pair, so the hand-off stays balanced.
+    auto before_qk = [&] {
+      if constexpr (kQkOrder == Bf16QkOrder::kPageAFirst)
+        if (c == 1) ptx::named_barrier(int(Bf16Barrier::kQkIssued), 256);
+    };
+    auto after_qk = [&] {
+      if constexpr (kQkOrder == Bf16QkOrder::kPageAFirst)
+        if (c == 0) ptx::named_barrier_arrive(int(Bf16Barrier::kQkIssued), 256);
+    };
     // Every pair issues the same wgmmas in every consumer, with no wgmma under a condition that
     // ptxas cannot see is warpgroup-uniform (it would serialize them all): a consumer without a
     // page in the pair (odd page count) computes a discarded product and adds the last page with
     // P = 0, and after the last pair the QK is a discarded repeat of the last page.
     if (nblk > 0) {
+      before_qk();
       qk_first(min(c, nblk - 1), c < nblk);
       qk_second(min(c, nblk - 1), c < nblk);
+      after_qk();
     }
     const int band = band_start(p, w);  // tokens from here on are not seen by every query row
     for (int k = 0; 2 * k < nblk; ++k) {
@@ -434,8 +448,10 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
         mbar::arrive(sm.empty_of(jb, 0));
       }
       if (c == 0 && has_b) mbar::wait(sm.empty_of(jb, 0), phase(jb));
+      before_qk();
       qk_first(jn, real);
       qk_second(jn, real);
+      after_qk();
     }
     wg::wait<0>();
     wg::fence_operands(acc);
@@ -463,13 +479,20 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
   if constexpr (kTail) combine_tail<128 * Cfg::kConsumers>(p, kRows, threadIdx.x - 128, reinterpret_cast<float4*>(sm.qn));
 }
 
-// The kernel of the call's lab options.
+// The kernel of the call's lab options (Bf16QkOrder::kPageAFirst: with the other options' defaults
+// only; elsewhere the default order).
 template <ScoreStep kStep, RoleIndex kRole>
-void launch_bf16(OwnPagePv own_pv, const DecodeParams& p, const DecodeOptions& options, const CUtensorMap& tm_kv,
-                 const CUtensorMap& tm_q) {
+void launch_bf16(OwnPagePv own_pv, Bf16QkOrder qk_order, const DecodeParams& p, const DecodeOptions& options,
+                 const CUtensorMap& tm_kv, const CUtensorMap& tm_q) {
   constexpr auto kRegs = OwnPagePv::kRegisters, kShared = OwnPagePv::kShared;
   constexpr bool kDefault = kStep == ScoreStep::kReference && kRole == RoleIndex::kThread;
-  constexpr auto kStaged = PartialStore::kStaged;
+  constexpr auto kStaged = PartialStore::kStaged, kFragments = PartialStore::kFragments;
+  if constexpr (kDefault) {
+    if (own_pv == kShared && qk_order == Bf16QkOrder::kPageAFirst)
+      return launch_decode<Bf16Config, SplitKernels<decode_bf16_kernel<kStep, kShared, kRole, false, kFragments,
+                                                                       Bf16QkOrder::kPageAFirst>>>(
+          "decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
+  }
   if (own_pv == kRegs)
     launch_decode<Bf16ConfigOf<kRegs>, SplitKernels<decode_bf16_kernel<kStep, kRegs, kRole>>>(
         "decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
@@ -485,10 +508,10 @@ void launch_bf16(OwnPagePv own_pv, const DecodeParams& p, const DecodeOptions& o
 }
 
 template <ScoreStep kStep>
-void launch_bf16(RoleIndex role, OwnPagePv own_pv, const DecodeParams& p, const DecodeOptions& options,
-                 const CUtensorMap& tm_kv, const CUtensorMap& tm_q) {
-  if (role == RoleIndex::kUniform) launch_bf16<kStep, RoleIndex::kUniform>(own_pv, p, options, tm_kv, tm_q);
-  else launch_bf16<kStep, RoleIndex::kThread>(own_pv, p, options, tm_kv, tm_q);
+void launch_bf16(RoleIndex role, OwnPagePv own_pv, Bf16QkOrder qk_order, const DecodeParams& p,
+                 const DecodeOptions& options, const CUtensorMap& tm_kv, const CUtensorMap& tm_q) {
+  if (role == RoleIndex::kUniform) launch_bf16<kStep, RoleIndex::kUniform>(own_pv, qk_order, p, options, tm_kv, tm_q);
+  else launch_bf16<kStep, RoleIndex::kThread>(own_pv, qk_order, p, options, tm_kv, tm_q);
 }
 
 }  // namespace
@@ -499,14 +522,15 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
   const ScoreStep step = score_step("decode_bf16");  // the lab options: read (and checked) on every call
   const OwnPagePv own_pv = own_page_pv("decode_bf16");
   const RoleIndex role = role_index("decode_bf16");
+  const Bf16QkOrder qk_order = bf16_qk_order("decode_bf16");
   if (q.batch == 0) return;
   p.q_bf16 = reinterpret_cast<const uint16_t*>(q.data);
   p.num_pages = cache.num_pages;
   const CUtensorMap tm_kv =
       plane_map(cache.data, cache.num_pages * kPageSize, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
   const CUtensorMap tm_q = plane_map(q.data, int64_t(q.batch) * p.rows, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
-  if (step == ScoreStep::kFolded) launch_bf16<ScoreStep::kFolded>(role, own_pv, p, options, tm_kv, tm_q);
-  else launch_bf16<ScoreStep::kReference>(role, own_pv, p, options, tm_kv, tm_q);
+  if (step == ScoreStep::kFolded) launch_bf16<ScoreStep::kFolded>(role, own_pv, qk_order, p, options, tm_kv, tm_q);
+  else launch_bf16<ScoreStep::kReference>(role, own_pv, qk_order, p, options, tm_kv, tm_q);
 }
 
 }  // namespace snapmla::cuda

@@ -137,6 +137,13 @@ inline OwnPagePv own_page_pv(const char* op) {
                                                                                       : OwnPagePv::kShared;
 }
 
+// SNAPMLA_BF16_QK_ORDER in the environment (a lab option, read per call): `release` (unset) or
+// `a_first`, decode_bf16's Bf16QkOrder (params.hpp).
+inline Bf16QkOrder bf16_qk_order(const char* op) {
+  return detail::env_choice(op, "SNAPMLA_BF16_QK_ORDER", {"release", "a_first"}) == 1 ? Bf16QkOrder::kPageAFirst
+                                                                                        : Bf16QkOrder::kOnRelease;
+}
+
 // SNAPMLA_ROLE_INDEX in the environment (a lab option, read per call): `thread` (unset) or
 // `uniform`, the decode kernels' RoleIndex (params.hpp).
 inline RoleIndex role_index(const char* op) {

@@ -34,6 +34,16 @@ enum class ScoreStep { kReference, kFolded };
 // give the same bits. A lab option (SNAPMLA_BF16_OWN_PV) until the H200 has timed it.
 enum class OwnPagePv { kShared, kRegisters };
 
+// The order of decode_bf16's QKs for the next pair of pages. kOnRelease: each consumer issues its
+// own as soon as page B of the pair is released (consumer 1 right after its PV of B, consumer 0
+// once both have released B), so consumer 1's QK of page B' usually goes first and the two
+// products share the tensor cores: page A''s scores come last, and consumer 0's softmax of A',
+// which starts the pair's chain, waits for both products. kPageAFirst: consumer 1 issues its QK
+// only once consumer 0 has issued its own, so A''s scores come one product's time earlier and
+// consumer 0's softmax runs under B''s product (FlashMLA orders its QKs so). The same arithmetic,
+// so the same bits. A lab option (SNAPMLA_BF16_QK_ORDER) until the H200 has timed it.
+enum class Bf16QkOrder { kOnRelease, kPageAFirst };
+
 // Where a decode kernel's consumer thread takes its consumer index (which pages it owns, its
 // output half, its named barriers' ids) and its warp's index from: threadIdx as it is (kThread),
 // or those values broadcast from lane 0 of the warp (kUniform), which ptxas then knows to be
