@@ -1,18 +1,20 @@
-// A model of the V^T-register tile's synchronization (decode_fp8.cu, decode_fp8_vregs_kernel), run
-// on the CPU: one thread per warp walks the kernel's control flow over a worker's splits, with
-// named barriers (bar.sync / bar.arrive counted in threads), the page ring's mbarriers (phases and
-// parities) and the shared slots (page stages, running max, P', factors) tagged with the (split,
-// page) that wrote them. Every read checks that it sees the tag it needs, so a missing or
-// misnumbered barrier shows up as a stale or overwritten slot or as a deadlock (a watchdog), under
-// random delays. It checks the protocol, not the arithmetic or the memory model (the state is
-// sequentially consistent: the kernel's proxy fences are not modelled). Barrier ids and counts are
-// the kernel's (Fp8Barrier, kSplitBoundaryBarrier).
+// Models of two decode kernels' synchronization, run on the CPU: one thread per warp walks the
+// kernel's control flow over a worker's splits, with named barriers (bar.sync / bar.arrive counted
+// in threads), mbarriers (phases and parities) and the shared slots (page stages, running max, P',
+// factors) tagged with the (split, page) that wrote them. Every read checks that it sees the tag it
+// needs, so a missing or misnumbered barrier shows up as a stale or overwritten slot or as a
+// deadlock (a watchdog), under random delays. They check the protocol, not the arithmetic or the
+// memory model (the state is sequentially consistent: the kernels' proxy fences are not
+// modelled). Barrier ids and counts are the kernels' (Fp8Barrier, Bf16Barrier,
+// kSplitBoundaryBarrier). The models: the V^T-register tile (decode_fp8.cu, decode_fp8_vregs_kernel)
+// and decode_bf16 (decode_bf16.cu) under both orders of its next QKs (Bf16QkOrder).
 #include <gtest/gtest.h>
 
 #include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <string>
@@ -21,34 +23,36 @@
 
 namespace {
 
-constexpr int kStages = 4, kWarpThreads = 32;
-enum Id { kAddSums = 1, kMax = 2, kP = 4, kFree = 6, kRowTotals = 10, kOwnRows = 11, kBoundary = 15 };
+constexpr int kWarpThreads = 32, kBoundary = 15;
 
 struct Tag {
   int split = -1, page = -1;
   bool operator==(const Tag& o) const { return split == o.split && page == o.page; }
 };
 
-class Model {
+// The primitives the models share.
+class Sim {
  public:
-  explicit Model(std::vector<int> pages) : pages_(std::move(pages)) {}
-
-  // Runs the CTA's 12 warps; returns the first violation ("" if none).
-  std::string run(unsigned seed) {
-    init_ring();
-    std::vector<std::thread> warps;
-    for (int w = 0; w < 12; ++w) warps.emplace_back([this, w, seed] { warp(w, seed * 131 + unsigned(w)); });
+  // Runs `warps` warps, warp w as warp_fn(w, its seed); returns the first violation ("" if none).
+  std::string run_warps(int warps, unsigned seed, const std::function<void(int, std::mt19937&)>& warp_fn) {
+    std::vector<std::thread> threads;
+    for (int w = 0; w < warps; ++w)
+      threads.emplace_back([this, w, seed, &warp_fn] {
+        std::mt19937 rng(seed * 131 + unsigned(w));
+        warp_fn(w, rng);
+        ++done_;
+      });
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (done_ < 12 && std::chrono::steady_clock::now() < deadline && error().empty())
+    while (done_ < warps && std::chrono::steady_clock::now() < deadline && error().empty())
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    if (done_ < 12 && error().empty()) fail("deadlock");
+    if (done_ < warps && error().empty()) fail("deadlock");
     abort_ = true;
     cv_.notify_all();
-    for (auto& t : warps) t.join();
+    for (auto& t : threads) t.join();
     return error();
   }
 
- private:
+ protected:
   struct Named {
     int expected = 0, arrived = 0;
     long gen = 0;
@@ -107,11 +111,6 @@ class Model {
     std::unique_lock<std::mutex> l(m_);
     cv_.wait(l, [&] { return abort_ || int(b.completed % 2) != parity; });
   }
-  void init_ring() {
-    for (auto& f : full_) f = {kWarpThreads, kWarpThreads, 0};  // the loader's arrival (with the bytes)
-    for (auto& e : empty_) e = {256, 256, 0};                   // every consumer thread
-    qbar_ = {2 * kWarpThreads, 2 * kWarpThreads, 0};             // two TMA arrivals
-  }
   Tag get(const Tag& slot) {
     std::lock_guard<std::mutex> g(m_);
     return slot;
@@ -126,22 +125,48 @@ class Model {
       fail(std::string(what) + ": want split " + std::to_string(want.split) + " page " + std::to_string(want.page) +
            ", saw split " + std::to_string(got.split) + " page " + std::to_string(got.page));
   }
-  void boundary(bool init) {
-    bar(kBoundary, 384, true);
+  // The split boundary (scheduler.cuh, split_boundary) of a CTA of `threads` threads; `init`: the
+  // thread that re-initializes the barriers (reset, under the lock).
+  void boundary(int threads, bool init, const std::function<void()>& reset) {
+    bar(kBoundary, threads, true);
     if (init) {
       std::lock_guard<std::mutex> g(m_);
-      init_ring_locked();
+      reset();
     }
-    bar(kBoundary, 384, true);
-  }
-  void init_ring_locked() {
-    for (auto& f : full_) f = {kWarpThreads, kWarpThreads, 0};
-    for (auto& e : empty_) e = {256, 256, 0};
-    qbar_ = {2 * kWarpThreads, 2 * kWarpThreads, 0};
+    bar(kBoundary, threads, true);
   }
 
-  void warp(int w, unsigned seed) {
-    std::mt19937 rng(seed);
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::atomic<bool> abort_{false};
+  std::atomic<int> done_{0};
+  std::string error_;
+  std::array<Named, 16> named_{};
+};
+
+// The V^T-register tile (decode_fp8_vregs_kernel): a producer warpgroup (warp 0 loads) and two
+// consumers on a four-stage page ring.
+class VRegsModel : Sim {
+ public:
+  explicit VRegsModel(std::vector<int> pages) : pages_(std::move(pages)) {}
+
+  std::string run(unsigned seed) {
+    init_ring();
+    return run_warps(12, seed, [this](int w, std::mt19937& rng) { warp(w, rng); });
+  }
+
+ private:
+  static constexpr int kStages = 4;
+  enum Id { kAddSums = 1, kMax = 2, kP = 4, kFree = 6, kRowTotals = 10, kOwnRows = 11 };
+
+  void init_ring() {
+    for (auto& f : full_) f = {kWarpThreads, kWarpThreads, 0};  // the loader's arrival (with the bytes)
+    for (auto& e : empty_) e = {256, 256, 0};                   // every consumer thread
+    qbar_ = {2 * kWarpThreads, 2 * kWarpThreads, 0};             // two TMA arrivals
+  }
+  void boundary(bool init) { Sim::boundary(384, init, [this] { init_ring(); }); }
+
+  void warp(int w, std::mt19937& rng) {
     const int splits = int(pages_.size());
     if (w == 0) {  // the producer's warp 0 (thread 0 loads)
       for (int item = 0; item < splits && !abort_; ++item) {
@@ -160,7 +185,6 @@ class Model {
     } else {
       consumer((w - 4) / 4, (w - 4) % 4, rng);
     }
-    ++done_;
   }
 
   void consumer(int c, int wq, std::mt19937& rng) {
@@ -224,16 +248,168 @@ class Model {
   }
 
   std::vector<int> pages_;  // pages of each split of the worker
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::atomic<bool> abort_{false};
-  std::atomic<int> done_{0};
-  std::string error_;
-  std::array<Named, 16> named_{};
   std::array<MBar, kStages> full_{}, empty_{};
   MBar qbar_{};
   std::array<Tag, kStages> stage_{};
   Tag max_[2][4], p_[2][4], factors_[2][4];
+};
+
+// decode_bf16 (version 4b): a producer warpgroup (thread 0 of warp 0 loads; the whole warpgroup
+// zeroes a partial last page's tail) and two consumers on pairs of pages (A, B) in a two-stage
+// ring, each stage in three load groups (0: the rope box, which then holds the owner's P; 1 + h:
+// V half h) with their own full / empty mbarriers; consumer c owns page 2 k + c of pair k, hands
+// its P and running max over (kHandOff + 2 c, then kOwnerWarps + 2 c among its own warps), and
+// both take PV of both pages for their output half. `a_first`: Bf16QkOrder::kPageAFirst's hand-off
+// (consumer 1's QK after consumer 0's, kQkIssued).
+class Bf16Model : Sim {
+ public:
+  struct Split {
+    int pages;
+    bool partial_last;  // the last page ends inside it: the producer zeroes its tail
+  };
+  Bf16Model(std::vector<Split> splits, bool a_first) : splits_(std::move(splits)), a_first_(a_first) {}
+
+  std::string run(unsigned seed) {
+    init_barriers();
+    return run_warps(12, seed, [this](int w, std::mt19937& rng) { warp(w, rng); });
+  }
+
+ private:
+  enum Id { kHandOff = 1, kOwnerWarps = 2, kTailZero = 5, kAddSums = 1, kQkIssued = 6 };
+  static constexpr int kGroups = 3;
+  static constexpr int kP = 1000;  // a rope box quarter's tag once it holds page j's P: page kP + j
+  static constexpr int kWgmma = 12;  // 12, 13: the model's stand-in for a warpgroup's wgmma (not the kernel's)
+
+  static int phase(int j) { return (j / 2) & 1; }
+  void init_barriers() {
+    for (int s = 0; s < 2; ++s)
+      for (int g = 0; g < kGroups; ++g) {
+        full_[s][g] = {kWarpThreads, kWarpThreads, 0};                          // the loader's arrival
+        const int readers = (g == 0 ? 8 : 4) * kWarpThreads;                     // rope box / P: both consumers
+        empty_[s][g] = {readers, readers, 0};
+      }
+    qbar_ = {kWarpThreads, kWarpThreads, 0};
+    tail_ = {128, 128, 0};
+  }
+  void boundary(bool init) { Sim::boundary(384, init, [this] { init_barriers(); }); }
+
+  void warp(int w, std::mt19937& rng) {
+    if (w < 4) producer(w, rng);
+    else consumer((w - 4) / 4, (w - 4) % 4, rng);
+  }
+
+  void producer(int w, std::mt19937& rng) {
+    for (int item = 0; item < int(splits_.size()) && !abort_; ++item) {
+      if (item > 0) boundary(w == 0);
+      const int nblk = splits_[item].pages;
+      if (w == 0) {
+        put(q_, {item, -1});
+        mbar_arrive(qbar_, kWarpThreads);
+        auto load = [&](int j, int g) {
+          if (j >= 2) mbar_wait(empty_[j % 2][g], phase(j) ^ 1);
+          jitter(rng);
+          put(group_[j % 2][g], {item, j});
+          if (g == 0)
+            for (auto& quarter : rope_[j % 2]) put(quarter, {item, j});
+          zeroed_[j % 2][g] = false;
+          mbar_arrive(full_[j % 2][g], kWarpThreads);
+        };
+        for (int a = 0; a < nblk && !abort_; a += 2) {
+          load(a, 1), load(a, 2), load(a, 0);
+          if (a + 1 < nblk) load(a + 1, 2), load(a + 1, 0), load(a + 1, 1);
+        }
+      }
+      bar(kTailZero, 128, true);
+      if (nblk > 0 && splits_[item].partial_last) {
+        const int last = nblk - 1;
+        mbar_wait(full_[last % 2][1], phase(last));
+        mbar_wait(full_[last % 2][2], phase(last));
+        for (int g = 1; g <= 2; ++g) {
+          expect(group_[last % 2][g], {item, last}, "the tail zeroing writes its page's V");
+          zeroed_[last % 2][g] = true;
+        }
+        mbar_arrive(tail_, kWarpThreads);
+      }
+    }
+  }
+
+  void consumer(int c, int wq, std::mt19937& rng) {
+    for (int item = 0; item < int(splits_.size()) && !abort_; ++item) {
+      if (item > 0) boundary(false);
+      const int nblk = splits_[item].pages;
+      const bool partial_last = nblk > 0 && splits_[item].partial_last;
+      mbar_wait(qbar_, 0);
+      // The QK of page j (its rope box and both V halves' K parts, with Q); a discarded one
+      // (`real` false) waits for nothing and its reads are not checked. A wgmma is one operation of
+      // the warpgroup: it reads after its last warp issued it and before its first warp sees it
+      // done, which the model's own barrier pair of the warpgroup stands for (id kWgmma + c).
+      auto qk = [&](int j, bool real) {
+        if (a_first_ && c == 1) bar(kQkIssued, 256, true);
+        if (real) {
+          mbar_wait(full_[j % 2][0], phase(j));
+          mbar_wait(full_[j % 2][1 + c], phase(j));
+          mbar_wait(full_[j % 2][2 - c], phase(j));
+        }
+        bar(kWgmma + c, 128, true);
+        if (real && wq == 0) {
+          for (int g = 0; g < kGroups; ++g) expect(group_[j % 2][g], {item, j}, "QK reads its page's K");
+          for (const Tag& quarter : rope_[j % 2]) expect(quarter, {item, j}, "QK reads its page's rope");
+          expect(q_, {item, -1}, "QK reads its split's Q");
+        }
+        bar(kWgmma + c, 128, true);
+        if (a_first_ && c == 0) bar(kQkIssued, 256, false);
+      };
+      auto pv = [&](int j_p, int j_v) {  // P from page j_p's rope box, V half c of page j_v
+        for (const Tag& quarter : rope_[j_p % 2]) expect(quarter, {item, kP + j_p}, "PV reads its page's P");
+        expect(group_[j_v % 2][1 + c], {item, j_v}, "PV reads its page's V");
+        if (partial_last && j_v == nblk - 1 && !zeroed_[j_v % 2][1 + c]) fail("PV reads the last page before its tail is zeroed");
+      };
+      if (nblk > 0) qk(std::min(c, nblk - 1), c < nblk);
+      for (int k = 0; 2 * k < nblk && !abort_; ++k) {
+        const int ja = 2 * k, jb = 2 * k + 1, j = ja + c;
+        const bool has_b = jb < nblk;
+        jitter(rng);
+        auto hand_off = [&](int owner) {
+          if (c == owner) {
+            put(rope_[j % 2][wq], {item, kP + j});  // its rows of P (zeros past the last page) over the rope box
+            put(xmax_[c], {item, j});
+            bar(kHandOff + 2 * owner, 256, false);
+            bar(kOwnerWarps + 2 * owner, 128, true);
+          } else {
+            bar(kHandOff + 2 * owner, 256, true);
+            expect(xmax_[owner], {item, ja + owner}, "the running max of the other's page");
+          }
+        };
+        hand_off(0);
+        if (partial_last && 2 * k + 2 >= nblk) mbar_wait(tail_, 0);
+        pv(ja, ja);
+        hand_off(1);
+        jitter(rng);
+        mbar_arrive(empty_[ja % 2][1 + c], kWarpThreads);
+        mbar_arrive(empty_[ja % 2][0], kWarpThreads);
+        pv(jb, std::min(jb, nblk - 1));
+        jitter(rng);
+        if (has_b) {
+          mbar_arrive(empty_[jb % 2][1 + c], kWarpThreads);
+          mbar_arrive(empty_[jb % 2][0], kWarpThreads);
+        }
+        if (c == 0 && has_b) mbar_wait(empty_[jb % 2][0], phase(jb));
+        qk(std::min(j + 2, nblk - 1), j + 2 < nblk);
+      }
+      bar(kAddSums, 256, true);
+      // The epilogue stages its rows in the Q tile (and the fp32 partials in the stages after it).
+      put(q_, {item, -2});
+      for (int g = 0; g < kGroups; ++g) put(group_[0][g], {item, -2});
+    }
+  }
+
+  std::vector<Split> splits_;
+  bool a_first_;
+  std::array<std::array<MBar, kGroups>, 2> full_{}, empty_{};
+  std::atomic<bool> zeroed_[2][kGroups] = {};  // the page in the group has its tail zeroed
+  MBar qbar_{}, tail_{};
+  Tag q_, group_[2][kGroups], xmax_[2];
+  Tag rope_[2][4];  // each stage's rope box by the consumer warp whose rows of P it takes
 };
 
 TEST(VRegsSyncModel, EveryReadSeesItsPageAndNothingDeadlocks) {
@@ -241,11 +417,27 @@ TEST(VRegsSyncModel, EveryReadSeesItsPageAndNothingDeadlocks) {
                                                  {7, 2, 1, 6}, {0, 0}, {16, 1}};
   for (const auto& w : workers)
     for (unsigned seed = 1; seed <= 3; ++seed) {
-      Model m(w);
+      VRegsModel m(w);
       std::string pages;
       for (int n : w) pages += std::to_string(n) + " ";
       EXPECT_EQ(m.run(seed), "") << "splits of " << pages << "pages, seed " << seed;
     }
+}
+
+TEST(Bf16SyncModel, EveryReadSeesItsPageAndNothingDeadlocksInEitherQkOrder) {
+  using S = Bf16Model::Split;
+  const std::vector<std::vector<S>> workers = {{{0, false}}, {{1, false}}, {{1, true}}, {{2, false}}, {{3, true}},
+                                               {{4, false}}, {{5, true}}, {{8, false}}, {{1, true}, {1, false}},
+                                               {{3, true}, {0, false}, {4, true}}, {{7, false}, {2, true}, {1, true}},
+                                               {{0, false}, {0, false}}, {{16, true}, {1, false}}};
+  for (const bool a_first : {false, true})
+    for (const auto& w : workers)
+      for (unsigned seed = 1; seed <= 3; ++seed) {
+        Bf16Model m(w, a_first);
+        std::string pages;
+        for (const S& x : w) pages += std::to_string(x.pages) + (x.partial_last ? "p " : " ");
+        EXPECT_EQ(m.run(seed), "") << "splits of " << pages << "pages, seed " << seed << (a_first ? ", page A's QK first" : "");
+      }
 }
 
 }  // namespace
