@@ -208,13 +208,31 @@ def with_env(call, name, value):
     return run
 
 
-def with_env_settings(call, settings):
-    """`call` under several settings of the environment at once: settings is NAME=VALUE, or
-    several joined by commas (e.g. SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged)."""
-    for setting in settings.split(","):
+def parse_settings(text):
+    """NAME=VALUE, or several joined by commas -> ((name, value), ...)."""
+    out = []
+    for setting in text.split(","):
         name, eq, value = setting.partition("=")
         if not (eq and name):
-            raise SystemExit(f"expected NAME=VALUE[,NAME=VALUE...], got '{settings}'")
+            raise SystemExit(f"expected NAME=VALUE[,NAME=VALUE...], got '{text}'")
+        out.append((name, value))
+    return tuple(out)
+
+
+@contextlib.contextmanager
+def env_settings(settings):
+    """Every (name, value) of `settings` in the environment inside the block, as it was after it."""
+    with contextlib.ExitStack() as stack:
+        for name, value in settings:
+            stack.enter_context(env_setting(name, value))
+        yield
+
+
+def with_env_settings(call, settings):
+    """`call` under several settings of the environment at once: settings is NAME=VALUE, or
+    several joined by commas (e.g. SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged), or their
+    parsed form ((name, value), ...)."""
+    for name, value in parse_settings(settings) if isinstance(settings, str) else settings:
         call = with_env(call, name, value)
     return call
 
@@ -229,33 +247,36 @@ def fixed_split_plan(snapmla, lens, seqlens, workers, query_rows, split_blocks):
 
 
 def parse_env_variant(text: str):
-    """--env LABEL:NAME=VALUE -> (label, name, value)."""
-    label, sep, setting = text.partition(":")
-    name, eq, value = setting.partition("=")
-    if not (sep and eq and label.isidentifier() and name):
-        raise SystemExit(f"--env: expected LABEL:NAME=VALUE (LABEL a Python identifier), got '{text}'")
-    return (label, name, value)
+    """--env LABEL:NAME=VALUE[,NAME=VALUE...] -> (label, ((name, value), ...))."""
+    label, sep, settings = text.partition(":")
+    if not (sep and label.isidentifier()):
+        raise SystemExit(f"--env: expected LABEL:NAME=VALUE[,NAME=VALUE...] (LABEL a Python identifier), got '{text}'")
+    try:
+        return (label, parse_settings(settings))
+    except SystemExit:
+        raise SystemExit(f"--env: expected LABEL:NAME=VALUE[,NAME=VALUE...] (LABEL a Python identifier), "
+                         f"got '{text}'") from None
 
 
 def env_variants(args):
-    """The lab variants of decode_fp8 timed beside the default, each as (label, environment
-    variable, value): --vregs, --carried, --carried-wide, --plan-fill and every --env."""
+    """The lab variants of decode_fp8 timed beside the default, each as (label, its settings of
+    the environment): --vregs, --carried, --carried-wide, --plan-fill and every --env."""
     out = []
     if getattr(args, "vregs", False):
-        out.append(("vregs", "SNAPMLA_FP8_TILE", "vregs"))
+        out.append(("vregs", (("SNAPMLA_FP8_TILE", "vregs"),)))
     if getattr(args, "carried", False):
-        out.append(("carried", "SNAPMLA_FP8_P_SCALE", "carried"))
+        out.append(("carried", (("SNAPMLA_FP8_P_SCALE", "carried"),)))
     if getattr(args, "carried_wide", False):
-        out.append(("carried_wide", "SNAPMLA_FP8_P_SCALE", "carried_wide"))
+        out.append(("carried_wide", (("SNAPMLA_FP8_P_SCALE", "carried_wide"),)))
     if getattr(args, "plan_fill", False):
-        out.append(("fill", "SNAPMLA_PLAN_FILL", "1"))
+        out.append(("fill", (("SNAPMLA_PLAN_FILL", "1"),)))
     out += [parse_env_variant(t) for t in (getattr(args, "env", None) or [])]
     return out
 
 
 def variants(args):
     """The labels of the lab variants (env_variants)."""
-    return [label for label, _, _ in env_variants(args)]
+    return [label for label, _ in env_variants(args)]
 
 
 def bf16_variants(args):
@@ -278,14 +299,14 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
         "bf16": lambda t: snapmla.decode_bf16(q, bf_cache, t, seqlens, softmax_scale=scale, plan=plan),
     }
     on_bf16 = bf16_variants(args)
-    for label, name, value in env_variants(args):
-        with env_setting(name, value):  # the variant's own plan (SNAPMLA_PLAN_FILL changes it)
+    for label, settings in env_variants(args):
+        with env_settings(settings):  # the variant's own plan (SNAPMLA_PLAN_FILL changes it)
             vplan = snapmla.plan_splits(seqlens, workers, query_rows=s_q * h)
-        kernels[f"fp8_{label}"] = with_env(
-            lambda t, p=vplan: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=p), name, value)
+        kernels[f"fp8_{label}"] = with_env_settings(
+            lambda t, p=vplan: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=p), settings)
         if label in on_bf16:
-            kernels[f"bf16_{label}"] = with_env(
-                lambda t, p=vplan: snapmla.decode_bf16(q, bf_cache, t, seqlens, softmax_scale=scale, plan=p), name, value)
+            kernels[f"bf16_{label}"] = with_env_settings(
+                lambda t, p=vplan: snapmla.decode_bf16(q, bf_cache, t, seqlens, softmax_scale=scale, plan=p), settings)
     if args.split_blocks:
         fixed = fixed_split_plan(snapmla, lens, seqlens, workers, s_q * h, args.split_blocks)
         kernels["fp8_fixed"] = lambda t: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=fixed)
@@ -472,9 +493,10 @@ def main(argv=None):
     ap.add_argument("--plan-fill", action="store_true",
                     help="also time decode_fp8 on the plan made with SNAPMLA_PLAN_FILL=1 (every worker gets a "
                          "share where the chunk is the equal share: fp8_fill_us; a lab option)")
-    ap.add_argument("--env", action="append", metavar="LABEL:NAME=VALUE",
+    ap.add_argument("--env", action="append", metavar="LABEL:NAME=VALUE[,NAME=VALUE...]",
                     help="also time decode_fp8 with the environment's NAME = VALUE (a lab option read per "
-                         "call, e.g. wave:SNAPMLA_COMBINE_WAVE=workers: fp8_wave_us); repeatable")
+                         "call, e.g. wave:SNAPMLA_COMBINE_WAVE=workers: fp8_wave_us; several settings at once "
+                         "joined by commas); repeatable")
     ap.add_argument("--env-bf16", action="store_true",
                     help="time decode_bf16 under every --env variant too (bf16_LABEL_us, bf16_LABEL_over_bf16)")
     ap.add_argument("--q-gain", type=float, default=1.0, metavar="G",

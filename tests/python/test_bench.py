@@ -59,25 +59,42 @@ def test_with_env_settings_applies_every_setting_together_and_rejects_a_bad_one(
                 os.environ[n] = v
 
 
+def test_env_settings_sets_every_variable_inside_and_restores_them():
+    names = ("SNAPMLA_COMBINE_FUSED", "SNAPMLA_PLAN_FILL")
+    old = {n: os.environ.pop(n, None) for n in names}
+    try:
+        os.environ["SNAPMLA_PLAN_FILL"] = "0"
+        with bench.env_settings((("SNAPMLA_COMBINE_FUSED", "1"), ("SNAPMLA_PLAN_FILL", "1"))):
+            assert [os.environ.get(n) for n in names] == ["1", "1"]
+        assert "SNAPMLA_COMBINE_FUSED" not in os.environ and os.environ["SNAPMLA_PLAN_FILL"] == "0"
+    finally:
+        for n, v in old.items():
+            os.environ.pop(n, None)
+            if v is not None:
+                os.environ[n] = v
+
+
 def test_variants_are_the_lab_options_asked_for():
     args = bench.argparse.Namespace(vregs=False, carried=True)
     assert bench.variants(args) == ["carried"]
     args.vregs = True
     assert bench.variants(args) == ["vregs", "carried"]
     args.carried_wide = True
-    assert bench.env_variants(args)[2] == ("carried_wide", "SNAPMLA_FP8_P_SCALE", "carried_wide")
+    assert bench.env_variants(args)[2] == ("carried_wide", (("SNAPMLA_FP8_P_SCALE", "carried_wide"),))
     args.plan_fill = True
-    assert bench.env_variants(args)[-1] == ("fill", "SNAPMLA_PLAN_FILL", "1")
+    assert bench.env_variants(args)[-1] == ("fill", (("SNAPMLA_PLAN_FILL", "1"),))
     assert bench.variants(bench.argparse.Namespace()) == []
 
 
-def test_env_variants_read_label_name_and_value():
+def test_env_variants_read_the_label_and_its_settings():
     args = bench.argparse.Namespace(vregs=False, carried=True, env=["wave:SNAPMLA_COMBINE_WAVE=workers"])
-    assert bench.env_variants(args) == [("carried", "SNAPMLA_FP8_P_SCALE", "carried"),
-                                        ("wave", "SNAPMLA_COMBINE_WAVE", "workers")]
+    assert bench.env_variants(args) == [("carried", (("SNAPMLA_FP8_P_SCALE", "carried"),)),
+                                        ("wave", (("SNAPMLA_COMBINE_WAVE", "workers"),))]
     assert bench.variants(args) == ["carried", "wave"]
-    assert bench.parse_env_variant("pdl:SNAPMLA_COMBINE_PDL=") == ("pdl", "SNAPMLA_COMBINE_PDL", "")
-    for bad in ["SNAPMLA_COMBINE_WAVE=workers", "wave:SNAPMLA_COMBINE_WAVE", "1x:A=b", "wave:=b"]:
+    assert bench.parse_env_variant("pdl:SNAPMLA_COMBINE_PDL=") == ("pdl", (("SNAPMLA_COMBINE_PDL", ""),))
+    assert bench.parse_env_variant("ff:SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PLAN_FILL=1") == (
+        "ff", (("SNAPMLA_COMBINE_FUSED", "1"), ("SNAPMLA_PLAN_FILL", "1")))
+    for bad in ["SNAPMLA_COMBINE_WAVE=workers", "wave:SNAPMLA_COMBINE_WAVE", "1x:A=b", "wave:=b", "ff:A=1,B"]:
         with __import__("pytest").raises(SystemExit, match="--env"):
             bench.parse_env_variant(bad)
 
