@@ -822,6 +822,44 @@ TEST(GpuDecode, CombineLabOptionsGiveTheSameBits) {
   }
 }
 
+// Two decodes' out and lse bitwise equal (NaN rows included), most of the first's rows finite (so
+// the comparison can tell).
+void expect_same_bits(const std::pair<std::vector<bf16>, std::vector<float>>& want,
+                      const std::pair<std::vector<bf16>, std::vector<float>>& got, const std::string& label) {
+  size_t finite = 0;
+  for (const bf16 v : want.first) finite += std::isfinite(to_float(v));
+  EXPECT_GT(finite, want.first.size() / 2) << label << ": most rows are finite, so the comparison can tell";
+  for (size_t i = 0; i < want.first.size(); ++i) ASSERT_EQ(got.first[i].bits, want.first[i].bits) << label << " out " << i;
+  EXPECT_EQ(std::memcmp(got.second.data(), want.second.data(), want.second.size() * sizeof(float)), 0) << label << " lse";
+}
+
+// A case of the split epilogue's same-bits tests: the lengths, s_q and h, and whether the longest
+// sequence's middle page is out of range (its rows NaN from one split).
+struct SplitCase {
+  std::vector<int32_t> lens;
+  int s_q, h;
+  bool bad_page;
+};
+
+// fn(B, G, plan) per case, under its trace: the batch on the GPU (with the bad page in its table)
+// and the GPU planner's plan for it.
+template <typename Fn>
+void for_each_split_case(std::mt19937_64& rng, const std::vector<SplitCase>& cases, Fn&& fn) {
+  for (const SplitCase& c : cases) {
+    SCOPED_TRACE("b=" + std::to_string(c.lens.size()) + " h=" + std::to_string(c.h) + " s_q=" + std::to_string(c.s_q));
+    Batch B = make_batch(rng, c.lens, c.s_q, c.h);
+    GpuBatch G(B);
+    if (c.bad_page) {
+      const int b = int(std::max_element(c.lens.begin(), c.lens.end()) - c.lens.begin());
+      std::vector<int32_t> bad = B.block_table;
+      bad[size_t(b) * B.max_pages + c.lens[b] / kPageSize / 2] = int32_t(B.num_pages + 7);
+      G.table.upload(bad);
+    }
+    GpuPlan plan(G.pages(), recommended_num_workers(kGpu, c.s_q, c.h), c.s_q, c.h);
+    fn(B, G, plan);
+  }
+}
+
 // The decode kernels' own combine tail (SNAPMLA_COMBINE_FUSED=1, a lab option not yet run on the
 // H200, hence under test_untimed()) gives the combine kernel's bits: the same arithmetic
 // (combine_rows.cuh) on the same partials. Both decodes, the narrow and 64-row tiles (two row
@@ -837,30 +875,15 @@ TEST(GpuDecode, FusedCombineGivesTheSameBits) {
   SNAPMLA_TRACE_SEED();
   std::vector<int32_t> many(100);
   for (auto& len : many) len = int32_t(rng() % 5000);
-  struct Shape {
-    std::vector<int32_t> lens;
-    int s_q, h;
-    bool bad_page;
-  };
-  const std::vector<Shape> shapes = {{{8192}, 1, 128, false},
-                                     {{8192}, 1, 16, false},
-                                     {{3000, 9000, 1, 0, 64, 700}, 1, 64, true},
-                                     {{5000, 77, 4097, 1}, 2, 64, false},
-                                     {{2000, 3000, 4000}, 4, 3, false},
-                                     {many, 1, 128, false},
-                                     {many, 1, 8, true}};
-  for (const Shape& shape : shapes) {
-    const int h = shape.h, s_q = shape.s_q, rows = h * s_q;
-    SCOPED_TRACE("b=" + std::to_string(shape.lens.size()) + " h=" + std::to_string(h) + " s_q=" + std::to_string(s_q));
-    Batch B = make_batch(rng, shape.lens, s_q, h);
-    GpuBatch G(B);
-    if (shape.bad_page) {  // the longest sequence's middle page out of range
-      const int b = int(std::max_element(shape.lens.begin(), shape.lens.end()) - shape.lens.begin());
-      std::vector<int32_t> bad = B.block_table;
-      bad[size_t(b) * B.max_pages + shape.lens[b] / kPageSize / 2] = int32_t(B.num_pages + 7);
-      G.table.upload(bad);
-    }
-    GpuPlan plan(G.pages(), recommended_num_workers(kGpu, s_q, h), s_q, h);
+  const std::vector<SplitCase> cases = {{{8192}, 1, 128, false},
+                                        {{8192}, 1, 16, false},
+                                        {{3000, 9000, 1, 0, 64, 700}, 1, 64, true},
+                                        {{5000, 77, 4097, 1}, 2, 64, false},
+                                        {{2000, 3000, 4000}, 4, 3, false},
+                                        {many, 1, 128, false},
+                                        {many, 1, 8, true}};
+  for_each_split_case(rng, cases, [&](const Batch& B, GpuBatch& G, GpuPlan& plan) {
+    const int rows = B.s_q * B.h;
     const auto offsets = plan.offsets.download();
     const int capacity = plan.plan.capacity, tiles = (rows + 63) / 64;  // counters per split: one per 64-row tile
     const size_t counters_at = size_t(capacity) * rows * (kLatentDim + 1) * sizeof(float);
@@ -871,15 +894,7 @@ TEST(GpuDecode, FusedCombineGivesTheSameBits) {
         plan.workspace.poison();
         return G.decode(fp8, plan.options(B.softmax_scale));
       };
-      const auto ordinary = run("0");
-      const auto fused = run("1");
-      size_t finite = 0;
-      for (const bf16 v : ordinary.first) finite += std::isfinite(to_float(v));
-      EXPECT_GT(finite, ordinary.first.size() / 2) << op << ": most rows finite, so the comparison can tell";
-      for (size_t i = 0; i < ordinary.first.size(); ++i)
-        ASSERT_EQ(fused.first[i].bits, ordinary.first[i].bits) << op << " out " << i;
-      EXPECT_EQ(std::memcmp(fused.second.data(), ordinary.second.data(), ordinary.second.size() * sizeof(float)), 0)
-          << op << " lse";
+      expect_same_bits(run("0"), run("1"), op);
       const auto ws = plan.workspace.download();
       int split_sequences = 0;
       for (size_t b = 0; b + 1 < offsets.size(); ++b) {
@@ -895,7 +910,7 @@ TEST(GpuDecode, FusedCombineGivesTheSameBits) {
       }
       EXPECT_GT(split_sequences, 0) << "the plan splits some sequence, so the tail has work";
     }
-  }
+  });
 }
 
 // The staged fp32 partials (SNAPMLA_PARTIALS=staged, a lab option not yet run on the H200, hence
@@ -913,28 +928,13 @@ TEST(GpuDecode, StagedPartialsGiveTheSameBits) {
   SNAPMLA_TRACE_SEED();
   std::vector<int32_t> many(100);
   for (auto& len : many) len = int32_t(rng() % 5000);
-  struct Shape {
-    std::vector<int32_t> lens;
-    int s_q, h;
-    bool bad_page;
-  };
-  const std::vector<Shape> shapes = {{{8192}, 1, 128, false},
-                                     {{3000, 9000, 1, 0, 64, 700}, 1, 20, true},
-                                     {{5000, 77, 4097, 1}, 2, 64, false},
-                                     {{2000, 3000, 4000}, 4, 3, false},
-                                     {many, 1, 128, true}};
-  for (const Shape& shape : shapes) {
-    const int h = shape.h, s_q = shape.s_q, rows = h * s_q;
-    SCOPED_TRACE("b=" + std::to_string(shape.lens.size()) + " h=" + std::to_string(h) + " s_q=" + std::to_string(s_q));
-    Batch B = make_batch(rng, shape.lens, s_q, h);
-    GpuBatch G(B);
-    if (shape.bad_page) {  // the longest sequence's middle page out of range
-      const int b = int(std::max_element(shape.lens.begin(), shape.lens.end()) - shape.lens.begin());
-      std::vector<int32_t> bad = B.block_table;
-      bad[size_t(b) * B.max_pages + shape.lens[b] / kPageSize / 2] = int32_t(B.num_pages + 7);
-      G.table.upload(bad);
-    }
-    GpuPlan plan(G.pages(), recommended_num_workers(kGpu, s_q, h), s_q, h);
+  const std::vector<SplitCase> cases = {{{8192}, 1, 128, false},
+                                        {{3000, 9000, 1, 0, 64, 700}, 1, 20, true},
+                                        {{5000, 77, 4097, 1}, 2, 64, false},
+                                        {{2000, 3000, 4000}, 4, 3, false},
+                                        {many, 1, 128, true}};
+  for_each_split_case(rng, cases, [&](const Batch& B, GpuBatch& G, GpuPlan& plan) {
+    const int rows = B.s_q * B.h;
     DecodeOptions options = plan.options(B.softmax_scale);
     options.fp8_tile = Fp8Tile::kRows64;
     const size_t partial_bytes = size_t(plan.plan.capacity) * rows * (kLatentDim + 1) * sizeof(float);
@@ -949,9 +949,6 @@ TEST(GpuDecode, StagedPartialsGiveTheSameBits) {
         return std::make_pair(result, ws);
       };
       const auto fragments = run("fragments", "0");
-      size_t finite = 0;
-      for (const bf16 v : fragments.first.first) finite += std::isfinite(to_float(v));
-      EXPECT_GT(finite, fragments.first.first.size() / 2) << op << ": most rows finite, so the comparison can tell";
       size_t written = 0;
       for (const uint8_t x : fragments.second) written += x != 0xFF;
       EXPECT_GT(written, partial_bytes / 100) << op << ": the plan splits some sequence, so partials are stored";
@@ -960,15 +957,10 @@ TEST(GpuDecode, StagedPartialsGiveTheSameBits) {
         const auto staged = run("staged", fused);
         for (size_t i = 0; i < partial_bytes; ++i)
           ASSERT_EQ(staged.second[i], fragments.second[i]) << op << " workspace byte " << i;
-        const auto& out = fragments.first.first;
-        for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(staged.first.first[i].bits, out[i].bits) << op << " out " << i;
-        EXPECT_EQ(std::memcmp(staged.first.second.data(), fragments.first.second.data(),
-                              fragments.first.second.size() * sizeof(float)),
-                  0)
-            << op << " lse";
+        expect_same_bits(fragments.first, staged.first, op);
       }
     }
-  }
+  });
 }
 
 // The fused combine on split ranges not made by plan_splits: with worker 0's range emptied, no CTA
@@ -1009,18 +1001,12 @@ TEST(GpuErrors, FusedCombineOnBrokenSplitRangesEndsWithTheSequenceNaN) {
   }
 }
 
-// The consumers' indices broadcast from lane 0 (SNAPMLA_ROLE_INDEX=uniform, a lab option not yet
-// run on the H200, hence under test_untimed()) give every kernel's bits as they are: the same
-// operations on the same values, only in other registers. Every kernel and lab variant it applies
-// to (the narrow tile; the 64-row tile with each score step and P' rule; decode_bf16 with each
-// score step and own-page PV), on one- and multi-split CTAs, MTP causal rows, padding rows, 0-
-// and 1-token and odd lengths, with a NaN query row and a NaN token some rows see: out and lse
-// bitwise equal (NaN rows included), and the rows the default gives finite are finite.
-TEST(GpuDecode, UniformRoleIndexGivesTheSameBits) {
-  REQUIRE_GPU();
-  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
-  auto rng = make_rng();
-  SNAPMLA_TRACE_SEED();
+// The cases of the lab options' same-bits tests: one- and multi-split CTAs (the planner's plan, or
+// one split per sequence), MTP causal rows, padding rows, 0- and 1-token and odd lengths, with a
+// NaN query row (sequence 1's last) and a NaN token (the last sequence's last, seen by its last
+// query only when s_q > 1). fn(G, options) per case, under the case's trace.
+template <typename Fn>
+void for_each_bits_case(std::mt19937_64& rng, Fn&& fn) {
   struct Shape {
     std::vector<int32_t> lens;
     int s_q, h;
@@ -1033,8 +1019,6 @@ TEST(GpuDecode, UniformRoleIndexGivesTheSameBits) {
     const int h = shape.h, s_q = shape.s_q;
     SCOPED_TRACE("h=" + std::to_string(h) + " s_q=" + std::to_string(s_q));
     Batch B = make_batch(rng, shape.lens, s_q, h);
-    // A NaN in the latent of sequence 1's last query row, and in the latent of the last
-    // sequence's last token (seen by its last query only when s_q > 1).
     const size_t bad_row = size_t(2 * s_q * h - 1);
     B.q_nope[bad_row * kLatentDim + 5] = e4m3{0x7F};
     B.q[bad_row * kHeadDim + 5] = to_bf16(test::kNaN);
@@ -1046,86 +1030,62 @@ TEST(GpuDecode, UniformRoleIndexGivesTheSameBits) {
     GpuPlan plan(G.pages(), recommended_num_workers(kGpu, s_q, h), s_q, h);
     for (const bool split : {false, true}) {
       SCOPED_TRACE(split ? "planned" : "one split per sequence");
-      const DecodeOptions options = split ? plan.options(B.softmax_scale) : test::options(B);
-      struct Run {
-        const char* kernel;
-        const char* env;  // the lab option beside the role index
-        const char* value;
-      };
-      for (const Run run : {Run{"decode_fp8", "SNAPMLA_SCORE_STEP", "reference"},
-                            Run{"decode_fp8", "SNAPMLA_SCORE_STEP", "folded"},
-                            Run{"decode_fp8", "SNAPMLA_FP8_P_SCALE", "carried"},
-                            Run{"decode_fp8", "SNAPMLA_FP8_TILE", "rows64_all"},
-                            Run{"decode_bf16", "SNAPMLA_SCORE_STEP", "reference"},
-                            Run{"decode_bf16", "SNAPMLA_SCORE_STEP", "folded"},
-                            Run{"decode_bf16", "SNAPMLA_BF16_OWN_PV", "registers"}}) {
-        const std::string label = std::string(run.kernel) + " " + run.env + "=" + run.value;
-        SCOPED_TRACE(label);
-        const bool fp8 = std::string(run.kernel) == "decode_fp8";
-        ScopedEnv lab(run.env, run.value);
-        auto decode = [&](const char* role) {
-          ScopedEnv env("SNAPMLA_ROLE_INDEX", role);
-          return G.decode(fp8, options);
-        };
-        const auto thread = decode("thread");
-        const auto uniform = decode("uniform");
-        size_t finite = 0;
-        for (const bf16 v : thread.first) finite += std::isfinite(to_float(v));
-        EXPECT_GT(finite, thread.first.size() / 2) << "most rows are finite, so the comparison can tell";
-        for (size_t i = 0; i < thread.first.size(); ++i)
-          ASSERT_EQ(uniform.first[i].bits, thread.first[i].bits) << label << " out " << i;
-        EXPECT_EQ(std::memcmp(uniform.second.data(), thread.second.data(), thread.second.size() * sizeof(float)), 0)
-            << label << " lse";
-      }
+      fn(G, split ? plan.options(B.softmax_scale) : test::options(B));
     }
   }
 }
 
+// The consumers' indices broadcast from lane 0 (SNAPMLA_ROLE_INDEX=uniform, a lab option not yet
+// run on the H200, hence under test_untimed()) give every kernel's bits as they are: the same
+// operations on the same values, only in other registers. Every kernel and lab variant it applies
+// to (the narrow tile; the 64-row tile with each score step and P' rule; decode_bf16 with each
+// score step and own-page PV), on for_each_bits_case's cases.
+TEST(GpuDecode, UniformRoleIndexGivesTheSameBits) {
+  REQUIRE_GPU();
+  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  for_each_bits_case(rng, [](GpuBatch& G, const DecodeOptions& options) {
+    struct Run {
+      const char* kernel;
+      const char* env;  // the lab option beside the role index
+      const char* value;
+    };
+    for (const Run run : {Run{"decode_fp8", "SNAPMLA_SCORE_STEP", "reference"},
+                          Run{"decode_fp8", "SNAPMLA_SCORE_STEP", "folded"},
+                          Run{"decode_fp8", "SNAPMLA_FP8_P_SCALE", "carried"},
+                          Run{"decode_fp8", "SNAPMLA_FP8_TILE", "rows64_all"},
+                          Run{"decode_bf16", "SNAPMLA_SCORE_STEP", "reference"},
+                          Run{"decode_bf16", "SNAPMLA_SCORE_STEP", "folded"},
+                          Run{"decode_bf16", "SNAPMLA_BF16_OWN_PV", "registers"}}) {
+      const bool fp8 = std::string(run.kernel) == "decode_fp8";
+      ScopedEnv lab(run.env, run.value);
+      auto decode = [&](const char* role) {
+        ScopedEnv env("SNAPMLA_ROLE_INDEX", role);
+        return G.decode(fp8, options);
+      };
+      expect_same_bits(decode("thread"), decode("uniform"), std::string(run.kernel) + " " + run.env + "=" + run.value);
+    }
+  });
+}
+
 // decode_bf16 with consumer 1's QKs issued after consumer 0's (SNAPMLA_BF16_QK_ORDER=a_first, a lab
 // option not yet run on the H200, hence under test_untimed()): only the order of the same wgmmas
-// moves, so out and lse keep the default's bits. One- and multi-split CTAs (the hand-off across
-// split boundaries), odd page counts (a discarded QK in the last pair), 0- and 1-token sequences
-// (no QK at all), MTP causal rows, padding rows, a NaN query row and a NaN token.
+// moves, so out and lse keep the default's bits, on for_each_bits_case's cases (multi-split CTAs:
+// the hand-off across split boundaries; odd page counts: a discarded QK in the last pair; 0- and
+// 1-token sequences: no QK at all).
 TEST(GpuDecode, Bf16QkOrderGivesTheSameBits) {
   REQUIRE_GPU();
   if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
-  struct Shape {
-    std::vector<int32_t> lens;
-    int s_q, h;
-  };
-  const std::vector<Shape> shapes = {{{0, 1, 64, 700, 3000, 9000}, 1, 16},
-                                     {{1, 129, 5000}, 1, 128},
-                                     {{2, 300, 4097}, 4, 3},
-                                     {{77, 1500, 2049}, 2, 64}};
-  for (const Shape& shape : shapes) {
-    const int h = shape.h, s_q = shape.s_q;
-    SCOPED_TRACE("h=" + std::to_string(h) + " s_q=" + std::to_string(s_q));
-    Batch B = make_batch(rng, shape.lens, s_q, h);
-    const size_t bad_row = size_t(2 * s_q * h - 1);
-    B.q[bad_row * kHeadDim + 5] = to_bf16(test::kNaN);
-    const int last = int(shape.lens.size()) - 1;
-    B.bf16_data[size_t(B.slot(last, shape.lens[last] - 1)) * kHeadDim + 9] = to_bf16(test::kNaN);
-    GpuBatch G(B);
-    GpuPlan plan(G.pages(), recommended_num_workers(kGpu, s_q, h), s_q, h);
-    for (const bool split : {false, true}) {
-      SCOPED_TRACE(split ? "planned" : "one split per sequence");
-      const DecodeOptions options = split ? plan.options(B.softmax_scale) : test::options(B);
-      auto decode = [&](const char* order) {
-        ScopedEnv env("SNAPMLA_BF16_QK_ORDER", order);
-        return G.decode(false, options);
-      };
-      const auto release = decode("release");
-      const auto a_first = decode("a_first");
-      size_t finite = 0;
-      for (const bf16 v : release.first) finite += std::isfinite(to_float(v));
-      EXPECT_GT(finite, release.first.size() / 2) << "most rows are finite, so the comparison can tell";
-      for (size_t i = 0; i < release.first.size(); ++i) ASSERT_EQ(a_first.first[i].bits, release.first[i].bits) << "out " << i;
-      EXPECT_EQ(std::memcmp(a_first.second.data(), release.second.data(), release.second.size() * sizeof(float)), 0)
-          << "lse";
-    }
-  }
+  for_each_bits_case(rng, [](GpuBatch& G, const DecodeOptions& options) {
+    auto decode = [&](const char* order) {
+      ScopedEnv env("SNAPMLA_BF16_QK_ORDER", order);
+      return G.decode(false, options);
+    };
+    expect_same_bits(decode("release"), decode("a_first"), "decode_bf16 SNAPMLA_BF16_QK_ORDER=a_first");
+  });
 }
 
 // plan_splits(split_blocks = L) on the GPU: a row gives the same bits decoded alone, in a batch,
