@@ -3,11 +3,13 @@
 // in threads), mbarriers (phases and parities) and the shared slots (page stages, running max, P',
 // factors) tagged with the (split, page) that wrote them. Every read checks that it sees the tag it
 // needs, so a missing or misnumbered barrier shows up as a stale or overwritten slot or as a
-// deadlock (a watchdog), under random delays. They check the protocol, not the arithmetic or the
-// memory model (the state is sequentially consistent: the kernels' proxy fences are not
-// modelled). Barrier ids and counts are the kernels' (Fp8Barrier, Bf16Barrier,
-// kSplitBoundaryBarrier). The models: the V^T-register tile (decode_fp8.cu, decode_fp8_vregs_kernel)
-// and decode_bf16 (decode_bf16.cu) under both orders of its next QKs (Bf16QkOrder).
+// deadlock (a watchdog), under random delays; a wgmma's reads are checked where it is issued and
+// again where its warp waits for it. They check the protocol, not the arithmetic or the memory
+// model (the state is sequentially consistent: the kernels' proxy fences are not modelled).
+// Barrier ids and counts are the kernels' (Fp8Barrier, Bf16Barrier, kSplitBoundaryBarrier). The
+// models: decode_fp8's transposing 64-row tile (decode_fp8_kernel, per-page P' scales) and its
+// V^T-register tile (decode_fp8_vregs_kernel), and decode_bf16 (decode_bf16.cu) under both orders
+// of its next QKs (Bf16QkOrder).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -254,6 +256,146 @@ class VRegsModel : Sim {
   Tag max_[2][4], p_[2][4], factors_[2][4];
 };
 
+// decode_fp8's transposing 64-row tile (decode_fp8_kernel under the per-page P' scales): a producer
+// warpgroup (warp 0 loads, warps 1-3 transpose each page's latent into a V^T slot) and two
+// consumers in ping-pong on a three-stage page ring: consumer c owns pages j = c (mod 2) (QK,
+// softmax, P'), hands the running max over (kMax + c) and the page's P' and factors (kP + c), and
+// takes the PV of every page for its output half; a P' buffer is taken again once the other
+// consumer's PV of the page before has left it (kFree + c).
+class Fp8TileModel : Sim {
+ public:
+  explicit Fp8TileModel(std::vector<int> pages) : pages_(std::move(pages)) {}
+
+  std::string run(unsigned seed) {
+    init_barriers();
+    return run_warps(12, seed, [this](int w, std::mt19937& rng) { warp(w, rng); });
+  }
+
+ private:
+  static constexpr int kStages = 3;
+  enum Id { kAddSums = 1, kMax = 2, kP = 4, kFree = 6, kTransposers = 9, kOwnPage = 10 };
+
+  void init_barriers() {
+    for (auto& f : full_) f = {kWarpThreads, kWarpThreads, 0};  // the loader's arrival (with the bytes)
+    for (auto& e : empty_) e = {224, 224, 0};                    // the owner's 128 threads and the 96 transposers
+    for (auto& f : vt_full_) f = {96, 96, 0};
+    for (auto& e : vt_empty_) e = {256, 256, 0};                 // every consumer thread
+    qbar_ = {kWarpThreads, kWarpThreads, 0};
+  }
+  void boundary(bool init) { Sim::boundary(384, init, [this] { init_barriers(); }); }
+  void ring_wait(int j) { mbar_wait(full_[j % kStages], (j / kStages) & 1); }
+
+  void warp(int w, std::mt19937& rng) {
+    const int splits = int(pages_.size());
+    for (int item = 0; item < splits && !abort_; ++item) {
+      if (item > 0) boundary(w == 0);
+      if (w == 0) load(item, rng);
+      else if (w < 4) transpose(item, rng);
+      else consume(item, (w - 4) / 4, (w - 4) % 4, rng);
+    }
+  }
+
+  void load(int item, std::mt19937& rng) {
+    put(q_, {item, -1});
+    mbar_arrive(qbar_, kWarpThreads);
+    for (int j = 0; j < pages_[item] && !abort_; ++j) {
+      if (j >= kStages) mbar_wait(empty_[j % kStages], ((j / kStages) & 1) ^ 1);
+      jitter(rng);
+      put(stage_[j % kStages], {item, j});
+      mbar_arrive(full_[j % kStages], kWarpThreads);
+    }
+  }
+
+  void transpose(int item, std::mt19937& rng) {
+    for (int i = 0; i < pages_[item] && !abort_; ++i) {
+      ring_wait(i);
+      if (i >= 2) mbar_wait(vt_empty_[i % 2], ((i / 2) - 1) & 1);
+      expect(stage_[i % kStages], {item, i}, "the transposers read their page's latent");
+      jitter(rng);
+      put(vt_[i % 2], {item, i});
+      if (i % 3 == 0) bar(kTransposers, 96, true);  // zero_nan_tokens on masked pages (all three warps)
+      mbar_arrive(vt_full_[i % 2], kWarpThreads);
+      mbar_arrive(empty_[i % kStages], kWarpThreads);
+    }
+  }
+
+  void consume(int item, int c, int wq, std::mt19937& rng) {
+    const int nblk = pages_[item];
+    mbar_wait(qbar_, 0);
+    auto score = [&](int j) {
+      ring_wait(j);
+      expect(stage_[j % kStages], {item, j}, "QK reads its page");
+      expect(q_, {item, -1}, "QK reads its split's Q");
+    };
+    auto pv = [&](int jj) {
+      mbar_wait(vt_full_[jj % 2], (jj / 2) & 1);
+      expect(vt_[jj % 2], {item, jj}, "PV reads its page's V^T");
+      for (const Tag& quarter : p_[jj % 2]) expect(quarter, {item, jj}, "PV reads its page's P'");
+    };
+    // A wgmma reads its operands until it completes: the reads are checked again where the
+    // warp waits for it (wg::wait), so a buffer taken again before then shows.
+    auto pv_done = [&](int jj) {
+      expect(vt_[jj % 2], {item, jj}, "PV reads its page's V^T until it completes");
+      for (const Tag& quarter : p_[jj % 2]) expect(quarter, {item, jj}, "PV reads its page's P' until it completes");
+    };
+    const int jlast = nblk > 0 ? nblk : -1;
+    if (nblk > 0) score(std::min(c, nblk - 1));
+    for (int j = c; j <= jlast && !abort_; j += 2) {
+      const bool mine = j < nblk;
+      jitter(rng);
+      expect(stage_[std::min(j, nblk - 1) % kStages], {item, std::min(j, nblk - 1)}, "QK reads its page until it completes");
+      if (mine) {  // page_factors_early
+        expect(stage_[j % kStages], {item, j}, "the softmax reads its page's scales");
+        mbar_arrive(empty_[j % kStages], kWarpThreads);
+        if (j > 0) {
+          bar(kMax + 1 - c, 256, true);
+          expect(max_[(j - 1) % 2], {item, j - 1}, "the running max of the page before");
+        }
+        put(max_[j % 2], {item, j});
+        if (j + 1 < nblk) bar(kMax + c, 256, false);
+      }
+      if (j > 0) {
+        bar(kP + 1 - c, 256, true);
+        expect(factors_[(j - 1) % 2], {item, j - 1}, "the factors of the page before");
+        pv(j - 1);
+      }
+      if (mine) {  // store_page_p, publish_page
+        if (j >= 2) bar(kFree + c, 256, true);
+        jitter(rng);
+        put(p_[j % 2][wq], {item, j});
+        put(factors_[j % 2], {item, j});
+        bar(kP + c, 256, false);
+      }
+      if (j > 0) {
+        jitter(rng);
+        pv_done(j - 1);
+        mbar_arrive(vt_empty_[(j - 1) % 2], kWarpThreads);
+        if (j + 1 < nblk) bar(kFree + 1 - c, 256, false);
+      }
+      if (mine) {
+        bar(kOwnPage + c, 128, true);
+        pv(j);
+      }
+      score(std::min(j + 2, nblk - 1));  // past the last page, a repeat of the last one
+      if (mine) {
+        pv_done(j);
+        mbar_arrive(vt_empty_[j % 2], kWarpThreads);
+      }
+    }
+    bar(kAddSums, 256, true);
+    if (nblk > 0) expect(max_[(nblk - 1) % 2], {item, nblk - 1}, "the lse's running max");
+    // The epilogue stages its rows from the Q tile on (into the page stages after it).
+    put(q_, {item, -2});
+    for (auto& stage : stage_) put(stage, {item, -2});
+  }
+
+  std::vector<int> pages_;
+  std::array<MBar, kStages> full_{}, empty_{};
+  std::array<MBar, 2> vt_full_{}, vt_empty_{};
+  MBar qbar_{};
+  Tag q_, stage_[kStages], vt_[2], max_[2], factors_[2], p_[2][4];
+};
+
 // decode_bf16 (version 4b): a producer warpgroup (thread 0 of warp 0 loads; the whole warpgroup
 // zeroes a partial last page's tail) and two consumers on pairs of pages (A, B) in a two-stage
 // ring, each stage in three load groups (0: the rope box, which then holds the owner's P; 1 + h:
@@ -364,11 +506,20 @@ class Bf16Model : Sim {
         expect(group_[j_v % 2][1 + c], {item, j_v}, "PV reads its page's V");
         if (partial_last && j_v == nblk - 1 && !zeroed_[j_v % 2][1 + c]) fail("PV reads the last page before its tail is zeroed");
       };
+      // The reads of a wgmma last until it completes: checked again where the warp waits for it.
+      auto qk_done = [&](int j) {
+        for (int g = 0; g < kGroups; ++g) expect(group_[j % 2][g], {item, j}, "QK reads its page's K until it completes");
+      };
+      auto pv_done = [&](int j_p, int j_v) {
+        for (const Tag& quarter : rope_[j_p % 2]) expect(quarter, {item, kP + j_p}, "PV reads its page's P until it completes");
+        expect(group_[j_v % 2][1 + c], {item, j_v}, "PV reads its page's V until it completes");
+      };
       if (nblk > 0) qk(std::min(c, nblk - 1), c < nblk);
       for (int k = 0; 2 * k < nblk && !abort_; ++k) {
         const int ja = 2 * k, jb = 2 * k + 1, j = ja + c;
         const bool has_b = jb < nblk;
         jitter(rng);
+        if (j < nblk) qk_done(j);
         auto hand_off = [&](int owner) {
           if (c == owner) {
             put(rope_[j % 2][wq], {item, kP + j});  // its rows of P (zeros past the last page) over the rope box
@@ -385,10 +536,12 @@ class Bf16Model : Sim {
         pv(ja, ja);
         hand_off(1);
         jitter(rng);
+        pv_done(ja, ja);
         mbar_arrive(empty_[ja % 2][1 + c], kWarpThreads);
         mbar_arrive(empty_[ja % 2][0], kWarpThreads);
         pv(jb, std::min(jb, nblk - 1));
         jitter(rng);
+        pv_done(jb, std::min(jb, nblk - 1));
         if (has_b) {
           mbar_arrive(empty_[jb % 2][1 + c], kWarpThreads);
           mbar_arrive(empty_[jb % 2][0], kWarpThreads);
@@ -438,6 +591,18 @@ TEST(Bf16SyncModel, EveryReadSeesItsPageAndNothingDeadlocksInEitherQkOrder) {
         for (const S& x : w) pages += std::to_string(x.pages) + (x.partial_last ? "p " : " ");
         EXPECT_EQ(m.run(seed), "") << "splits of " << pages << "pages, seed " << seed << (a_first ? ", page A's QK first" : "");
       }
+}
+
+TEST(Fp8TileSyncModel, EveryReadSeesItsPageAndNothingDeadlocks) {
+  const std::vector<std::vector<int>> workers = {{0}, {1}, {2}, {3}, {4}, {5}, {8}, {9}, {1, 1}, {3, 0, 4},
+                                                 {7, 2, 1, 6}, {0, 0}, {16, 1}};
+  for (const auto& w : workers)
+    for (unsigned seed = 1; seed <= 3; ++seed) {
+      Fp8TileModel m(w);
+      std::string pages;
+      for (int n : w) pages += std::to_string(n) + " ";
+      EXPECT_EQ(m.run(seed), "") << "splits of " << pages << "pages, seed " << seed;
+    }
 }
 
 }  // namespace
