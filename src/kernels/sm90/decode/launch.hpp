@@ -154,8 +154,9 @@ inline RoleIndex role_index(const char* op) {
 // SNAPMLA_COMBINE_FUSED in the environment (a lab option, read per call like the others): `1` runs
 // the decode kernel's instantiation with the combine tail (combine_tail.cuh), which merges its
 // split sequences itself, where there is one (the default kernels' settings), a plan is given and
-// the grid has at most one CTA per SM (the tail's waits need the whole grid resident); unset or 0,
-// or elsewhere: the kernel without it, then the combine kernel.
+// the grid has at most one CTA per SM (the tail's waits need the whole grid resident: a
+// cooperative launch, SplitKernels); unset or 0, or elsewhere: the kernel without it, then the
+// combine kernel.
 inline bool combine_fused(const char* op) { return detail::env_flag(op, "SNAPMLA_COMBINE_FUSED"); }
 
 // SNAPMLA_PARTIALS in the environment (a lab option, read per call like the others): `fragments`
@@ -173,29 +174,61 @@ inline constexpr bool kInstantiated = !std::is_same_v<decltype(Kernel), std::nul
 // A decode kernel's instantiations for the split epilogue's lab options: Plain (the fp32 partials
 // from the fragment, then the combine kernel) and, where instantiated (else nullptr), Tail (the
 // combine tail: SNAPMLA_COMBINE_FUSED), Staged (PartialStore::kStaged: SNAPMLA_PARTIALS=staged) and
-// StagedTail (both). A setting without its instantiation falls back to the one without it.
+// StagedTail (both). A setting without its instantiation falls back to the one without it. The
+// instantiations with the combine tail go out as cooperative launches: their CTAs wait on each
+// other, and a cooperative launch starts the grid only where all of it can be resident at once
+// (the SM-count guard alone cannot see SMs held by other streams' kernels or a smaller SM
+// partition); where the runtime refuses it, the kernel without the tail runs instead.
 template <auto Plain, auto Tail = nullptr, auto Staged = nullptr, auto StagedTail = nullptr>
 struct SplitKernels {
   static constexpr bool kHasTail = kInstantiated<Tail>;
 
+  // Launches the instantiation of the settings; returns whether it was one with the combine tail.
   template <typename... Args>
-  static void launch(bool fused, PartialStore store, dim3 grid, int threads, int smem, cudaStream_t stream,
+  static bool launch(bool fused, PartialStore store, dim3 grid, int threads, int smem, cudaStream_t stream,
                      const Args&... args) {
     const bool staged = store == PartialStore::kStaged;
-    if constexpr (kInstantiated<StagedTail>)
-      if (fused && staged) return run<StagedTail>(grid, threads, smem, stream, args...);
-    if constexpr (kInstantiated<Tail>)
-      if (fused) return run<Tail>(grid, threads, smem, stream, args...);
-    if constexpr (kInstantiated<Staged>)
-      if (staged) return run<Staged>(grid, threads, smem, stream, args...);
+    if (fused && launch_tail(staged, grid, threads, smem, stream, args...)) return true;
+    if constexpr (kInstantiated<Staged>) {
+      if (staged) {
+        run<Staged>(grid, threads, smem, stream, args...);
+        return false;
+      }
+    }
     run<Plain>(grid, threads, smem, stream, args...);
+    return false;
   }
 
  private:
+  template <typename... Args>
+  static bool launch_tail(bool staged, dim3 grid, int threads, int smem, cudaStream_t stream, const Args&... args) {
+    if constexpr (kInstantiated<StagedTail>)
+      if (staged) return cooperative<StagedTail>(grid, threads, smem, stream, args...);
+    if constexpr (kInstantiated<Tail>) return cooperative<Tail>(grid, threads, smem, stream, args...);
+    return false;
+  }
   template <auto Kernel, typename... Args>
   static void run(dim3 grid, int threads, int smem, cudaStream_t stream, const Args&... args) {
     allow_dynamic_smem<Kernel>(smem);
     Kernel<<<grid, threads, smem, stream>>>(args...);
+  }
+  // A cooperative launch of Kernel; false (the error cleared) where the runtime refuses it.
+  template <auto Kernel, typename... Args>
+  static bool cooperative(dim3 grid, int threads, int smem, cudaStream_t stream, const Args&... args) {
+    allow_dynamic_smem<Kernel>(smem);
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeCooperative;
+    attribute.val.cooperative = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = dim3(unsigned(threads));
+    config.dynamicSmemBytes = size_t(smem);
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    if (cudaLaunchKernelEx(&config, Kernel, args...) == cudaSuccess) return true;
+    cudaGetLastError();
+    return false;
   }
 };
 
@@ -223,9 +256,9 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
     check(cudaMemsetAsync(kp.combine_counters, 0, combine_counter_count(p, options) * sizeof(int), stream),
           "cudaMemsetAsync (combine counters)");
   }
-  Kernels::launch(fused, store, grid, Config::kThreads, smem, stream, kp, extra...);
+  const bool tail = Kernels::launch(fused, store, grid, Config::kThreads, smem, stream, kp, extra...);
   check_launch(op);
-  if (options.plan && !fused)
+  if (options.plan && !tail)
     combine(combine_params(kp, wave_over_workers), stream, launch != CombineLaunch::kOrdinary, tasks);
 }
 
