@@ -46,7 +46,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 
 if part tests; then
   filter='Shapes/*:GpuErrors.NonFinite*:GpuDecodeGaussian*:GpuDecode.CombineLabOptions*:GpuDecode.UniformRoleIndex*'
   filter="$filter:GpuDecode.FusedCombine*:GpuErrors.FusedCombine*:GpuDecode.StagedPartials*:GpuErrors.BadArguments*"
-  filter="$filter:GpuDecode.Bf16QkOrder*"
+  filter="$filter:GpuDecode.Bf16QkOrder*:GpuGraph.FusedCombine*"
   stamp "GPU tests with the untimed kernels' runs (SNAPMLA_TEST_UNTIMED=1)"
   SNAPMLA_TEST_UNTIMED=1 timeout $(cap ${TEST_TIMEOUT:-200}) .devbin/snapmla_gpu_tests --gtest_filter="$filter" \
     > "$out/gpu_tests_score_step.log" 2>&1
@@ -82,7 +82,8 @@ if part tests; then
     SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_FP8_TILE=64
   stamp "memcheck, the fused combine's and the staged partials' tests"
   memcheck memcheck_fused.log "${SAN_TIMEOUT:-120}" \
-    'GpuDecode.FusedCombine*:GpuErrors.FusedCombine*:GpuDecode.StagedPartials*' SNAPMLA_TEST_UNTIMED=1
+    'GpuDecode.FusedCombine*:GpuErrors.FusedCombine*:GpuGraph.FusedCombine*:GpuDecode.StagedPartials*' \
+    SNAPMLA_TEST_UNTIMED=1
   stamp "memcheck, narrow and 64-row shapes under the uniform role index"
   memcheck memcheck_role_index.log "${SAN_TIMEOUT:-90}" 'Shapes/*h8_*:Shapes/*h128_sq1*:GpuErrors.NonFinite*' \
     SNAPMLA_ROLE_INDEX=uniform
