@@ -313,7 +313,8 @@ class Fp8TileModel : Sim {
       expect(stage_[i % kStages], {item, i}, "the transposers read their page's latent");
       jitter(rng);
       put(vt_[i % 2], {item, i});
-      if (i % 3 == 0) bar(kTransposers, 96, true);  // zero_nan_tokens on masked pages (all three warps)
+      // zero_nan_tokens' barrier of the three warps, taken on masked pages: every third page here.
+      if (i % 3 == 0) bar(kTransposers, 96, true);
       mbar_arrive(vt_full_[i % 2], kWarpThreads);
       mbar_arrive(empty_[i % kStages], kWarpThreads);
     }
