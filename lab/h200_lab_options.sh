@@ -16,7 +16,8 @@
 #     combine under =1 and =late beside the ordinary launch, the fused combine and the staged
 #     partials); LENGTHS=1 adds the planner's split length at b = 1-8 under the late trigger and
 #     under the fused combine with and without staged partials (lab/split_sweep.py --lengths --env).
-#   [PARTS=tests|bench] [VARIANTS="uniform fused ..."] [SKIP_VARIANTS="fused ..."] lab/h200_lab_options.sh [OUT_DIR]
+#   [PARTS=tests|bench] [VARIANTS="uniform fused ..."] [SKIP_VARIANTS="fused ..."] [BENCH_ARGS="--rounds 3"]
+#   lab/h200_lab_options.sh [OUT_DIR]
 #   (carry .devbin, .whl, .peers)
 # The logs come back as OUT_DIR/h200_lab_options.tgz, the bench's files under OUT_DIR/results.
 # The optional parts (LENGTHS, the kernel timeline) are skipped past BUDGET seconds (default 480),
@@ -128,7 +129,7 @@ if part bench; then
       [ $what = grid ] && args="--cases grid"
       # shellcheck disable=SC2086
       timeout $(cap ${BENCH_TIMEOUT:-240}) python3 -m snapmla.bench --peers "$repo/.peers" $args $variants \
-        --out "$dest/results" > "$out/bench_$what.log" 2>&1
+        ${BENCH_ARGS:-} --out "$dest/results" > "$out/bench_$what.log" 2>&1
       echo "bench $what exit: $?"
       grep -E "^- " "$out/bench_$what.log" | head -20
     done
