@@ -109,16 +109,18 @@ if part bench; then
     # consumers' indices broadcast from lane 0 (every decode kernel but the V^T-register tile).
     # staged: the fp32 partials through shared memory (the default 64-row kernels of both decodes).
     # qkfirst: decode_bf16's page-A QK first (decode_fp8 runs its default there: noise again).
-    # fstaged: the fused combine with staged partials (the pair to make the default if both win).
+    # fstaged: the fused combine with staged partials (the pair to make the default if both win);
+    # fequal: the same on the planner's equal shares (the split length without the combine's price).
     # VARIANTS="uniform fused ...": only those (each variant adds two graphs per case, so all
-    # nine may not fit one call's time: split them over two PARTS=bench calls).
+    # ten may not fit one call's time: split them over two PARTS=bench calls).
     # SKIP_VARIANTS="fused ...": leave those out (one whose tests failed in the PARTS=tests call:
     # a kernel that gives up waiting takes a second a call, which would eat the bench's time).
     variants="--env-bf16"
     for v in folded:SNAPMLA_SCORE_STEP=folded late:SNAPMLA_COMBINE_PDL=late wide16:SNAPMLA_FP8_TILE=rows64_all \
              ownpv:SNAPMLA_BF16_OWN_PV=registers uniform:SNAPMLA_ROLE_INDEX=uniform fused:SNAPMLA_COMBINE_FUSED=1 \
              staged:SNAPMLA_PARTIALS=staged qkfirst:SNAPMLA_BF16_QK_ORDER=a_first \
-             fstaged:SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged; do
+             fstaged:SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged \
+             fequal:SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged,SNAPMLA_PLAN_SPLIT=equal; do
       [ -z "${VARIANTS:-}" ] || [[ " $VARIANTS " == *" ${v%%:*} "* ]] || continue
       [[ " ${SKIP_VARIANTS:-} " == *" ${v%%:*} "* ]] || variants="$variants --env $v"
     done

@@ -489,10 +489,11 @@ TEST(SplitKv, CombineRowIsLogSumExpWeighting) {
 // - a worker's cost (its splits' pages plus kPieceCostBlocks each) is within
 //   [share - F, share + 2 F] of the share (total cost / workers used), F = kPieceCostBlocks: a
 //   boundary moves back by at most one fixed cost, and a cut worker's first piece adds one.
-// fill: the plan was made with SNAPMLA_PLAN_FILL=1 (every worker gets a share where the chunk is
-// the equal share). Returns the largest worker cost.
+// lab: the planner's lab options the plan was made under (SNAPMLA_PLAN_FILL=1: every worker gets a
+// share where the chunk is the equal share; SNAPMLA_PLAN_SPLIT=equal: the chunk is the equal share).
+// Returns the largest worker cost.
 int64_t expect_balanced_plan(const OwnedPlan& P, const std::vector<int32_t>& seqlens, int workers, int query_rows,
-                             bool fill = false) {
+                             detail::PlanLabOptions lab = {}) {
   const int b = int(seqlens.size());
   const int capacity = int(P.begins.size()), slots = capacity - b;
   EXPECT_EQ(capacity, split_plan_capacity(b, workers));
@@ -523,10 +524,10 @@ int64_t expect_balanced_plan(const OwnedPlan& P, const std::vector<int32_t>& seq
   for (int w = slots + 1; w < capacity; ++w) EXPECT_EQ(P.worker_splits[size_t(w)], -1) << "unused entry " << w;
 
   const int64_t F = detail::kPieceCostBlocks;
-  const int64_t chunk = detail::split_chunk(total_blocks, workers, query_rows);
+  const int64_t chunk = detail::split_chunk(total_blocks, workers, lab.equal_shares ? 0 : query_rows);
   const int64_t equal_share = (total_blocks + workers - 1) / workers;
-  const int64_t used = std::clamp<int64_t>(fill && chunk <= equal_share ? workers : (total_blocks + chunk - 1) / chunk,
-                                           1, workers);
+  const int64_t used = std::clamp<int64_t>(
+      lab.fill_workers && chunk <= equal_share ? workers : (total_blocks + chunk - 1) / chunk, 1, workers);
   const int64_t total = total_blocks + F * std::max(b - 1, 0);
   const int64_t share = std::max<int64_t>(1, (total + used - 1) / used);
   // Whole sequences instead (n per worker, in order, no cuts) where even the longest make a
@@ -615,8 +616,8 @@ TEST(SplitKv, WorkerRangesDoNotChangeTheSplits) {
 
 // expect_balanced_plan on 300 random batches (lengths up to max_len, empty ones, one very long
 // among short ones, all of 0-2 tokens; b up to 64, and 1024), with query rows up to max_rows (0:
-// none), planned under the environment's planner options (fill: SNAPMLA_PLAN_FILL=1 is set).
-void expect_random_plans_balanced(int max_len, int max_rows, bool fill) {
+// none), planned under the environment's planner options (lab: those that are set).
+void expect_random_plans_balanced(int max_len, int max_rows, detail::PlanLabOptions lab) {
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
   std::uniform_int_distribution<int> len(0, max_len), workers(1, 300), batch(1, 64), rows(0, max_rows);
@@ -628,13 +629,13 @@ void expect_random_plans_balanced(int max_len, int max_rows, bool fill) {
     if (trial % 7 == 6) std::fill(seqlens.begin(), seqlens.end(), int32_t(rng() % 3));  // 0-2 tokens
     PageTable pages{table.data(), seqlens.data(), b, 4096, Device::cpu()};
     OwnedPlan P(pages, w, r);
-    expect_balanced_plan(P, seqlens, w, r, fill);
+    expect_balanced_plan(P, seqlens, w, r, lab);
     if (::testing::Test::HasFailure())
       FAIL() << "trial " << trial << ": b = " << b << ", workers = " << w << ", query_rows = " << r;
   }
 }
 
-TEST(SplitKv, PlanCoversEverySequenceAndBalancesTheWorkers) { expect_random_plans_balanced(5000, 0, false); }
+TEST(SplitKv, PlanCoversEverySequenceAndBalancesTheWorkers) { expect_random_plans_balanced(5000, 0, {}); }
 
 // SNAPMLA_PLAN_FILL=1: where the chunk is the equal share, every worker gets a share instead of
 // ceil(blocks / chunk) of them. b = 16 x 8K on 132 workers (h = 64): 128 used and 124 busy with
@@ -658,16 +659,56 @@ TEST(SplitKv, FillWorkersOptionGivesEveryWorkerAShare) {
   {
     ScopedEnv on("SNAPMLA_PLAN_FILL", "1");
     const OwnedPlan filled(pages, 132, 64);
-    const int64_t worst = expect_balanced_plan(filled, seqlens, 132, 64, true);
+    const int64_t worst = expect_balanced_plan(filled, seqlens, 132, 64, {true, false});
     EXPECT_EQ(busy(filled), 132);
     EXPECT_LT(worst, worst_base);
     const OwnedPlan single_filled(single, 66, 128);
     EXPECT_EQ(single_filled.offsets, single_base.offsets) << "b = 1, 8K, h = 128: the sqrt rule's 4-block splits";
     EXPECT_EQ(single_filled.begins, single_base.begins);
-    expect_random_plans_balanced(20000, 512, true);
+    expect_random_plans_balanced(20000, 512, {true, false});
   }
   ScopedEnv bad("SNAPMLA_PLAN_FILL", "yes");
   EXPECT_ARG_ERROR(OwnedPlan(pages, 132, 64), "SNAPMLA_PLAN_FILL");
+}
+
+// SNAPMLA_PLAN_SPLIT=equal: the split length is the equal share whatever the query rows (the
+// rule for the combine folded into the decode's tail, where a further split costs no combine
+// time). b = 1, 8K at h = 128 on 66 workers: 64 splits of 2 blocks (the rule's: 32 of 4), the
+// plan of query_rows = 0; b = 4 at h = 64 on 132 workers likewise; b = 128 x 8K at h = 128 keeps the
+// whole sequences (2 per worker) that the query rows choose; random plans stay balanced; a bad
+// value is an error naming the variable.
+TEST(SplitKv, EqualSharesOptionSplitsAtTheEqualShare) {
+  struct Case {
+    int b, workers, rows;
+  };
+  for (const Case c : {Case{1, 66, 128}, Case{4, 132, 64}, Case{128, 66, 128}}) {
+    SCOPED_TRACE("b=" + std::to_string(c.b));
+    std::vector<int32_t> seqlens(size_t(c.b), 8192), table(size_t(c.b) * 128, 0);
+    const PageTable pages{table.data(), seqlens.data(), c.b, 128, Device::cpu()};
+    const OwnedPlan rule(pages, c.workers, c.rows), no_rows(pages, c.workers, 0);
+    ScopedEnv on("SNAPMLA_PLAN_SPLIT", "equal");
+    const OwnedPlan equal(pages, c.workers, c.rows);
+    expect_balanced_plan(equal, seqlens, c.workers, c.rows, {false, true});
+    if (c.b == 128) {
+      EXPECT_EQ(equal.offsets, rule.offsets) << "whole sequences, as the query rows choose";
+      EXPECT_EQ(equal.offsets[size_t(c.b)], c.b);
+      continue;
+    }
+    EXPECT_EQ(equal.offsets, no_rows.offsets);
+    EXPECT_EQ(equal.begins, no_rows.begins);
+    EXPECT_GT(equal.offsets[size_t(c.b)], rule.offsets[size_t(c.b)]) << "more, shorter splits than the rule's";
+  }
+  {
+    std::vector<int32_t> one = {8192}, tab1(128, 0);
+    const PageTable single{tab1.data(), one.data(), 1, 128, Device::cpu()};
+    ScopedEnv on("SNAPMLA_PLAN_SPLIT", "equal");
+    EXPECT_EQ(OwnedPlan(single, 66, 128).offsets[1], 64) << "b = 1, 8K on 66 workers: 2-block splits";
+    expect_random_plans_balanced(20000, 512, {false, true});
+  }
+  std::vector<int32_t> one = {100}, tab1(2, 0);
+  const PageTable single{tab1.data(), one.data(), 1, 2, Device::cpu()};
+  ScopedEnv bad("SNAPMLA_PLAN_SPLIT", "sqrt");
+  EXPECT_ARG_ERROR(OwnedPlan(single, 4, 64), "SNAPMLA_PLAN_SPLIT");
 }
 
 // The lab options' parser (every SNAPMLA_* switch read per call goes through it): unset or empty

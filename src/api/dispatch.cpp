@@ -149,10 +149,10 @@ void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan,
                  int split_blocks) {
   const bool gpu = on_gpu("plan_splits", "pages", pages.device);
   detail::check_plan_splits("plan_splits", pages, num_workers, query_rows, plan, split_blocks);
-  const bool fill = detail::plan_fill_workers("plan_splits");
-  if (!gpu) return ref::unchecked::plan_splits(pages, num_workers, plan, query_rows, split_blocks, fill);
+  const detail::PlanLabOptions lab = detail::plan_lab_options("plan_splits");
+  if (!gpu) return ref::unchecked::plan_splits(pages, num_workers, plan, query_rows, split_blocks, lab);
 #if SNAPMLA_HAVE_CUDA
-  cuda::plan_splits(pages, num_workers, plan, s, query_rows, split_blocks, fill);
+  cuda::plan_splits(pages, num_workers, plan, s, query_rows, split_blocks, lab);
 #else
   (void)s;
 #endif

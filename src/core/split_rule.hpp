@@ -105,11 +105,21 @@ SNAPMLA_HOST_DEVICE inline PlanTotals merge(const PlanTotals& a, const PlanTotal
   return {a.blocks + b.blocks, a.longest > b.longest ? a.longest : b.longest, a.fixed_splits + b.fixed_splits};
 }
 
+// The planner's lab options (core/validate.hpp, plan_lab_options: the environment's
+// SNAPMLA_PLAN_FILL and SNAPMLA_PLAN_SPLIT), the same for both planners. fill_workers: see
+// worker_shares. equal_shares: the split length is the equal share whatever the query rows (the
+// rule's fixed cost per split left out; the choice of whole sequences keeps them): for the combine
+// folded into the decode's tail, under which a further split no longer costs combine time.
+struct PlanLabOptions {
+  bool fill_workers = false;
+  bool equal_shares = false;
+};
+
 // How many of num_workers a total of `t.blocks` over `batch` sequences is worth (split_chunk:
 // all of them, or fewer for a small total given query_rows), and the share of each. The workers
 // are ceil(blocks / chunk): where the chunk is the equal share, its rounding up to whole blocks
 // can leave workers without work (b = 16, 8K on 132 workers: 128 of them, then 124 busy with 17
-// blocks each where 132 could take 16). fill_workers (a lab option, SNAPMLA_PLAN_FILL=1) gives
+// blocks each where 132 could take 16). lab.fill_workers (a lab option, SNAPMLA_PLAN_FILL=1) gives
 // every worker a share in that case. Given
 // query_rows, whole sequences (n = ceil(batch / workers) each) are chosen instead when even the
 // longest ones make a worker's time no longer than the balanced share plus the cuts' cost: on
@@ -119,16 +129,16 @@ SNAPMLA_HOST_DEVICE inline PlanTotals merge(const PlanTotals& a, const PlanTotal
 // the GPU planner cannot report the overflow, and both planners make the same plan); the
 // workers' shares are then the equal ones.
 SNAPMLA_HOST_DEVICE inline WorkerShares worker_shares(const PlanTotals& t, int batch, int num_workers, int query_rows,
-                                                      int split_blocks, int capacity, bool fill_workers) {
+                                                      int split_blocks, int capacity, PlanLabOptions lab) {
   WorkerShares s;
   if (split_blocks > 0 && t.fixed_splits <= capacity) {
     s.fixed = split_blocks;
     query_rows = 0;
   }
-  const int64_t chunk = split_chunk(t.blocks, num_workers, query_rows);
+  const int64_t chunk = split_chunk(t.blocks, num_workers, lab.equal_shares ? 0 : query_rows);
   int64_t used = (t.blocks + chunk - 1) / chunk;
   const int64_t equal_share = (t.blocks + num_workers - 1) / num_workers;
-  if (fill_workers && chunk <= equal_share) used = num_workers;
+  if (lab.fill_workers && chunk <= equal_share) used = num_workers;
   if (used < 1) used = 1;
   if (used > num_workers) used = num_workers;
   s.workers = int(used);

@@ -433,7 +433,12 @@ int env_choice(const char* op, const char* name, std::initializer_list<const cha
 
 bool env_flag(const char* op, const char* name) { return env_choice(op, name, {"0", "1"}) == 1; }
 
-bool plan_fill_workers(const char* op) { return env_flag(op, "SNAPMLA_PLAN_FILL"); }
+PlanLabOptions plan_lab_options(const char* op) {
+  PlanLabOptions lab;
+  lab.fill_workers = env_flag(op, "SNAPMLA_PLAN_FILL");
+  lab.equal_shares = env_choice(op, "SNAPMLA_PLAN_SPLIT", {"rule", "equal"}) == 1;
+  return lab;
+}
 
 }  // namespace detail
 }  // namespace snapmla

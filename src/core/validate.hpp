@@ -1,6 +1,6 @@
 // The one place that checks SnapMLA's arguments (the bottom layer: api/, reference/ and
-// kernels/ include it; it includes only the public headers). Every public call runs one
-// check_<operation> below, once, before any work: snapmla::X (api/dispatch.cpp) before it
+// kernels/ include it; it includes only the public headers and the planner's rules). Every public
+// call runs one check_<operation> below, once, before any work: snapmla::X (api/dispatch.cpp) before it
 // dispatches to the reference or a kernel, ref::X (the reference's own entry points) before it
 // computes. Shape/pointer/device checks run for every call; content checks (page indices,
 // seqlens, slots, plans) read the int32 tables and so run only where those tables are host
@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <string>
 
+#include "core/split_rule.hpp"
 #include "snapmla/formats.hpp"
 
 namespace snapmla::detail {
@@ -77,9 +78,10 @@ int env_choice(const char* op, const char* name, std::initializer_list<const cha
 // An on/off lab option (env_choice over 0 and 1): unset, empty or 0 is off, 1 is on.
 bool env_flag(const char* op, const char* name);
 
-// The planner's lab option: the environment's SNAPMLA_PLAN_FILL (env_flag). On, worker_shares'
-// fill_workers (core/split_rule.hpp).
-bool plan_fill_workers(const char* op);
+// The planner's lab options (PlanLabOptions, core/split_rule.hpp) from the environment:
+// SNAPMLA_PLAN_FILL (env_flag) for fill_workers, SNAPMLA_PLAN_SPLIT (`rule`, the default, or
+// `equal`) for equal_shares.
+PlanLabOptions plan_lab_options(const char* op);
 
 // The debug checks' tables (check_page_table, check_slot_mapping): the view, then its contents
 // where they are host memory (the caller copies device tables to the host first).

@@ -3,6 +3,7 @@
 // dispatcher compiles without CUDA headers.
 #pragma once
 
+#include "core/split_rule.hpp"
 #include "snapmla/formats.hpp"
 
 namespace snapmla::cuda {
@@ -20,7 +21,7 @@ void quantize_query(const QueryBf16& q, const QuantizedQuery& out, Stream s);
 void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const KvRows& out,
                     Stream s);
 void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, Stream s, int query_rows,
-                 int split_blocks, bool fill_workers);
+                 int split_blocks, detail::PlanLabOptions lab);
 void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,
                 const DecodeOutput& out, const DecodeOptions& options);
 void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTable& pages,

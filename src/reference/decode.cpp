@@ -163,7 +163,7 @@ void combine_row(int num_splits, const float* partial_out, const float* partial_
 namespace unchecked {
 
 void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, int query_rows, int split_blocks,
-                 bool fill_workers) {
+                 detail::PlanLabOptions lab) {
   detail::PlanTotals totals;
   for (int i = 0; i < pages.batch; ++i)
     detail::add_sequence(totals, (pages.cache_seqlens[i] + kPageSize - 1) / kPageSize, split_blocks);
@@ -173,7 +173,7 @@ void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan,
   // capacity splits. Or whole sequences per worker, where cutting gains nothing; or the
   // batch-invariant fixed splits.
   const detail::WorkerShares shares =
-      detail::worker_shares(totals, pages.batch, num_workers, query_rows, split_blocks, plan.capacity, fill_workers);
+      detail::worker_shares(totals, pages.batch, num_workers, query_rows, split_blocks, plan.capacity, lab);
   const int slots = plan.capacity - pages.batch;  // the plan's workers (>= num_workers)
   int32_t k = 0;
   int64_t c0 = 0;
@@ -276,7 +276,7 @@ void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan,
   detail::check_host("ref::plan_splits", "pages", pages.device);
   detail::check_plan_splits("ref::plan_splits", pages, num_workers, query_rows, plan, split_blocks);
   unchecked::plan_splits(pages, num_workers, plan, query_rows, split_blocks,
-                         detail::plan_fill_workers("ref::plan_splits"));
+                         detail::plan_lab_options("ref::plan_splits"));
 }
 
 DecodeResultF32 decode_fp8_f32(const QuantizedQuery& q, const PagedFp8Cache& cache,

@@ -3,6 +3,7 @@
 // ref::X after its own, so every argument is checked once per call, in one place.
 #pragma once
 
+#include "core/split_rule.hpp"
 #include "snapmla/reference.hpp"
 
 namespace snapmla::ref::unchecked {
@@ -12,7 +13,7 @@ void append(const PagedBf16Cache& cache, const KvRows& kv, const SlotMapping& sl
 void quantize_query(const QueryBf16& q, const QuantizedQuery& out);
 void gather_dequant(const PagedFp8Cache& cache, const SlotMapping& slots, const KvRows& out);
 void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, int query_rows, int split_blocks,
-                 bool fill_workers);
+                 detail::PlanLabOptions lab);
 // A sequence whose page indices or length are out of range gets NaN rows (what the GPU does);
 // snapmla::decode_* on host memory has rejected such tables before.
 void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageTable& pages,

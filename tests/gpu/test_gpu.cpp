@@ -397,6 +397,20 @@ TEST(GpuPlan, SameSplitsAsTheReferenceUnderPlanFill) {
   for (int w = 0; w < 132; ++w) EXPECT_LT(got[size_t(w)], got[size_t(w + 1)]) << "worker " << w << " has work";
 }
 
+// SNAPMLA_PLAN_SPLIT=equal (a lab option of the planner, core/split_rule.hpp: the equal share as
+// the split length): the same plans on both paths, b = 1 x 8K at h = 128 on 66 workers among them
+// (64 splits of 2 blocks under the option).
+TEST(GpuPlan, SameSplitsAsTheReferenceUnderEqualShares) {
+  REQUIRE_GPU();
+  ScopedEnv equal("SNAPMLA_PLAN_SPLIT", "equal");
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  expect_gpu_plans_match_the_reference(rng);
+  const std::vector<int32_t> got = expect_gpu_plan_matches_the_reference({8192}, 66, 128, 0, split_plan_capacity(1, 66),
+                                                                         "b=1 x 8K on 66 workers");
+  EXPECT_EQ(got[64], 64) << "64 workers with a split each";
+}
+
 TEST(GpuPlan, SameSplitsAsTheReference) {
   REQUIRE_GPU();
   auto rng = make_rng();

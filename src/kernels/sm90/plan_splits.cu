@@ -31,7 +31,8 @@ struct MergeTotals {
 
 __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __restrict__ seqlens,
                                                                int batch, int num_workers, int query_rows,
-                                                               int split_blocks, int capacity, bool fill_workers,
+                                                               int split_blocks, int capacity,
+                                                               detail::PlanLabOptions lab,
                                                                int32_t* __restrict__ offsets,
                                                                int32_t* __restrict__ begins,
                                                                int32_t* __restrict__ worker_splits) {
@@ -50,7 +51,7 @@ __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __
   if (threadIdx.x == 0) totals_s = totals;
   __syncthreads();
   const detail::WorkerShares shares =
-      detail::worker_shares(totals_s, batch, num_workers, query_rows, split_blocks, capacity, fill_workers);
+      detail::worker_shares(totals_s, batch, num_workers, query_rows, split_blocks, capacity, lab);
   if (threadIdx.x == 0) {
     offsets[0] = 0;
     if (worker_splits != nullptr) worker_splits[0] = 0;
@@ -93,9 +94,9 @@ __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __
 }  // namespace
 
 void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan, Stream s, int query_rows,
-                 int split_blocks, bool fill_workers) {
+                 int split_blocks, detail::PlanLabOptions lab) {
   plan_splits_kernel<<<1, kThreads, 0, as_stream(s)>>>(pages.cache_seqlens, pages.batch, num_workers, query_rows,
-                                                       split_blocks, plan.capacity, fill_workers, plan.split_offsets,
+                                                       split_blocks, plan.capacity, lab, plan.split_offsets,
                                                        plan.split_begin, plan.worker_splits);
   check_launch("plan_splits_kernel");
 }
