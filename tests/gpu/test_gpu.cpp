@@ -874,6 +874,28 @@ void for_each_split_case(std::mt19937_64& rng, const std::vector<SplitCase>& cas
   }
 }
 
+// That the combine tail ran: after the call each split sequence's counter, per 64-row tile, holds
+// its split count (the launch clears them first). ws: the workspace (counters after the partials
+// and their lse), rows: the call's query rows.
+void expect_tail_counters(const std::vector<int32_t>& offsets, const std::vector<uint8_t>& ws, int capacity, int rows,
+                          const std::string& label) {
+  const int tiles = (rows + 63) / 64;
+  const size_t counters_at = size_t(capacity) * rows * (kLatentDim + 1) * sizeof(float);
+  int split_sequences = 0;
+  for (size_t b = 0; b + 1 < offsets.size(); ++b) {
+    const int splits = offsets[b + 1] - offsets[b];
+    if (splits <= 1) continue;
+    ++split_sequences;
+    for (int tile = 0; tile < tiles; ++tile) {
+      int32_t counter;
+      std::memcpy(&counter, ws.data() + counters_at + (size_t(offsets[b]) * tiles + tile) * sizeof(int32_t),
+                  sizeof(counter));
+      EXPECT_EQ(counter, splits) << label << ": sequence " << b << " row tile " << tile;
+    }
+  }
+  EXPECT_GT(split_sequences, 0) << label << ": the plan splits some sequence, so the tail has work";
+}
+
 // The decode kernels' own combine tail (SNAPMLA_COMBINE_FUSED=1, a lab option not yet run on the
 // H200, hence under test_untimed()) gives the combine kernel's bits: the same arithmetic
 // (combine_rows.cuh) on the same partials. Both decodes, the narrow and 64-row tiles (two row
@@ -899,8 +921,6 @@ TEST(GpuDecode, FusedCombineGivesTheSameBits) {
   for_each_split_case(rng, cases, [&](const Batch& B, GpuBatch& G, GpuPlan& plan) {
     const int rows = B.s_q * B.h;
     const auto offsets = plan.offsets.download();
-    const int capacity = plan.plan.capacity, tiles = (rows + 63) / 64;  // counters per split: one per 64-row tile
-    const size_t counters_at = size_t(capacity) * rows * (kLatentDim + 1) * sizeof(float);
     for (const bool fp8 : {true, false}) {
       const char* op = fp8 ? "decode_fp8" : "decode_bf16";
       auto run = [&](const char* fused) {
@@ -911,20 +931,7 @@ TEST(GpuDecode, FusedCombineGivesTheSameBits) {
       const auto ordinary = run("0");
       const auto fused = run("1");  // last: its counters are read below
       expect_same_bits(ordinary, fused, op);
-      const auto ws = plan.workspace.download();
-      int split_sequences = 0;
-      for (size_t b = 0; b + 1 < offsets.size(); ++b) {
-        const int splits = offsets[b + 1] - offsets[b];
-        if (splits <= 1) continue;
-        ++split_sequences;
-        for (int tile = 0; tile < tiles; ++tile) {
-          int32_t counter;
-          std::memcpy(&counter, ws.data() + counters_at + (size_t(offsets[b]) * tiles + tile) * sizeof(int32_t),
-                      sizeof(counter));
-          EXPECT_EQ(counter, splits) << op << ": sequence " << b << " row tile " << tile;
-        }
-      }
-      EXPECT_GT(split_sequences, 0) << "the plan splits some sequence, so the tail has work";
+      expect_tail_counters(offsets, plan.workspace.download(), plan.plan.capacity, rows, op);
     }
   });
 }
@@ -1283,7 +1290,6 @@ TEST(GpuGraph, FusedCombineIsCapturedAndReplays) {
     }
     cudaGraphExec_t exec;
     device_memory::cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
-    const size_t counters_at = size_t(plan.plan.capacity) * h * (kLatentDim + 1) * sizeof(float);
     for (const std::vector<int32_t>& lens : {std::vector<int32_t>{3000, 900, 64, 2000}, {17, 900, 0, 1999}}) {
       G.seqlens.upload(lens);
       out_graph.poison();
@@ -1291,18 +1297,8 @@ TEST(GpuGraph, FusedCombineIsCapturedAndReplays) {
       plan.workspace.poison();
       device_memory::cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");
       device_memory::cuda_ok(cudaStreamSynchronize(stream), "sync");
-      const auto offsets = plan.offsets.download();
-      const auto ws = plan.workspace.download();
-      int split_sequences = 0;
-      for (size_t b = 0; b + 1 < offsets.size(); ++b) {
-        const int splits = offsets[b + 1] - offsets[b];
-        if (splits <= 1) continue;
-        ++split_sequences;
-        int32_t counter;
-        std::memcpy(&counter, ws.data() + counters_at + size_t(offsets[b]) * sizeof(int32_t), sizeof(counter));
-        EXPECT_EQ(counter, splits) << "sequence " << b << ": the replay ran the combine tail";
-      }
-      EXPECT_GT(split_sequences, 0) << "the plan splits some sequence";
+      expect_tail_counters(plan.offsets.download(), plan.workspace.download(), plan.plan.capacity, h,
+                           "the replay");
       plan_splits(G.pages(), workers, plan.plan, stream);
       const auto eager = G.decode(true, opt);
       expect_same_bits(eager, {out_graph.download(), lse_graph.download()}, "replay vs the eager ordinary call");
