@@ -485,7 +485,7 @@ template <ScoreStep kStep, RoleIndex kRole>
 void launch_bf16(OwnPagePv own_pv, Bf16QkOrder qk_order, const DecodeParams& p, const DecodeOptions& options,
                  const CUtensorMap& tm_kv, const CUtensorMap& tm_q) {
   constexpr auto kRegs = OwnPagePv::kRegisters, kShared = OwnPagePv::kShared;
-  constexpr bool kDefault = kStep == ScoreStep::kReference && kRole == RoleIndex::kThread;
+  constexpr bool kDefault = kStep == ScoreStep::kReference && kRole == RoleIndex::kUniform;
   constexpr auto kStaged = PartialStore::kStaged, kFragments = PartialStore::kFragments;
   if constexpr (kDefault) {
     if (own_pv == kShared && qk_order == Bf16QkOrder::kPageAFirst)

@@ -829,7 +829,7 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
 // The default kernel and its twins with the split epilogue's lab options: the combine tail, the
 // staged partials, both.
 template <bool kTail, PartialStore kStore>
-constexpr auto kDefaultFp8Kernel = decode_fp8_kernel<false, ScoreStep::kReference, RoleIndex::kThread, kTail, kStore>;
+constexpr auto kDefaultFp8Kernel = decode_fp8_kernel<false, ScoreStep::kReference, RoleIndex::kUniform, kTail, kStore>;
 using DefaultFp8Kernels =
     SplitKernels<kDefaultFp8Kernel<false, PartialStore::kFragments>, kDefaultFp8Kernel<true, PartialStore::kFragments>,
                  kDefaultFp8Kernel<false, PartialStore::kStaged>, kDefaultFp8Kernel<true, PartialStore::kStaged>>;
@@ -845,7 +845,7 @@ void launch_rows64(Fp8PScale p_scale, ScoreStep step, const DecodeParams& p, con
   else if (step == ScoreStep::kFolded)
     launch_decode<Fp8TileConfig, SplitKernels<decode_fp8_kernel<false, ScoreStep::kFolded, kRole>>>(
         "decode_fp8", kSmem, p, options, tm_latent, tm_rope, tm_q);
-  else if constexpr (kRole == RoleIndex::kThread)  // the default kernel: with its split-epilogue twins
+  else if constexpr (kRole == RoleIndex::kUniform)  // the default kernel: with its split-epilogue twins
     launch_decode<Fp8TileConfig, DefaultFp8Kernels>("decode_fp8", kSmem, p, options, tm_latent, tm_rope, tm_q);
   else
     launch_decode<Fp8TileConfig, SplitKernels<decode_fp8_kernel<false, ScoreStep::kReference, kRole>>>(

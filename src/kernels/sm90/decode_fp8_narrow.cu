@@ -460,12 +460,12 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
 void launch_decode_fp8_narrow(RoleIndex role, const DecodeParams& p, const CUtensorMap& tm_latent,
                               const CUtensorMap& tm_rope, const DecodeOptions& options) {
   profile::before_launch();  // profiling builds only: the stamps' table and report
-  if (role == RoleIndex::kUniform)
-    launch_decode<NarrowConfig, SplitKernels<decode_fp8_narrow_kernel<RoleIndex::kUniform>>>(
+  if (role == RoleIndex::kUniform)  // the default: with its combine-tail twin
+    launch_decode<NarrowConfig, SplitKernels<decode_fp8_narrow_kernel<RoleIndex::kUniform>,
+                                             decode_fp8_narrow_kernel<RoleIndex::kUniform, true>>>(
         "decode_fp8", kSmemBytes, p, options, tm_latent, tm_rope);
   else
-    launch_decode<NarrowConfig, SplitKernels<decode_fp8_narrow_kernel<RoleIndex::kThread>,
-                                             decode_fp8_narrow_kernel<RoleIndex::kThread, true>>>(
+    launch_decode<NarrowConfig, SplitKernels<decode_fp8_narrow_kernel<RoleIndex::kThread>>>(
         "decode_fp8", kSmemBytes, p, options, tm_latent, tm_rope);
   profile::after_launch("decode_fp8 (narrow tile)");
 }

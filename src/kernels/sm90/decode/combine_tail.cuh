@@ -1,4 +1,5 @@
-// The decode kernels' own combine (SNAPMLA_COMBINE_FUSED, a lab option): instead of a combine
+// The decode kernels' own combine (SNAPMLA_COMBINE_FUSED, a lab option; slower than the combine
+// kernel on the H200 at fc4dfc1, docs/kernels.md): instead of a combine
 // kernel after the decode, each CTA merges a share of its split sequences' rows once their
 // partials are all written. Why: at small batches the combine and the gap before it were a third
 // of a call (H200, b = 1, h = 128, 8K: decode 15.1 us, combine 4.8, between the kernels 2.1), and

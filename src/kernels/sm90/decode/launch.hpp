@@ -144,11 +144,12 @@ inline Bf16QkOrder bf16_qk_order(const char* op) {
                                                                                         : Bf16QkOrder::kOnRelease;
 }
 
-// SNAPMLA_ROLE_INDEX in the environment (a lab option, read per call): `thread` (unset) or
-// `uniform`, the decode kernels' RoleIndex (params.hpp).
+// SNAPMLA_ROLE_INDEX in the environment (read per call): `uniform` (unset: the default since the
+// H200's same-run sweep, docs/kernels.md) or `thread` (the former default, kept for same-run A/B),
+// the decode kernels' RoleIndex (params.hpp).
 inline RoleIndex role_index(const char* op) {
-  return detail::env_choice(op, "SNAPMLA_ROLE_INDEX", {"thread", "uniform"}) == 1 ? RoleIndex::kUniform
-                                                                                  : RoleIndex::kThread;
+  return detail::env_choice(op, "SNAPMLA_ROLE_INDEX", {"uniform", "thread"}) == 1 ? RoleIndex::kThread
+                                                                                  : RoleIndex::kUniform;
 }
 
 // SNAPMLA_COMBINE_FUSED in the environment (a lab option, read per call like the others): `1` runs
@@ -156,7 +157,8 @@ inline RoleIndex role_index(const char* op) {
 // split sequences itself, where there is one (the default kernels' settings), a plan is given and
 // the grid has at most one CTA per SM (the tail's waits need the whole grid resident: a
 // cooperative launch, SplitKernels); unset or 0, or elsewhere: the kernel without it, then the
-// combine kernel.
+// combine kernel. Slower on the H200 (kernel timeline at fc4dfc1: the fused kernel 7-23 us longer
+// than decode + combine at b = 1-8), so not the default.
 inline bool combine_fused(const char* op) { return detail::env_flag(op, "SNAPMLA_COMBINE_FUSED"); }
 
 // SNAPMLA_PARTIALS in the environment (a lab option, read per call like the others): `fragments`

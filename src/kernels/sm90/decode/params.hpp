@@ -41,7 +41,8 @@ enum class OwnPagePv { kShared, kRegisters };
 // which starts the pair's chain, waits for both products. kPageAFirst: consumer 1 issues its QK
 // only once consumer 0 has issued its own, so A''s scores come one product's time earlier and
 // consumer 0's softmax runs under B''s product (FlashMLA orders its QKs so). The same arithmetic,
-// so the same bits. A lab option (SNAPMLA_BF16_QK_ORDER) until the H200 has timed it.
+// so the same bits. A lab option (SNAPMLA_BF16_QK_ORDER): level with the default on the H200
+// (same-run sweep at fc4dfc1, median 1.000x, 0.93-1.05x), so not the default.
 enum class Bf16QkOrder { kOnRelease, kPageAFirst };
 
 // Where a decode kernel's consumer thread takes its consumer index (which pages it owns, its
@@ -51,15 +52,17 @@ enum class Bf16QkOrder { kOnRelease, kPageAFirst };
 // wgmma's descriptors, the barrier ids) lives in per-thread registers, is moved into uniform
 // registers once per wgmma (R2UR) and is re-derived from %tid where registers are short; with
 // kUniform it lives in the uniform datapath (decode_fp8's 64-row loop: 56 R2UR -> 1, 1764 ->
-// 1616 SASS instructions). The same operations on the same values, so the same bits. A lab option
-// (SNAPMLA_ROLE_INDEX) until the H200 has timed it.
+// 1616 SASS instructions). The same operations on the same values, so the same bits. kUniform is
+// the default (the H200's same-run sweep at fc4dfc1: decode_fp8's time 0.987x the kThread
+// kernels' median, decode_bf16's 0.973x); SNAPMLA_ROLE_INDEX=thread keeps kThread for A/B.
 enum class RoleIndex { kThread, kUniform };
 
 // How the 64-row tiles' CTAs store a split's fp32 partials (epilogue.cuh): kFragments, from the
 // accumulator fragment (write_partials: 8 rows x 32 bytes per store instruction); kStaged, through
 // shared memory as whole rows (write_partials_staged: 512 contiguous bytes per instruction, a
 // quarter of the write requests). The same values at the same addresses. A lab option
-// (SNAPMLA_PARTIALS) until the H200 has timed it.
+// (SNAPMLA_PARTIALS): level with kFragments on the H200 (kernel timeline at fc4dfc1, within 1%),
+// so not the default.
 enum class PartialStore { kFragments, kStaged };
 
 struct DecodeParams {
