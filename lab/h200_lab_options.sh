@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One H200 call (device tool) for the lab options not yet run on a GPU: the 64-row tiles' base-2
+# One H200 call (device tool) for the decode kernels' lab options (first run at fc4dfc1: the
+# consumers' broadcast role index then became the default, the per-thread one stays as
+# SNAPMLA_ROLE_INDEX=thread): the 64-row tiles' base-2
 # score step (SNAPMLA_SCORE_STEP=folded, both decodes), decode_bf16's own-page PV from registers
 # (SNAPMLA_BF16_OWN_PV=registers), decode_bf16's page-A QK first (SNAPMLA_BF16_QK_ORDER=a_first),
-# the consumers' indices broadcast from lane 0 (all three decode
-# kernels; SNAPMLA_ROLE_INDEX=uniform), the combine folded into the decode kernels' tail
+# the combine folded into the decode kernels' tail
 # (SNAPMLA_COMBINE_FUSED=1), the fp32 partials staged through shared memory (SNAPMLA_PARTIALS=staged),
 # the late trigger of the programmatic combine (SNAPMLA_COMBINE_PDL=late) and the 64-row tile on
 # narrow calls (SNAPMLA_FP8_TILE=rows64_all).
@@ -16,7 +17,7 @@
 #     combine under =1 and =late beside the ordinary launch, the fused combine and the staged
 #     partials); LENGTHS=1 adds the planner's split length at b = 1-8 under the late trigger and
 #     under the fused combine with and without staged partials (lab/split_sweep.py --lengths --env).
-#   [PARTS=tests|bench] [VARIANTS="uniform fused ..."] [SKIP_VARIANTS="fused ..."] [BENCH_ARGS="--rounds 3"]
+#   [PARTS=tests|bench] [VARIANTS="thread fused ..."] [SKIP_VARIANTS="fused ..."] [BENCH_ARGS="--rounds 3"]
 #   lab/h200_lab_options.sh [OUT_DIR]
 #   (carry .devbin, .whl, .peers)
 # The logs come back as OUT_DIR/h200_lab_options.tgz, the bench's files under OUT_DIR/results.
@@ -58,8 +59,8 @@ if part tests; then
     "$out/gpu_tests_score_step.log" | head -24
   [ $rc -eq 0 ] || failed=$((failed + 1))
   # The GPU suite's Gaussian test (FlashMLA's per-element bounds on decode_bf16) under each option.
-  # (The uniform role index's bits are compared with the default's on many shapes above.)
-  for opt in SNAPMLA_SCORE_STEP=folded SNAPMLA_BF16_OWN_PV=registers SNAPMLA_ROLE_INDEX=uniform \
+  # (The two role indices' bits are compared on many shapes above.)
+  for opt in SNAPMLA_SCORE_STEP=folded SNAPMLA_BF16_OWN_PV=registers SNAPMLA_ROLE_INDEX=thread \
              SNAPMLA_BF16_QK_ORDER=a_first; do
     env "$opt" timeout $(cap 60) .devbin/snapmla_gpu_tests --gtest_filter='GpuDecodeGaussian*' \
       > "$out/gpu_tests_gaussian_${opt%%=*}.log" 2>&1 || failed=$((failed + 1))
@@ -85,9 +86,9 @@ if part tests; then
   memcheck memcheck_fused.log "${SAN_TIMEOUT:-120}" \
     'GpuDecode.FusedCombine*:GpuErrors.FusedCombine*:GpuGraph.FusedCombine*:GpuDecode.StagedPartials*' \
     SNAPMLA_TEST_UNTIMED=1
-  stamp "memcheck, narrow and 64-row shapes under the uniform role index"
+  stamp "memcheck, narrow and 64-row shapes under the per-thread role index"
   memcheck memcheck_role_index.log "${SAN_TIMEOUT:-90}" 'Shapes/*h8_*:Shapes/*h128_sq1*:GpuErrors.NonFinite*' \
-    SNAPMLA_ROLE_INDEX=uniform
+    SNAPMLA_ROLE_INDEX=thread
   # decode_bf16's page-A QK first adds a named-barrier hand-off: synccheck on its bits test.
   stamp "synccheck, decode_bf16 with page A's QK first"
   SNAPMLA_TEST_UNTIMED=1 timeout "$(cap "${SAN_TIMEOUT:-90}")" compute-sanitizer --tool synccheck --error-exitcode 9 \
@@ -105,19 +106,19 @@ if part bench; then
     cd /tmp  # the installed package
     # wide16: the transposing 64-row tile on the narrow tile's calls too (h <= 16; the other cases
     # run the same kernels as the default, a measure of the run's noise). ownpv: decode_bf16's
-    # own-page PV from registers (decode_fp8 runs its default there: noise again). uniform: the
-    # consumers' indices broadcast from lane 0 (every decode kernel but the V^T-register tile).
+    # own-page PV from registers (decode_fp8 runs its default there: noise again). thread: the
+    # consumers' indices from threadIdx as they are (the former default).
     # staged: the fp32 partials through shared memory (the default 64-row kernels of both decodes).
     # qkfirst: decode_bf16's page-A QK first (decode_fp8 runs its default there: noise again).
     # fstaged: the fused combine with staged partials (the pair to make the default if both win);
     # fequal: the same on the planner's equal shares (the split length without the combine's price).
-    # VARIANTS="uniform fused ...": only those (each variant adds two graphs per case, so all
+    # VARIANTS="thread fused ...": only those (each variant adds two graphs per case, so all
     # ten may not fit one call's time: split them over two PARTS=bench calls).
     # SKIP_VARIANTS="fused ...": leave those out (one whose tests failed in the PARTS=tests call:
     # a kernel that gives up waiting takes a second a call, which would eat the bench's time).
     variants="--env-bf16"
     for v in folded:SNAPMLA_SCORE_STEP=folded late:SNAPMLA_COMBINE_PDL=late wide16:SNAPMLA_FP8_TILE=rows64_all \
-             ownpv:SNAPMLA_BF16_OWN_PV=registers uniform:SNAPMLA_ROLE_INDEX=uniform fused:SNAPMLA_COMBINE_FUSED=1 \
+             ownpv:SNAPMLA_BF16_OWN_PV=registers thread:SNAPMLA_ROLE_INDEX=thread fused:SNAPMLA_COMBINE_FUSED=1 \
              staged:SNAPMLA_PARTIALS=staged qkfirst:SNAPMLA_BF16_QK_ORDER=a_first \
              fstaged:SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged \
              fequal:SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged,SNAPMLA_PLAN_SPLIT=equal; do
