@@ -713,7 +713,8 @@ TEST(SplitKv, EqualSharesOptionSplitsAtTheEqualShare) {
 
 // The lab options' parser (every SNAPMLA_* switch read per call goes through it): unset or empty
 // picks the first value, a listed value its index, and anything else is an error naming the
-// variable and listing what it takes; env_flag is the choice between 0 and 1.
+// variable and listing what it takes; env_flag is the choice between 0 and 1, env_enum a choice
+// among an enum's values.
 TEST(LabOptions, EnvChoiceTakesTheListedValuesOnly) {
   constexpr const char* kName = "SNAPMLA_TEST_LAB_CHOICE";
   ScopedEnv v(kName, "");
@@ -739,6 +740,17 @@ TEST(LabOptions, EnvChoiceTakesTheListedValuesOnly) {
   v.set("yes");
   EXPECT_ARG_ERROR(detail::env_flag("op", kName), kName);
   EXPECT_MESSAGE(detail::env_flag("op", kName), "expected unset, '0' or '1' in the environment, got 'yes'");
+  // env_enum: the value at the name's place, the first where unset, the same error otherwise.
+  enum class Kind { kA, kB, kC };
+  const auto kind = [&] { return detail::env_enum("op", kName, {"a", "b", "c"}, {Kind::kA, Kind::kB, Kind::kC}); };
+  v.set("c");
+  EXPECT_EQ(kind(), Kind::kC);
+  v.set("b");
+  EXPECT_EQ(kind(), Kind::kB);
+  ::unsetenv(kName);
+  EXPECT_EQ(kind(), Kind::kA);
+  v.set("d");
+  EXPECT_MESSAGE(kind(), "expected unset, 'a', 'b' or 'c' in the environment, got 'd'");
 }
 
 // query_rows: a small total is not cut into splits shorter than the cost model's chunk (the one

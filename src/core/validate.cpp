@@ -415,20 +415,18 @@ Fp8PScale resolved_p_scale(const char* op, const DecodeOptions& options, int row
                                                                                                : Fp8PScale::kPerPage;
 }
 
-int env_choice(const char* op, const char* name, std::initializer_list<const char*> values) {
+int env_choice(const char* op, const char* name, const char* const* values, size_t count) {
   const char* v = std::getenv(name);
   if (v == nullptr || *v == '\0') return 0;
-  int i = 0;
-  for (const char* value : values) {
-    if (std::strcmp(v, value) == 0) return i;
-    ++i;
-  }
+  for (size_t i = 0; i < count; ++i)
+    if (std::strcmp(v, values[i]) == 0) return int(i);
   std::string expected = "expected unset";
-  i = 0;
-  for (const char* value : values) {
-    expected += (++i == int(values.size()) ? " or '" : ", '") + std::string(value) + "'";
-  }
+  for (size_t i = 0; i < count; ++i) expected += (i + 1 == count ? " or '" : ", '") + std::string(values[i]) + "'";
   fail(op, name, expected + " in the environment, got '" + v + "'");
+}
+
+int env_choice(const char* op, const char* name, std::initializer_list<const char*> values) {
+  return env_choice(op, name, values.begin(), values.size());
 }
 
 bool env_flag(const char* op, const char* name) { return env_choice(op, name, {"0", "1"}) == 1; }

@@ -7,6 +7,7 @@
 // memory. Each failure throws snapmla::Error naming the argument.
 #pragma once
 
+#include <cstddef>
 #include <initializer_list>
 #include <string>
 
@@ -74,6 +75,14 @@ Fp8PScale resolved_p_scale(const char* op, const DecodeOptions& options, int row
 // it is unset or empty (values[0] is the default); any other value is an error naming the
 // variable and listing the values.
 int env_choice(const char* op, const char* name, std::initializer_list<const char*> values);
+int env_choice(const char* op, const char* name, const char* const* values, size_t count);
+
+// A lab option that names one of an enum's values: values[i] where the variable holds names[i]
+// (env_choice's rules; names and values are lists of the same length).
+template <typename E, size_t N>
+E env_enum(const char* op, const char* name, const char* const (&names)[N], const E (&values)[N]) {
+  return values[env_choice(op, name, names, N)];
+}
 
 // An on/off lab option (env_choice over 0 and 1): unset, empty or 0 is off, 1 is on.
 bool env_flag(const char* op, const char* name);

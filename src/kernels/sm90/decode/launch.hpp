@@ -100,9 +100,8 @@ void allow_dynamic_smem(int smem) {
 // (DecodeParams::dependents_late). Unset or 0: the ordinary launch.
 enum class CombineLaunch { kOrdinary, kProgrammatic, kProgrammaticLate };
 inline CombineLaunch combine_launch(const char* op) {
-  constexpr CombineLaunch kLaunch[] = {CombineLaunch::kOrdinary, CombineLaunch::kProgrammatic,
-                                       CombineLaunch::kProgrammaticLate};
-  return kLaunch[detail::env_choice(op, "SNAPMLA_COMBINE_PDL", {"0", "1", "late"})];
+  return detail::env_enum(op, "SNAPMLA_COMBINE_PDL", {"0", "1", "late"},
+                          {CombineLaunch::kOrdinary, CombineLaunch::kProgrammatic, CombineLaunch::kProgrammaticLate});
 }
 
 // SNAPMLA_COMBINE_WAVE in the environment (a lab option, read per call like SNAPMLA_COMBINE_PDL):
@@ -117,8 +116,8 @@ inline bool combine_wave_over_workers(const char* op) {
 // `auto` lets the combine pick its task shape (combine.cu), `rows` / `quarters` force one (the same
 // bits; for same-run A/B and the bits test).
 inline CombineTasks combine_tasks(const char* op) {
-  constexpr CombineTasks kTasks[] = {CombineTasks::kAuto, CombineTasks::kRows, CombineTasks::kQuarters};
-  return kTasks[detail::env_choice(op, "SNAPMLA_COMBINE_TASKS", {"auto", "rows", "quarters"})];
+  return detail::env_enum(op, "SNAPMLA_COMBINE_TASKS", {"auto", "rows", "quarters"},
+                          {CombineTasks::kAuto, CombineTasks::kRows, CombineTasks::kQuarters});
 }
 
 // SNAPMLA_SCORE_STEP in the environment (a lab option, read per call like the others): unset or
@@ -126,30 +125,29 @@ inline CombineTasks combine_tasks(const char* op) {
 // base-2 step (softmax.cuh, page_scores_folded): decode_bf16's, and decode_fp8's transposing tile
 // under the per-page P' rule. For same-run A/B until the H200 has timed it.
 inline ScoreStep score_step(const char* op) {
-  return detail::env_choice(op, "SNAPMLA_SCORE_STEP", {"reference", "folded"}) == 1 ? ScoreStep::kFolded
-                                                                                     : ScoreStep::kReference;
+  return detail::env_enum(op, "SNAPMLA_SCORE_STEP", {"reference", "folded"},
+                          {ScoreStep::kReference, ScoreStep::kFolded});
 }
 
 // SNAPMLA_BF16_OWN_PV in the environment (a lab option, read per call): `shared` (unset) or
 // `registers`, decode_bf16's OwnPagePv (params.hpp).
 inline OwnPagePv own_page_pv(const char* op) {
-  return detail::env_choice(op, "SNAPMLA_BF16_OWN_PV", {"shared", "registers"}) == 1 ? OwnPagePv::kRegisters
-                                                                                      : OwnPagePv::kShared;
+  return detail::env_enum(op, "SNAPMLA_BF16_OWN_PV", {"shared", "registers"},
+                          {OwnPagePv::kShared, OwnPagePv::kRegisters});
 }
 
 // SNAPMLA_BF16_QK_ORDER in the environment (a lab option, read per call): `release` (unset) or
 // `a_first`, decode_bf16's Bf16QkOrder (params.hpp).
 inline Bf16QkOrder bf16_qk_order(const char* op) {
-  return detail::env_choice(op, "SNAPMLA_BF16_QK_ORDER", {"release", "a_first"}) == 1 ? Bf16QkOrder::kPageAFirst
-                                                                                        : Bf16QkOrder::kOnRelease;
+  return detail::env_enum(op, "SNAPMLA_BF16_QK_ORDER", {"release", "a_first"},
+                          {Bf16QkOrder::kOnRelease, Bf16QkOrder::kPageAFirst});
 }
 
 // SNAPMLA_ROLE_INDEX in the environment (read per call): `uniform` (unset: the default since the
 // H200's same-run sweep, docs/kernels.md) or `thread` (the former default, kept for same-run A/B),
 // the decode kernels' RoleIndex (params.hpp).
 inline RoleIndex role_index(const char* op) {
-  return detail::env_choice(op, "SNAPMLA_ROLE_INDEX", {"uniform", "thread"}) == 1 ? RoleIndex::kThread
-                                                                                  : RoleIndex::kUniform;
+  return detail::env_enum(op, "SNAPMLA_ROLE_INDEX", {"uniform", "thread"}, {RoleIndex::kUniform, RoleIndex::kThread});
 }
 
 // SNAPMLA_COMBINE_FUSED in the environment (a lab option, read per call like the others): `1` runs
@@ -165,8 +163,8 @@ inline bool combine_fused(const char* op) { return detail::env_flag(op, "SNAPMLA
 // (unset) or `staged`, the PartialStore of the kernels that have a staged instantiation (the
 // default 64-row kernels: decode_fp8's transposing tile and decode_bf16); elsewhere the fragments'.
 inline PartialStore partial_store(const char* op) {
-  return detail::env_choice(op, "SNAPMLA_PARTIALS", {"fragments", "staged"}) == 1 ? PartialStore::kStaged
-                                                                                  : PartialStore::kFragments;
+  return detail::env_enum(op, "SNAPMLA_PARTIALS", {"fragments", "staged"},
+                          {PartialStore::kFragments, PartialStore::kStaged});
 }
 
 // Whether a SplitKernels slot holds a kernel (not nullptr).
