@@ -16,7 +16,6 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <functional>
 #include <mutex>
 #include <random>
 #include <string>
@@ -32,16 +31,20 @@ struct Tag {
   bool operator==(const Tag& o) const { return split == o.split && page == o.page; }
 };
 
-// The primitives the models share.
+// The primitives the models share, and their run: a CTA of 12 warps (384 threads), each model
+// giving its barriers' initial state (reset) and what warp w does (warp).
 class Sim {
  public:
-  // Runs `warps` warps, warp w as warp_fn(w, its seed); returns the first violation ("" if none).
-  std::string run_warps(int warps, unsigned seed, const std::function<void(int, std::mt19937&)>& warp_fn) {
+  virtual ~Sim() = default;
+  // Runs the CTA's warps, warp w with its own random delays; returns the first violation ("" if none).
+  std::string run(unsigned seed) {
+    constexpr int warps = 12;
+    reset();
     std::vector<std::thread> threads;
     for (int w = 0; w < warps; ++w)
-      threads.emplace_back([this, w, seed, &warp_fn] {
+      threads.emplace_back([this, w, seed] {
         std::mt19937 rng(seed * 131 + unsigned(w));
-        warp_fn(w, rng);
+        warp(w, rng);
         ++done_;
       });
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -55,6 +58,9 @@ class Sim {
   }
 
  protected:
+  virtual void reset() = 0;  // the mbarriers as thread 0 initializes them (at the start and each boundary)
+  virtual void warp(int w, std::mt19937& rng) = 0;
+
   struct Named {
     int expected = 0, arrived = 0;
     long gen = 0;
@@ -127,15 +133,15 @@ class Sim {
       fail(std::string(what) + ": want split " + std::to_string(want.split) + " page " + std::to_string(want.page) +
            ", saw split " + std::to_string(got.split) + " page " + std::to_string(got.page));
   }
-  // The split boundary (scheduler.cuh, split_boundary) of a CTA of `threads` threads; `init`: the
-  // thread that re-initializes the barriers (reset, under the lock).
-  void boundary(int threads, bool init, const std::function<void()>& reset) {
-    bar(kBoundary, threads, true);
+  // The split boundary (scheduler.cuh, split_boundary) of the 384-thread CTA; `init`: the thread
+  // that re-initializes the barriers (reset, under the lock).
+  void boundary(bool init) {
+    bar(kBoundary, 384, true);
     if (init) {
       std::lock_guard<std::mutex> g(m_);
       reset();
     }
-    bar(kBoundary, threads, true);
+    bar(kBoundary, 384, true);
   }
 
   std::mutex m_;
@@ -148,27 +154,20 @@ class Sim {
 
 // The V^T-register tile (decode_fp8_vregs_kernel): a producer warpgroup (warp 0 loads) and two
 // consumers on a four-stage page ring.
-class VRegsModel : Sim {
+class VRegsModel : public Sim {
  public:
   explicit VRegsModel(std::vector<int> pages) : pages_(std::move(pages)) {}
-
-  std::string run(unsigned seed) {
-    init_ring();
-    return run_warps(12, seed, [this](int w, std::mt19937& rng) { warp(w, rng); });
-  }
 
  private:
   static constexpr int kStages = 4;
   enum Id { kAddSums = 1, kMax = 2, kP = 4, kFree = 6, kRowTotals = 10, kOwnRows = 11 };
 
-  void init_ring() {
+  void reset() override {
     for (auto& f : full_) f = {kWarpThreads, kWarpThreads, 0};  // the loader's arrival (with the bytes)
     for (auto& e : empty_) e = {256, 256, 0};                   // every consumer thread
     qbar_ = {2 * kWarpThreads, 2 * kWarpThreads, 0};             // two TMA arrivals
   }
-  void boundary(bool init) { Sim::boundary(384, init, [this] { init_ring(); }); }
-
-  void warp(int w, std::mt19937& rng) {
+  void warp(int w, std::mt19937& rng) override {
     const int splits = int(pages_.size());
     if (w == 0) {  // the producer's warp 0 (thread 0 loads)
       for (int item = 0; item < splits && !abort_; ++item) {
@@ -262,30 +261,24 @@ class VRegsModel : Sim {
 // softmax, P'), hands the running max over (kMax + c) and the page's P' and factors (kP + c), and
 // takes the PV of every page for its output half; a P' buffer is taken again once the other
 // consumer's PV of the page before has left it (kFree + c).
-class Fp8TileModel : Sim {
+class Fp8TileModel : public Sim {
  public:
   explicit Fp8TileModel(std::vector<int> pages) : pages_(std::move(pages)) {}
-
-  std::string run(unsigned seed) {
-    init_barriers();
-    return run_warps(12, seed, [this](int w, std::mt19937& rng) { warp(w, rng); });
-  }
 
  private:
   static constexpr int kStages = 3;
   enum Id { kAddSums = 1, kMax = 2, kP = 4, kFree = 6, kTransposers = 9, kOwnPage = 10 };
 
-  void init_barriers() {
+  void reset() override {
     for (auto& f : full_) f = {kWarpThreads, kWarpThreads, 0};  // the loader's arrival (with the bytes)
     for (auto& e : empty_) e = {224, 224, 0};                    // the owner's 128 threads and the 96 transposers
     for (auto& f : vt_full_) f = {96, 96, 0};
     for (auto& e : vt_empty_) e = {256, 256, 0};                 // every consumer thread
     qbar_ = {kWarpThreads, kWarpThreads, 0};
   }
-  void boundary(bool init) { Sim::boundary(384, init, [this] { init_barriers(); }); }
   void ring_wait(int j) { mbar_wait(full_[j % kStages], (j / kStages) & 1); }
 
-  void warp(int w, std::mt19937& rng) {
+  void warp(int w, std::mt19937& rng) override {
     const int splits = int(pages_.size());
     for (int item = 0; item < splits && !abort_; ++item) {
       if (item > 0) boundary(w == 0);
@@ -404,18 +397,13 @@ class Fp8TileModel : Sim {
 // its P and running max over (kHandOff + 2 c, then kOwnerWarps + 2 c among its own warps), and
 // both take PV of both pages for their output half. `a_first`: Bf16QkOrder::kPageAFirst's hand-off
 // (consumer 1's QK after consumer 0's, kQkIssued).
-class Bf16Model : Sim {
+class Bf16Model : public Sim {
  public:
   struct Split {
     int pages;
     bool partial_last;  // the last page ends inside it: the producer zeroes its tail
   };
   Bf16Model(std::vector<Split> splits, bool a_first) : splits_(std::move(splits)), a_first_(a_first) {}
-
-  std::string run(unsigned seed) {
-    init_barriers();
-    return run_warps(12, seed, [this](int w, std::mt19937& rng) { warp(w, rng); });
-  }
 
  private:
   enum Id { kHandOff = 1, kOwnerWarps = 2, kTailZero = 5, kAddSums = 1, kQkIssued = 6 };
@@ -424,7 +412,7 @@ class Bf16Model : Sim {
   static constexpr int kWgmma = 12;  // 12, 13: the model's stand-in for a warpgroup's wgmma (not the kernel's)
 
   static int phase(int j) { return (j / 2) & 1; }
-  void init_barriers() {
+  void reset() override {
     for (int s = 0; s < 2; ++s)
       for (int g = 0; g < kGroups; ++g) {
         full_[s][g] = {kWarpThreads, kWarpThreads, 0};                          // the loader's arrival
@@ -434,9 +422,7 @@ class Bf16Model : Sim {
     qbar_ = {kWarpThreads, kWarpThreads, 0};
     tail_ = {128, 128, 0};
   }
-  void boundary(bool init) { Sim::boundary(384, init, [this] { init_barriers(); }); }
-
-  void warp(int w, std::mt19937& rng) {
+  void warp(int w, std::mt19937& rng) override {
     if (w < 4) producer(w, rng);
     else consumer((w - 4) / 4, (w - 4) % 4, rng);
   }

@@ -81,6 +81,13 @@ struct GpuBatch {
   }
 };
 
+// `count` sequence lengths drawn uniformly from [0, below).
+std::vector<int32_t> random_lengths(std::mt19937_64& rng, int count, int below) {
+  std::vector<int32_t> lens(static_cast<size_t>(count));
+  for (auto& len : lens) len = int32_t(rng() % uint64_t(below));
+  return lens;
+}
+
 // A plan on the device, planned by the GPU kernel, with its workspace.
 struct GpuPlan {
   DeviceBuffer<int32_t> offsets, begins, worker_splits;
@@ -805,8 +812,7 @@ TEST(GpuDecode, CombineLabOptionsGiveTheSameBits) {
   REQUIRE_GPU();
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
-  std::vector<int32_t> many(100);
-  for (auto& len : many) len = int32_t(rng() % 3000);
+  const std::vector<int32_t> many = random_lengths(rng, 100, 3000);
   const std::vector<std::pair<std::vector<int32_t>, int>> cases = {
       {{3000, 9000, 1, 64, 700}, 16}, {{3000, 9000, 1, 64, 700}, 128}, {many, 128}};
   for (const auto& [lens, h] : cases) {
@@ -909,8 +915,7 @@ TEST(GpuDecode, FusedCombineGivesTheSameBits) {
   if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
-  std::vector<int32_t> many(100);
-  for (auto& len : many) len = int32_t(rng() % 5000);
+  const std::vector<int32_t> many = random_lengths(rng, 100, 5000);
   const std::vector<SplitCase> cases = {{{8192}, 1, 128, false},
                                         {{8192}, 1, 16, false},
                                         {{3000, 9000, 1, 0, 64, 700}, 1, 64, true},
@@ -949,8 +954,7 @@ TEST(GpuDecode, StagedPartialsGiveTheSameBits) {
   if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
-  std::vector<int32_t> many(100);
-  for (auto& len : many) len = int32_t(rng() % 5000);
+  const std::vector<int32_t> many = random_lengths(rng, 100, 5000);
   const std::vector<SplitCase> cases = {{{8192}, 1, 128, false},
                                         {{3000, 9000, 1, 0, 64, 700}, 1, 20, true},
                                         {{5000, 77, 4097, 1}, 2, 64, false},
@@ -1208,6 +1212,35 @@ TEST(GpuDecode, BatchInvariantPlanGivesARowTheSameBitsInAnyBatch) {
     }
 }
 
+// One decode step captured as a CUDA graph on a stream of its own (set into `opt` for the calls
+// beside it): plan_splits on the device's lengths, then decode_fp8 into `out`, under the
+// environment's lab settings at capture. replay() runs it and waits.
+struct CapturedDecodeStep {
+  cudaStream_t stream = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CapturedDecodeStep(GpuBatch& G, GpuPlan& plan, int workers, DecodeOptions& opt, const DecodeOutput& out) {
+    device_memory::cuda_ok(cudaStreamCreate(&stream), "stream");
+    opt.stream = stream;
+    device_memory::cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+    plan_splits(G.pages(), workers, plan.plan, stream);
+    decode_fp8(G.qq(), G.fp8(), G.pages(), out, opt);
+    device_memory::cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
+    device_memory::cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+  }
+  void replay() const {
+    device_memory::cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");
+    device_memory::cuda_ok(cudaStreamSynchronize(stream), "sync");
+  }
+  ~CapturedDecodeStep() {
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+  CapturedDecodeStep(const CapturedDecodeStep&) = delete;
+  CapturedDecodeStep& operator=(const CapturedDecodeStep&) = delete;
+};
+
 TEST(GpuGraph, CapturedDecodeStepReplaysWithNewSeqlens) {
   REQUIRE_GPU();
   auto rng = make_rng();
@@ -1221,24 +1254,15 @@ TEST(GpuGraph, CapturedDecodeStepReplaysWithNewSeqlens) {
     GpuBatch G(B);
     GpuPlan plan(G.pages(), workers, 1, h);
     DecodeOptions opt = plan.options(B.softmax_scale);
-    cudaStream_t stream;
-    device_memory::cuda_ok(cudaStreamCreate(&stream), "stream");
-    opt.stream = stream;
     DeviceBuffer<bf16> out_graph(G.out.size());
     DeviceBuffer<float> lse_graph(G.lse.size());
-    cudaGraph_t graph;
-    device_memory::cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
-    plan_splits(G.pages(), workers, plan.plan, stream);
-    decode_fp8(G.qq(), G.fp8(), G.pages(), {out_graph.get(), lse_graph.get(), kGpu}, opt);
-    device_memory::cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
-    cudaGraphExec_t exec;
-    device_memory::cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    const CapturedDecodeStep step(G, plan, workers, opt, {out_graph.get(), lse_graph.get(), kGpu});
+    const cudaStream_t stream = step.stream;
     for (const std::vector<int32_t>& lens : {std::vector<int32_t>{3000, 900, 64, 2000}, {17, 900, 0, 1999}, {2500, 1, 64, 70}}) {
       G.seqlens.upload(lens);
       out_graph.poison();
       lse_graph.poison();
-      device_memory::cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");
-      device_memory::cuda_ok(cudaStreamSynchronize(stream), "sync");
+      step.replay();
       plan_splits(G.pages(), workers, plan.plan, stream);
       decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), opt);
       device_memory::cuda_ok(cudaStreamSynchronize(stream), "sync");
@@ -1253,9 +1277,6 @@ TEST(GpuGraph, CapturedDecodeStepReplaysWithNewSeqlens) {
       const auto want = ref::decode_fp8_f32(C.qq(), C.fp8(), C.pages(), test::options(C, &hp.plan));
       expect_fp8_rows(C, fp8_row_stats(C), as_float(a), bf16_rounded(want.out));
     }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
   }
 }
 
@@ -1275,37 +1296,25 @@ TEST(GpuGraph, FusedCombineIsCapturedAndReplays) {
     const int workers = recommended_num_workers(kGpu, 1, h);
     GpuPlan plan(G.pages(), workers, 1, h);
     DecodeOptions opt = plan.options(B.softmax_scale);
-    cudaStream_t stream;
-    device_memory::cuda_ok(cudaStreamCreate(&stream), "stream");
-    opt.stream = stream;
     DeviceBuffer<bf16> out_graph(G.out.size());
     DeviceBuffer<float> lse_graph(G.lse.size());
-    cudaGraph_t graph;
-    {
+    const auto step = [&] {
       ScopedEnv fused("SNAPMLA_COMBINE_FUSED", "1");
-      device_memory::cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
-      plan_splits(G.pages(), workers, plan.plan, stream);
-      decode_fp8(G.qq(), G.fp8(), G.pages(), {out_graph.get(), lse_graph.get(), kGpu}, opt);
-      device_memory::cuda_ok(cudaStreamEndCapture(stream, &graph), "end capture");
-    }
-    cudaGraphExec_t exec;
-    device_memory::cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+      const DecodeOutput out{out_graph.get(), lse_graph.get(), kGpu};
+      return std::make_unique<CapturedDecodeStep>(G, plan, workers, opt, out);
+    }();
     for (const std::vector<int32_t>& lens : {std::vector<int32_t>{3000, 900, 64, 2000}, {17, 900, 0, 1999}}) {
       G.seqlens.upload(lens);
       out_graph.poison();
       lse_graph.poison();
       plan.workspace.poison();
-      device_memory::cuda_ok(cudaGraphLaunch(exec, stream), "graph launch");
-      device_memory::cuda_ok(cudaStreamSynchronize(stream), "sync");
+      step->replay();
       expect_tail_counters(plan.offsets.download(), plan.workspace.download(), plan.plan.capacity, h,
                            "the replay");
-      plan_splits(G.pages(), workers, plan.plan, stream);
+      plan_splits(G.pages(), workers, plan.plan, step->stream);
       const auto eager = G.decode(true, opt);
       expect_same_bits(eager, {out_graph.download(), lse_graph.download()}, "replay vs the eager ordinary call");
     }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
   }
 }
 
