@@ -6,8 +6,8 @@
 # (SNAPMLA_BF16_OWN_PV=registers), decode_bf16's page-A QK first (SNAPMLA_BF16_QK_ORDER=a_first),
 # the combine folded into the decode kernels' tail
 # (SNAPMLA_COMBINE_FUSED=1), the fp32 partials staged through shared memory (SNAPMLA_PARTIALS=staged),
-# the late trigger of the programmatic combine (SNAPMLA_COMBINE_PDL=late) and the 64-row tile on
-# narrow calls (SNAPMLA_FP8_TILE=rows64_all).
+# the late trigger of the programmatic combine (SNAPMLA_COMBINE_PDL=late), the 64-row tile on
+# narrow calls (SNAPMLA_FP8_TILE=rows64_all) and decode_bf16's narrow tile (SNAPMLA_BF16_TILE=narrow).
 #  1. the GPU tests that cover them, with the untimed kernels' runs switched on
 #     (SNAPMLA_TEST_UNTIMED=1) and a short timeout: a hang (an earlier draft of the score step
 #     hung on a poisoned row) stops this part only;
@@ -55,8 +55,17 @@ if part tests; then
   rc=$?
   echo "gpu tests exit: $rc (124: timed out)"
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[ RUN      \]" "$out/gpu_tests_score_step.log" | tail -3
-  grep -E "tile 64f|decode_bf16 \((folded|own PV|page A)|UniformRoleIndex|FusedCombine|StagedPartials|Bf16QkOrder" \
+  grep -E "tile 64f|decode_bf16 \((folded|own PV|page A|narrow)|UniformRoleIndex|FusedCombine|StagedPartials|Bf16QkOrder" \
     "$out/gpu_tests_score_step.log" | head -24
+  [ $rc -eq 0 ] || failed=$((failed + 1))
+  # decode_bf16's narrow tile under the whole C++ GPU suite: every decode_bf16 call of at most 16
+  # rows runs it (bad inputs, graph replay, batch 1024, 256K tokens, the batch-invariant plans).
+  stamp "the C++ GPU suite with SNAPMLA_BF16_TILE=narrow"
+  SNAPMLA_BF16_TILE=narrow timeout $(cap ${TEST_TIMEOUT:-200}) .devbin/snapmla_gpu_tests \
+    > "$out/gpu_tests_bf16_narrow.log" 2>&1
+  rc=$?
+  echo "gpu suite (bf16 narrow) exit: $rc"
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$out/gpu_tests_bf16_narrow.log" | tail -8
   [ $rc -eq 0 ] || failed=$((failed + 1))
   # The GPU suite's Gaussian test (FlashMLA's per-element bounds on decode_bf16) under each option.
   # (The two role indices' bits are compared on many shapes above.)
@@ -86,6 +95,10 @@ if part tests; then
   memcheck memcheck_fused.log "${SAN_TIMEOUT:-120}" \
     'GpuDecode.FusedCombine*:GpuErrors.FusedCombine*:GpuGraph.FusedCombine*:GpuDecode.StagedPartials*' \
     SNAPMLA_TEST_UNTIMED=1
+  stamp "memcheck, decode_bf16's narrow tile"
+  memcheck memcheck_bf16_narrow.log "${SAN_TIMEOUT:-90}" \
+    'Shapes/*h1_*:Shapes/*h3_*:Shapes/*h8_*:Shapes/*h9_*:Shapes/*h16_sq1*:GpuErrors.Bad*:GpuErrors.NonFinite*:GpuDecodeHeads*' \
+    SNAPMLA_TEST_UNTIMED=1 SNAPMLA_BF16_TILE=narrow
   stamp "memcheck, narrow and 64-row shapes under the per-thread role index"
   memcheck memcheck_role_index.log "${SAN_TIMEOUT:-90}" 'Shapes/*h8_*:Shapes/*h128_sq1*:GpuErrors.NonFinite*' \
     SNAPMLA_ROLE_INDEX=thread
@@ -112,6 +125,7 @@ if part bench; then
     # qkfirst: decode_bf16's page-A QK first (decode_fp8 runs its default there: noise again).
     # fstaged: the fused combine with staged partials (the pair to make the default if both win);
     # fequal: the same on the planner's equal shares (the split length without the combine's price).
+    # bnarrow: decode_bf16's narrow tile at h <= 16 (decode_fp8 runs its default there: noise).
     # VARIANTS="thread fused ...": only those (each variant adds two graphs per case, so all
     # ten may not fit one call's time: split them over two PARTS=bench calls).
     # SKIP_VARIANTS="fused ...": leave those out (one whose tests failed in the PARTS=tests call:
@@ -120,7 +134,7 @@ if part bench; then
     for v in folded:SNAPMLA_SCORE_STEP=folded late:SNAPMLA_COMBINE_PDL=late wide16:SNAPMLA_FP8_TILE=rows64_all \
              ownpv:SNAPMLA_BF16_OWN_PV=registers thread:SNAPMLA_ROLE_INDEX=thread fused:SNAPMLA_COMBINE_FUSED=1 \
              staged:SNAPMLA_PARTIALS=staged qkfirst:SNAPMLA_BF16_QK_ORDER=a_first \
-             fstaged:SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged \
+             fstaged:SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged bnarrow:SNAPMLA_BF16_TILE=narrow \
              fequal:SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged,SNAPMLA_PLAN_SPLIT=equal; do
       [ -z "${VARIANTS:-}" ] || [[ " $VARIANTS " == *" ${v%%:*} "* ]] || continue
       [[ " ${SKIP_VARIANTS:-} " == *" ${v%%:*} "* ]] || variants="$variants --env $v"

@@ -558,26 +558,31 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
 
   const auto want16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), cpu_opt);
   const auto want16_bf = bf16_rounded(want16.out);
-  // With each score step (SNAPMLA_SCORE_STEP), each source of the owner's P (SNAPMLA_BF16_OWN_PV)
-  // and page A's QK first (SNAPMLA_BF16_QK_ORDER), lab options (the untimed ones under
-  // test_untimed()), the same bounds; and the own PV from registers and the QK order give the first
-  // run's bits (the same products: P from registers holding the P tile's words, or the same wgmmas
-  // issued in another order).
+  // With each score step (SNAPMLA_SCORE_STEP), each source of the owner's P (SNAPMLA_BF16_OWN_PV),
+  // page A's QK first (SNAPMLA_BF16_QK_ORDER) and, for calls of at most 16 rows, the narrow tile
+  // (SNAPMLA_BF16_TILE), lab options (the untimed ones under test_untimed()), the same bounds (the
+  // narrow tile runs the reference's chain too: only the sums' order differs); and the own PV from
+  // registers and the QK order give the first run's bits (the same products: P from registers
+  // holding the P tile's words, or the same wgmmas issued in another order).
   struct Bf16Run {
     const char* label;
     const char* step;  // null: the environment's own
     const char* own_pv;
     const char* qk_order;
+    const char* tile = nullptr;
   };
   std::vector<bf16> first_out;
   std::vector<float> first_lse;
   for (const Bf16Run run : {Bf16Run{"", nullptr, nullptr, nullptr}, Bf16Run{" (folded)", "folded", nullptr, nullptr},
                             Bf16Run{" (own PV from registers)", nullptr, "registers", nullptr},
-                            Bf16Run{" (page A's QK first)", nullptr, nullptr, "a_first"}}) {
-    if ((run.step || run.own_pv || run.qk_order) && !test_untimed()) continue;
+                            Bf16Run{" (page A's QK first)", nullptr, nullptr, "a_first"},
+                            Bf16Run{" (narrow tile)", nullptr, nullptr, nullptr, "narrow"}}) {
+    if ((run.step || run.own_pv || run.qk_order || run.tile) && !test_untimed()) continue;
+    if (run.tile && c.h * c.s_q > 16) continue;
     ScopedEnv step("SNAPMLA_SCORE_STEP", run.step);
     ScopedEnv own_pv("SNAPMLA_BF16_OWN_PV", run.own_pv);
     ScopedEnv qk_order("SNAPMLA_BF16_QK_ORDER", run.qk_order);
+    ScopedEnv tile("SNAPMLA_BF16_TILE", run.tile);
     G.out.poison();
     G.lse.poison();
     decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), gpu_opt);
@@ -1569,17 +1574,19 @@ TEST(GpuErrors, NonFiniteQueryOrTokenGivesNaNInTheRowsTheReferenceDoes) {
       const DecodeOptions gpu_opt = split ? plan.options(B.softmax_scale) : test::options(B);
       // decode_fp8 with each score step of its 64-row tile (SNAPMLA_SCORE_STEP, a lab option, the
       // base-2 one under test_untimed(); the narrow tile at h = 3 has one), then decode_bf16,
-      // and under test_untimed() decode_bf16 with the base-2 step and with its own-page PV from
-      // registers (SNAPMLA_BF16_OWN_PV).
-      for (const char* kernel :
-           {"decode_fp8", "decode_fp8 folded", "decode_bf16", "decode_bf16 folded", "decode_bf16 own-pv"}) {
+      // and under test_untimed() decode_bf16 with the base-2 step, with its own-page PV from
+      // registers (SNAPMLA_BF16_OWN_PV) and with its narrow tile (SNAPMLA_BF16_TILE; h = 3).
+      for (const char* kernel : {"decode_fp8", "decode_fp8 folded", "decode_bf16", "decode_bf16 folded",
+                                 "decode_bf16 own-pv", "decode_bf16 narrow"}) {
         SCOPED_TRACE(kernel);
         const std::string name = kernel;
         const bool folded = name.find("folded") != std::string::npos, own_pv = name.find("own-pv") != std::string::npos;
-        if ((folded || own_pv) && !test_untimed()) continue;
+        const bool narrow = name.find("narrow") != std::string::npos;
+        if ((folded || own_pv || narrow) && !test_untimed()) continue;
         const bool fp8 = name.compare(0, 10, "decode_fp8") == 0;
         ScopedEnv step("SNAPMLA_SCORE_STEP", folded ? "folded" : nullptr);
         ScopedEnv own("SNAPMLA_BF16_OWN_PV", own_pv ? "registers" : nullptr);
+        ScopedEnv tile("SNAPMLA_BF16_TILE", narrow ? "narrow" : nullptr);
         const auto want = fp8 ? ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), cpu_opt)
                               : ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), cpu_opt);
         if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), gpu_opt);

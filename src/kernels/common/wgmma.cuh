@@ -160,6 +160,17 @@ __device__ __forceinline__ void mma_64x16x16_bf16_ss(float (&d)[2][4], uint64_t 
       : "l"(a), "l"(b));
 }
 
+// O^T[64 x 16] += A[64 x 16] * B[16 x 16], bf16, both from shared memory: A MN-major (the
+// transpose bit: V^T read from the page's token rows, M = dims contiguous per token), B K-major
+// (decode_bf16's narrow tile: B = P^T, tokens contiguous per query row).
+__device__ __forceinline__ void mma_64x16x16_bf16_ss_ta(float (&d)[2][4], uint64_t a, uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
+      : "l"(a), "l"(b));
+}
+
 // S^T[64 x 16] += A[64 x 32] * B[32 x 16], e4m3, both from shared memory (K-major).
 __device__ __forceinline__ void mma_64x16x32_e4m3_ss(float (&d)[2][4], uint64_t a, uint64_t b) {
   asm volatile(

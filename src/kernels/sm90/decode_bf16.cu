@@ -42,6 +42,7 @@
 #include "decode/combine_tail.cuh"
 #include "decode/epilogue.cuh"
 #include "decode/launch.hpp"
+#include "decode/narrow.hpp"
 #include "decode/pipeline.cuh"
 #include "decode/scheduler.cuh"
 #include "decode/softmax.cuh"
@@ -523,11 +524,13 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
   const OwnPagePv own_pv = own_page_pv("decode_bf16");
   const RoleIndex role = role_index("decode_bf16");
   const Bf16QkOrder qk_order = bf16_qk_order("decode_bf16");
+  const Bf16Tile tile = bf16_tile("decode_bf16");
   if (q.batch == 0) return;
   p.q_bf16 = reinterpret_cast<const uint16_t*>(q.data);
   p.num_pages = cache.num_pages;
   const CUtensorMap tm_kv =
       plane_map(cache.data, cache.num_pages * kPageSize, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
+  if (tile == Bf16Tile::kNarrow16 && p.rows <= kNarrowTileRows) return launch_decode_bf16_narrow(p, tm_kv, options);
   const CUtensorMap tm_q = plane_map(q.data, int64_t(q.batch) * p.rows, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
   if (step == ScoreStep::kFolded) launch_bf16<ScoreStep::kFolded>(role, own_pv, qk_order, p, options, tm_kv, tm_q);
   else launch_bf16<ScoreStep::kReference>(role, own_pv, qk_order, p, options, tm_kv, tm_q);

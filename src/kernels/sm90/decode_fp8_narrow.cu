@@ -32,6 +32,7 @@
 #include "decode/epilogue.cuh"
 #include "decode/launch.hpp"
 #include "decode/narrow.hpp"
+#include "decode/narrow_rows.cuh"
 #include "decode/pipeline.cuh"
 #include "decode/profile_stamps.cuh"
 #include "decode/scheduler.cuh"
@@ -44,7 +45,7 @@ namespace {
 // The CTA: a producer warpgroup (loads) and two consumer warpgroups (the pages of their stage parity).
 struct NarrowConfig : WarpgroupRoles<2, 48, 224> {};
 constexpr int kN = kNarrowTileRows;  // query rows per CTA: the wgmma N
-constexpr int kCols = kN / 4;        // rows (S^T / O^T columns) per thread: 8 n + 2 q + e
+constexpr int kCols = kNarrowCols;   // rows (S^T / O^T columns) per thread: 8 n + 2 q + e
 constexpr int kStages = 4;           // page stages; consumer c owns the stages s = c (mod 2)
 constexpr int kMTiles = kLatentDim / 64;  // O^T's M tiles of 64 dims
 
@@ -110,27 +111,9 @@ struct Smem {
   __device__ float* red_at(int c, int kind, int warp) const { return red + ((2 * c + kind) * 4 + warp) * kN; }
 };
 
-// Row (S^T column) of a thread's column slot i: 8 n + 2 q + e with i = 2 n + e.
-__device__ __forceinline__ int col_of(int i, int q) { return 8 * (i / 2) + 2 * q + i % 2; }
-
-// The per-row maximum over the page's 64 tokens: over the thread's two tokens (done by the
-// caller), the warp's eight g (shuffles), then the consumer's four warps (shared memory).
+// The per-row maximum over the page's 64 tokens (narrow_rows.cuh) of the scores (kind 0) or of P' (kind 1).
 __device__ __forceinline__ void rows_max(float (&v)[kCols], const Smem& sm, int c, int kind, int warp, int lane) {
-#pragma unroll
-  for (int i = 0; i < kCols; ++i)
-#pragma unroll
-    for (int o = 4; o < 32; o <<= 1) v[i] = fmaxf(v[i], __shfl_xor_sync(0xffffffffu, v[i], o));
-  if (lane < 4)
-#pragma unroll
-    for (int i = 0; i < kCols; ++i) sm.red_at(c, kind, warp)[col_of(i, lane)] = v[i];
-  ptx::named_barrier(int(NarrowBarrier::kConsumerWarps) + c, 128);
-  const int q = lane % 4;
-#pragma unroll
-  for (int i = 0; i < kCols; ++i) {
-    const int col = col_of(i, q);
-    v[i] = fmaxf(fmaxf(sm.red_at(c, kind, 0)[col], sm.red_at(c, kind, 1)[col]),
-                 fmaxf(sm.red_at(c, kind, 2)[col], sm.red_at(c, kind, 3)[col]));
-  }
+  narrow_rows_reduce(v, sm.red_at(c, kind, 0), int(NarrowBarrier::kConsumerWarps) + c, warp, lane, NarrowMax{});
 }
 
 // V^T of the page for all 512 dims as wgmma A fragments (m64 x k32 per M tile mt and K step
@@ -241,7 +224,7 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
     float factor[kCols], m[kCols], l[kCols], sigma[kCols];
 #pragma unroll
     for (int i = 0; i < kCols; ++i) {
-      const int r = col_of(i, q);
+      const int r = narrow_col(i, q);
       const bool ok = r < p.rows;
       vis[i] = ok ? visible_end(p, w, r) : 0;
       factor[i] = p.softmax_scale * p.q_scale[int64_t(w.seq) * p.rows + (ok ? r : 0)];
@@ -377,11 +360,11 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
       for (int s = 4; s < 32; s <<= 1) l[i] += __shfl_xor_sync(0xffffffffu, l[i], s);
     if (lane < 4)
 #pragma unroll
-      for (int i = 0; i < kCols; ++i) sm.red_at(c, 0, warp)[col_of(i, lane)] = l[i];
+      for (int i = 0; i < kCols; ++i) sm.red_at(c, 0, warp)[narrow_col(i, lane)] = l[i];
     ptx::named_barrier(int(NarrowBarrier::kConsumerWarps) + c, 128);
 #pragma unroll
     for (int i = 0; i < kCols; ++i) {
-      const int col = col_of(i, q);
+      const int col = narrow_col(i, q);
       l[i] = (sm.red_at(c, 0, 0)[col] + sm.red_at(c, 0, 1)[col]) + (sm.red_at(c, 0, 2)[col] + sm.red_at(c, 0, 3)[col]);
     }
     // Merge: consumer 1 hands its state and O^T over; consumer 0 writes the result.
@@ -389,7 +372,7 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
       if (t < 4)
 #pragma unroll
         for (int i = 0; i < kCols; ++i) {
-          const int col = col_of(i, q);
+          const int col = narrow_col(i, q);
           sm.stat[col] = m[i];
           sm.stat[kN + col] = l[i];
           sm.stat[2 * kN + col] = sigma[i];
@@ -415,7 +398,7 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
     float w0[kCols], w1[kCols], scale[kCols];
 #pragma unroll
     for (int i = 0; i < kCols; ++i) {
-      const int col = col_of(i, q);
+      const int col = narrow_col(i, q);
       const float m1 = sm.stat[col], l1 = sm.stat[kN + col], s1 = sm.stat[2 * kN + col];
       const float mm = fmaxf(m[i], m1);
       w0[i] = m[i] == -INFINITY ? 0.f : sigma[i] * fast_exp(m[i] - mm);
@@ -429,7 +412,7 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int i = 2 * n + e, col = col_of(i, q);
+        const int i = 2 * n + e, col = narrow_col(i, q);
         if (col >= p.rows) continue;
         const int64_t row = int64_t(col) * kLatentDim + d0;
         uint16_t* out = p.out + int64_t(w.seq) * p.rows * kLatentDim + row;

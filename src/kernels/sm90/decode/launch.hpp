@@ -143,6 +143,12 @@ inline Bf16QkOrder bf16_qk_order(const char* op) {
                           {Bf16QkOrder::kOnRelease, Bf16QkOrder::kPageAFirst});
 }
 
+// SNAPMLA_BF16_TILE in the environment (a lab option, read per call): `rows64` (unset) or `narrow`,
+// decode_bf16's Bf16Tile for calls of at most 16 query rows (params.hpp).
+inline Bf16Tile bf16_tile(const char* op) {
+  return detail::env_enum(op, "SNAPMLA_BF16_TILE", {"rows64", "narrow"}, {Bf16Tile::kRows64, Bf16Tile::kNarrow16});
+}
+
 // SNAPMLA_ROLE_INDEX in the environment (read per call): `uniform` (unset: the default since the
 // H200's same-run sweep, docs/kernels.md) or `thread` (the former default, kept for same-run A/B),
 // the decode kernels' RoleIndex (params.hpp).

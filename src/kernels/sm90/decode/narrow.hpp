@@ -1,5 +1,6 @@
-// decode_fp8's narrow tile (decode_fp8_narrow.cu): CTAs of up to 16 query rows computed as
-// S^T / O^T, for h * s_q <= 16. Which tile a call uses: decode_fp8.cu's `use_narrow_tile`.
+// The narrow tiles (decode_fp8_narrow.cu, decode_bf16_narrow.cu): CTAs of up to 16 query rows
+// computed as S^T / O^T, for h * s_q <= 16. Which tile a call uses: decode_fp8.cu's
+// `use_narrow_tile`; decode_bf16.cu's Bf16Tile (a lab option).
 #pragma once
 
 #include <cuda.h>
@@ -16,5 +17,8 @@ inline constexpr int kNarrowTileRows = snapmla::detail::kNarrowRows;  // core/va
 // (p.rows <= kNarrowTileRows).
 void launch_decode_fp8_narrow(RoleIndex role, const DecodeParams& p, const CUtensorMap& tm_latent, const CUtensorMap& tm_rope,
                               const DecodeOptions& options);
+
+// decode_bf16's narrow kernel plus the combine of split sequences (p.rows <= kNarrowTileRows).
+void launch_decode_bf16_narrow(const DecodeParams& p, const CUtensorMap& tm_kv, const DecodeOptions& options);
 
 }  // namespace snapmla::cuda

@@ -45,6 +45,12 @@ enum class OwnPagePv { kShared, kRegisters };
 // (same-run sweep at fc4dfc1, median 1.000x, 0.93-1.05x), so not the default.
 enum class Bf16QkOrder { kOnRelease, kPageAFirst };
 
+// decode_bf16's tile for calls of at most 16 query rows (h * s_q <= 16): the 64-row tile, which
+// pads them to 64, or the narrow tile (decode_bf16_narrow.cu: S^T / O^T with the rows as the wgmma
+// N, one consumer warpgroup). A lab option (SNAPMLA_BF16_TILE) until the H200 has checked and timed
+// the narrow tile; larger calls run the 64-row tile either way.
+enum class Bf16Tile { kRows64, kNarrow16 };
+
 // Where a decode kernel's consumer thread takes its consumer index (which pages it owns, its
 // output half, its named barriers' ids) and its warp's index from: threadIdx as it is (kThread),
 // or those values broadcast from lane 0 of the warp (kUniform), which ptxas then knows to be

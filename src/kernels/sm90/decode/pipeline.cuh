@@ -1,6 +1,6 @@
 // Pieces of the decode kernels' page pipelines: the no-swizzle K-major tile layout of the wgmma
 // operands the kernels write themselves (Q, P) and the Q tile's load, the page lookup and its
-// check, and decode_fp8's ring of shared-memory stages (a producer fills them, completion
+// check, the pages' loads, and the ring of shared-memory stages (a producer fills them, completion
 // signalled on `full` mbarriers; readers release a stage on its `empty` mbarrier).
 #pragma once
 
@@ -92,6 +92,27 @@ __device__ __forceinline__ void load_fp8_page(const DecodeParams& p, const CUten
   tma::bulk_load(scales, p.k_scale + int64_t(page) * kPageSize, kScaleBytes, bar);
 }
 
+// One page of the BF16 cache into a stage by one thread (decode_bf16's narrow tile): kHeadDim x 2 /
+// 128 = 9 TMA boxes of 64 tokens x 64 dims (128-byte swizzle), box b holding dims 64 b .. 64 b + 63
+// (box 8: the rope) at b x kBf16BoxBytes, all completing on `bar` with their byte count. An
+// out-of-range page index loads nothing and sets *bad before the arrival, as load_fp8_page.
+inline constexpr int kBf16BoxBytes = kPageSize * kTmaBoxBytes;           // 8 KB
+inline constexpr int kBf16Boxes = kHeadDim * 2 / kTmaBoxBytes;           // 9
+inline constexpr int kBf16PageBytes = kBf16Boxes * kBf16BoxBytes;        // 72 KB
+
+__device__ __forceinline__ void load_bf16_page(const DecodeParams& p, const CUtensorMap* tm_kv, int32_t page,
+                                               uint8_t* stage, uint64_t* bar, volatile uint32_t* bad) {
+  if (!page_ok(p, page)) {
+    *bad = 1u;
+    mbar::arrive_expect_tx(bar, 0);
+    return;
+  }
+  const int y = page * kPageSize;
+  mbar::arrive_expect_tx(bar, kBf16PageBytes);
+#pragma unroll
+  for (int b = 0; b < kBf16Boxes; ++b) tma::load_2d(stage + b * kBf16BoxBytes, tm_kv, b * (kTmaBoxBytes / 2), y, bar);
+}
+
 // A 64-row tile's Q latent by one thread: kLatentBytes / 128 TMA boxes of 64 rows x 128 bytes with
 // the 128-byte swizzle (the pages' layout, so the QK reads both operands the same way) from row
 // `row` of the query plane (elements of kElemBytes: e4m3 for decode_fp8, bf16 for decode_bf16),
@@ -115,8 +136,9 @@ __device__ __forceinline__ bool split_has_bad_page(const DecodeParams& p, const 
   return __any_sync(0xffffffffu, bad);
 }
 
-// decode_fp8's ring: mbarriers of kStages page stages filled by TMA, plus one for the Q tile, and
-// the split's fault flag (an out-of-range page index met by the loader).
+// The decode_fp8 kernels' and decode_bf16's narrow tile's ring: mbarriers of kStages page stages
+// filled by TMA, plus one for the Q tile, and the split's fault flag (an out-of-range page index
+// met by the loader).
 template <int kStages>
 struct PageRing {
   uint64_t* full;   // [kStages]: the loader's arrival with the page's bytes
@@ -154,11 +176,10 @@ struct PageRing {
 
   // The loader thread: pages [from, to) of the split, each as soon as its stage is free (the
   // first kStages need no wait), the indices read two pages ahead, so that the first requests
-  // wait for one global load, not one each. Stages: anything with kl(s), kr(s), scale(s) (the
-  // kernels' shared-memory layouts).
-  template <typename Stages>
-  __device__ void stream(const DecodeParams& p, const Work& w, const CUtensorMap* tm_latent, const CUtensorMap* tm_rope,
-                         Stages& st, int from, int to) const {
+  // wait for one global load, not one each. load(page, stage, full barrier) copies one page (an
+  // out-of-range index: nothing, the fault flag set, the phase completed by the arrival alone).
+  template <typename LoadPage>
+  __device__ void stream_pages(const DecodeParams& p, const Work& w, int from, int to, LoadPage&& load) const {
     if (from >= to) return;
     int32_t page = page_of(p, w, w.begin + from * kPageSize);
     int32_t next = from + 1 < to ? page_of(p, w, w.begin + (from + 1) * kPageSize) : 0;
@@ -166,10 +187,20 @@ struct PageRing {
       const int32_t after = j + 2 < to ? page_of(p, w, w.begin + (j + 2) * kPageSize) : 0;
       acquire(j);
       const int s = j % kStages;
-      load_fp8_page(p, tm_latent, tm_rope, page, st.kl(s), st.kr(s), st.scale(s), &full[s], bad);
+      load(page, s, &full[s]);
       page = next;
       next = after;
     }
+  }
+
+  // stream_pages of FP8 cache pages (load_fp8_page). Stages: anything with kl(s), kr(s), scale(s)
+  // (the kernels' shared-memory layouts).
+  template <typename Stages>
+  __device__ void stream(const DecodeParams& p, const Work& w, const CUtensorMap* tm_latent, const CUtensorMap* tm_rope,
+                         Stages& st, int from, int to) const {
+    stream_pages(p, w, from, to, [&](int32_t page, int s, uint64_t* bar) {
+      load_fp8_page(p, tm_latent, tm_rope, page, st.kl(s), st.kr(s), st.scale(s), bar, bad);
+    });
   }
 };
 
