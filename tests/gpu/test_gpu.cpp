@@ -1392,6 +1392,11 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
       ScopedEnv env("SNAPMLA_BF16_QK_ORDER", "b_first");
       EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), "SNAPMLA_BF16_QK_ORDER");
     }
+    // decode_bf16's tile for narrow calls, read on every call whatever its rows.
+    {
+      ScopedEnv env("SNAPMLA_BF16_TILE", "narrow8");
+      EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), "SNAPMLA_BF16_TILE");
+    }
     // The consumers' role index, read by both decodes on every call.
     ScopedEnv env("SNAPMLA_ROLE_INDEX", "lane");
     EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), "SNAPMLA_ROLE_INDEX");
