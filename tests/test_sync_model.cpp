@@ -8,8 +8,8 @@
 // model (the state is sequentially consistent: the kernels' proxy fences are not modelled).
 // Barrier ids and counts are the kernels' (Fp8Barrier, Bf16Barrier, kSplitBoundaryBarrier). The
 // models: decode_fp8's transposing 64-row tile (decode_fp8_kernel, per-page P' scales) and its
-// V^T-register tile (decode_fp8_vregs_kernel), and decode_bf16 (decode_bf16.cu) under both orders
-// of its next QKs (Bf16QkOrder).
+// V^T-register tile (decode_fp8_vregs_kernel), decode_bf16 (decode_bf16.cu) under both orders
+// of its next QKs (Bf16QkOrder), and decode_bf16's narrow tile (decode_bf16_narrow.cu).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -31,14 +31,15 @@ struct Tag {
   bool operator==(const Tag& o) const { return split == o.split && page == o.page; }
 };
 
-// The primitives the models share, and their run: a CTA of 12 warps (384 threads), each model
-// giving its barriers' initial state (reset) and what warp w does (warp).
+// The primitives the models share, and their run: a CTA of warps() warps (12 unless the model
+// says otherwise: 384 threads), each model giving its barriers' initial state (reset) and what
+// warp w does (warp).
 class Sim {
  public:
   virtual ~Sim() = default;
   // Runs the CTA's warps, warp w with its own random delays; returns the first violation ("" if none).
   std::string run(unsigned seed) {
-    constexpr int warps = 12;
+    const int warps = this->warps();
     reset();
     std::vector<std::thread> threads;
     for (int w = 0; w < warps; ++w)
@@ -60,6 +61,7 @@ class Sim {
  protected:
   virtual void reset() = 0;  // the mbarriers as thread 0 initializes them (at the start and each boundary)
   virtual void warp(int w, std::mt19937& rng) = 0;
+  virtual int warps() const { return 12; }
 
   struct Named {
     int expected = 0, arrived = 0;
@@ -133,15 +135,15 @@ class Sim {
       fail(std::string(what) + ": want split " + std::to_string(want.split) + " page " + std::to_string(want.page) +
            ", saw split " + std::to_string(got.split) + " page " + std::to_string(got.page));
   }
-  // The split boundary (scheduler.cuh, split_boundary) of the 384-thread CTA; `init`: the thread
-  // that re-initializes the barriers (reset, under the lock).
+  // The split boundary (scheduler.cuh, split_boundary) of the whole CTA; `init`: the thread that
+  // re-initializes the barriers (reset, under the lock).
   void boundary(bool init) {
-    bar(kBoundary, 384, true);
+    bar(kBoundary, kWarpThreads * warps(), true);
     if (init) {
       std::lock_guard<std::mutex> g(m_);
       reset();
     }
-    bar(kBoundary, 384, true);
+    bar(kBoundary, kWarpThreads * warps(), true);
   }
 
   std::mutex m_;
@@ -552,6 +554,104 @@ class Bf16Model : public Sim {
   Tag rope_[2][4];  // each stage's rope box by the consumer warp whose rows of P it takes
 };
 
+// decode_bf16's narrow tile (decode_bf16_narrow_kernel): a producer warpgroup (thread 0 streams the
+// pages into a two-stage ring, the four warps load the Q tile with cp.async) and one consumer
+// warpgroup running the pages in order. Page j's QK is issued under page j - 1's PV and both are
+// waited for together; then page j - 1's stage is released, the row maxima go through shared memory
+// (kConsumerWarps), P is written (and a partial page's latent sanitized in its stage) before the
+// same barrier, and page j's PV reads P and the stage.
+class Bf16NarrowModel : public Sim {
+ public:
+  struct Split {
+    int pages;
+    bool partial_last;  // the last page's tokens past the split end are zeroed in its stage
+  };
+  explicit Bf16NarrowModel(std::vector<Split> splits) : splits_(std::move(splits)) {}
+
+ private:
+  static constexpr int kStages = 2;
+  enum Id { kConsumerWarps = 1 };
+
+  int warps() const override { return 8; }
+  void reset() override {
+    for (auto& f : full_) f = {kWarpThreads, kWarpThreads, 0};  // the loader's arrival (with the bytes)
+    for (auto& e : empty_) e = {128, 128, 0};                   // every consumer thread
+    qbar_ = {128, 128, 0};                                      // every producer thread (cp.async)
+  }
+  void warp(int w, std::mt19937& rng) override {
+    if (w < 4) producer(w, rng);
+    else consumer(w - 4, rng);
+  }
+
+  void producer(int wq, std::mt19937& rng) {
+    auto stream = [&](int item, int from, int to) {
+      for (int j = from; j < to && !abort_; ++j) {
+        if (j >= kStages) mbar_wait(empty_[j % kStages], ((j / kStages) & 1) ^ 1);
+        jitter(rng);
+        put(stage_[j % kStages], {item, j});
+        mbar_arrive(full_[j % kStages], kWarpThreads);
+      }
+    };
+    for (int item = 0; item < int(splits_.size()) && !abort_; ++item) {
+      if (item > 0) boundary(wq == 0);
+      const int nblk = splits_[item].pages, first = std::min(kStages, nblk);
+      if (wq == 0) stream(item, 0, first);
+      jitter(rng);
+      put(q_[wq], {item, -1});
+      mbar_arrive(qbar_, kWarpThreads);
+      if (wq == 0) stream(item, first, nblk);
+    }
+  }
+
+  void consumer(int wq, std::mt19937& rng) {
+    for (int item = 0; item < int(splits_.size()) && !abort_; ++item) {
+      if (item > 0) boundary(false);
+      const int nblk = splits_[item].pages;
+      mbar_wait(qbar_, 0);
+      for (int x = 0; x < 4; ++x) expect(q_[x], {item, -1}, "QK reads the split's Q tile");
+      // What page j's PV reads: its stage (V) and every warp's rows of P.
+      auto pv_reads = [&](int j, const char* when) {
+        expect(stage_[j % kStages], {item, j}, when);
+        for (int x = 0; x < 4; ++x) expect(p_[x], {item, j}, when);
+      };
+      for (int j = 0; j < nblk && !abort_; ++j) {
+        mbar_wait(full_[j % kStages], (j / kStages) & 1);
+        expect(stage_[j % kStages], {item, j}, "QK reads its page's stage");
+        jitter(rng);
+        // wait<0>: page j's QK and page j - 1's PV retire; their reads were good until now.
+        expect(stage_[j % kStages], {item, j}, "QK's page stays until the QK retires");
+        if (j > 0) {
+          pv_reads(j - 1, "the PV of the page before reads until it retires");
+          mbar_arrive(empty_[(j - 1) % kStages], kWarpThreads);
+        }
+        put(red_[wq], {item, j});
+        bar(kConsumerWarps, 128, true);
+        for (int x = 0; x < 4; ++x) expect(red_[x], {item, j}, "the row maxima of the page");
+        jitter(rng);
+        put(p_[wq], {item, j});
+        if (splits_[item].partial_last && j + 1 == nblk) expect(stage_[j % kStages], {item, j}, "sanitizes its page's stage");
+        bar(kConsumerWarps, 128, true);
+        pv_reads(j, "PV reads its page's V and P");
+      }
+      if (nblk > 0) {
+        jitter(rng);
+        pv_reads(nblk - 1, "the last PV reads until it retires");
+        mbar_arrive(empty_[(nblk - 1) % kStages], kWarpThreads);
+      }
+      // l over the warps, through the same slots.
+      put(red_[wq], {item, -1});
+      bar(kConsumerWarps, 128, true);
+      for (int x = 0; x < 4; ++x) expect(red_[x], {item, -1}, "the row sums");
+    }
+  }
+
+  std::vector<Split> splits_;
+  std::array<MBar, kStages> full_{}, empty_{};
+  MBar qbar_{};
+  std::array<Tag, kStages> stage_{};
+  Tag q_[4], p_[4], red_[4];
+};
+
 TEST(VRegsSyncModel, EveryReadSeesItsPageAndNothingDeadlocks) {
   const std::vector<std::vector<int>> workers = {{0}, {1}, {2}, {3}, {5}, {8}, {9}, {1, 1}, {3, 0, 4},
                                                  {7, 2, 1, 6}, {0, 0}, {16, 1}};
@@ -588,6 +688,21 @@ TEST(Fp8TileSyncModel, EveryReadSeesItsPageAndNothingDeadlocks) {
       Fp8TileModel m(w);
       std::string pages;
       for (int n : w) pages += std::to_string(n) + " ";
+      EXPECT_EQ(m.run(seed), "") << "splits of " << pages << "pages, seed " << seed;
+    }
+}
+
+TEST(Bf16NarrowSyncModel, EveryReadSeesItsPageAndNothingDeadlocks) {
+  using S = Bf16NarrowModel::Split;
+  const std::vector<std::vector<S>> workers = {{{0, false}}, {{1, false}}, {{1, true}}, {{2, false}}, {{3, true}},
+                                               {{4, false}}, {{5, true}}, {{9, false}}, {{1, true}, {1, false}},
+                                               {{3, true}, {0, false}, {4, true}}, {{7, false}, {2, true}, {1, true}},
+                                               {{0, false}, {0, false}}, {{16, true}, {1, false}}};
+  for (const auto& w : workers)
+    for (unsigned seed = 1; seed <= 3; ++seed) {
+      Bf16NarrowModel m(w);
+      std::string pages;
+      for (const S& x : w) pages += std::to_string(x.pages) + (x.partial_last ? "p " : " ");
       EXPECT_EQ(m.run(seed), "") << "splits of " << pages << "pages, seed " << seed;
     }
 }
