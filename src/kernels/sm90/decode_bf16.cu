@@ -71,10 +71,10 @@ enum class Bf16Barrier : int {
   kAddSums = 1,
   kQkIssued = 6,  // Bf16QkOrder::kPageAFirst: consumer 0 has issued its next QK (both consumers)
 };
-constexpr int kBoxBytes = kPageSize * kTmaBoxBytes;  // 8 KB: 64 tokens x 64 dims
-constexpr int kBoxes = kHeadDim * 2 / kTmaBoxBytes;  // 9: latent dims 64 b .. 64 b + 63, then rope
+constexpr int kBoxBytes = kBf16BoxBytes;             // 8 KB: 64 tokens x 64 dims (pipeline.cuh)
+constexpr int kBoxes = kBf16Boxes;                   // 9: latent dims 64 b .. 64 b + 63, then rope
 constexpr int kRopeBox = kBoxes - 1;
-constexpr int kStageBytes = kBoxes * kBoxBytes;      // 72 KB
+constexpr int kStageBytes = kBf16PageBytes;          // 72 KB
 constexpr int kQnBytes = kRows * kLatentDim * 2;     // 64 KB: 8 boxes of 64 rows x 64 dims, as a page's
 static_assert(kCombineTailScratchBytes<128 * Bf16Config::kConsumers> <= kQnBytes, "the combine tail's scratch fits the Q tile");
 // Load groups of a stage: 0 the rope box, 1 + h the latent boxes 4 h .. 4 h + 3 (V half h).
