@@ -31,6 +31,13 @@ struct Tag {
   bool operator==(const Tag& o) const { return split == o.split && page == o.page; }
 };
 
+// A split of the BF16 models' workers: its pages, and whether its last page ends inside it (the
+// kernels then zero that page's tokens past the split end in its stage).
+struct PagesOfSplit {
+  int pages;
+  bool partial_last;
+};
+
 // The primitives the models share, and their run: a CTA of warps() warps (12 unless the model
 // says otherwise: 384 threads), each model giving its barriers' initial state (reset) and what
 // warp w does (warp).
@@ -401,10 +408,7 @@ class Fp8TileModel : public Sim {
 // (consumer 1's QK after consumer 0's, kQkIssued).
 class Bf16Model : public Sim {
  public:
-  struct Split {
-    int pages;
-    bool partial_last;  // the last page ends inside it: the producer zeroes its tail
-  };
+  using Split = PagesOfSplit;
   Bf16Model(std::vector<Split> splits, bool a_first) : splits_(std::move(splits)), a_first_(a_first) {}
 
  private:
@@ -562,10 +566,7 @@ class Bf16Model : public Sim {
 // same barrier, and page j's PV reads P and the stage.
 class Bf16NarrowModel : public Sim {
  public:
-  struct Split {
-    int pages;
-    bool partial_last;  // the last page's tokens past the split end are zeroed in its stage
-  };
+  using Split = PagesOfSplit;
   explicit Bf16NarrowModel(std::vector<Split> splits) : splits_(std::move(splits)) {}
 
  private:
@@ -664,19 +665,26 @@ TEST(VRegsSyncModel, EveryReadSeesItsPageAndNothingDeadlocks) {
     }
 }
 
+// The BF16 models' workers: none, one or several splits of 0-16 pages, with and without a partial
+// last page; and a worker's splits as "3p 0 4p " (p: a partial last page).
+const std::vector<std::vector<PagesOfSplit>> kBf16Workers = {
+    {{0, false}}, {{1, false}}, {{1, true}}, {{2, false}}, {{3, true}}, {{4, false}}, {{5, true}}, {{8, false}},
+    {{9, false}}, {{1, true}, {1, false}}, {{3, true}, {0, false}, {4, true}}, {{7, false}, {2, true}, {1, true}},
+    {{0, false}, {0, false}}, {{16, true}, {1, false}}};
+
+std::string splits_label(const std::vector<PagesOfSplit>& w) {
+  std::string pages;
+  for (const PagesOfSplit& x : w) pages += std::to_string(x.pages) + (x.partial_last ? "p " : " ");
+  return pages;
+}
+
 TEST(Bf16SyncModel, EveryReadSeesItsPageAndNothingDeadlocksInEitherQkOrder) {
-  using S = Bf16Model::Split;
-  const std::vector<std::vector<S>> workers = {{{0, false}}, {{1, false}}, {{1, true}}, {{2, false}}, {{3, true}},
-                                               {{4, false}}, {{5, true}}, {{8, false}}, {{1, true}, {1, false}},
-                                               {{3, true}, {0, false}, {4, true}}, {{7, false}, {2, true}, {1, true}},
-                                               {{0, false}, {0, false}}, {{16, true}, {1, false}}};
   for (const bool a_first : {false, true})
-    for (const auto& w : workers)
+    for (const auto& w : kBf16Workers)
       for (unsigned seed = 1; seed <= 3; ++seed) {
         Bf16Model m(w, a_first);
-        std::string pages;
-        for (const S& x : w) pages += std::to_string(x.pages) + (x.partial_last ? "p " : " ");
-        EXPECT_EQ(m.run(seed), "") << "splits of " << pages << "pages, seed " << seed << (a_first ? ", page A's QK first" : "");
+        EXPECT_EQ(m.run(seed), "") << "splits of " << splits_label(w) << "pages, seed " << seed
+                                   << (a_first ? ", page A's QK first" : "");
       }
 }
 
@@ -693,17 +701,10 @@ TEST(Fp8TileSyncModel, EveryReadSeesItsPageAndNothingDeadlocks) {
 }
 
 TEST(Bf16NarrowSyncModel, EveryReadSeesItsPageAndNothingDeadlocks) {
-  using S = Bf16NarrowModel::Split;
-  const std::vector<std::vector<S>> workers = {{{0, false}}, {{1, false}}, {{1, true}}, {{2, false}}, {{3, true}},
-                                               {{4, false}}, {{5, true}}, {{9, false}}, {{1, true}, {1, false}},
-                                               {{3, true}, {0, false}, {4, true}}, {{7, false}, {2, true}, {1, true}},
-                                               {{0, false}, {0, false}}, {{16, true}, {1, false}}};
-  for (const auto& w : workers)
+  for (const auto& w : kBf16Workers)
     for (unsigned seed = 1; seed <= 3; ++seed) {
       Bf16NarrowModel m(w);
-      std::string pages;
-      for (const S& x : w) pages += std::to_string(x.pages) + (x.partial_last ? "p " : " ");
-      EXPECT_EQ(m.run(seed), "") << "splits of " << pages << "pages, seed " << seed;
+      EXPECT_EQ(m.run(seed), "") << "splits of " << splits_label(w) << "pages, seed " << seed;
     }
 }
 

@@ -243,15 +243,14 @@ __global__ void __launch_bounds__(Bf16NarrowConfig::kThreads, 1)
           mx[i] = fmaxf(mx[i], sc);
         }
       narrow_rows_reduce(mx, sm.red, int(Bf16NarrowBarrier::kConsumerWarps), warp, lane, NarrowMax{});
-      // The running max after the page, the output's factor alpha = exp(m - m_new) (1 while the row
-      // has seen nothing: its state stays), P = exp(s - m_new) and its row sums.
-      float ml[kNarrowCols], alpha[kNarrowCols], sum[kNarrowCols];
+      // The running max after the page, P = exp(s - m_new) and its row sums (this thread's tokens),
+      // then the output's factor alpha = exp(m - m_new) and the state after the page (row_alpha:
+      // 1 and the state kept while the row has seen nothing).
+      float m_new[kNarrowCols], ml[kNarrowCols], alpha[kNarrowCols], sum[kNarrowCols];
 #pragma unroll
       for (int i = 0; i < kNarrowCols; ++i) {
-        const float m_new = fmaxf(m[i], mx[i]);
-        ml[i] = m_new * kLog2e;
-        alpha[i] = m_new == -INFINITY ? 1.f : ex2((m[i] - m_new) * kLog2e);
-        m[i] = m_new;
+        m_new[i] = fmaxf(m[i], mx[i]);
+        ml[i] = m_new[i] * kLog2e;
         sum[i] = 0.f;
       }
 #pragma unroll
@@ -266,7 +265,7 @@ __global__ void __launch_bounds__(Bf16NarrowConfig::kThreads, 1)
           *reinterpret_cast<uint16_t*>(sm.p + km_offset(col, 2 * tok, kPRowBytes)) = float_to_bf16_bits(pe);
         }
 #pragma unroll
-      for (int i = 0; i < kNarrowCols; ++i) l[i] = l[i] * alpha[i] + sum[i];
+      for (int i = 0; i < kNarrowCols; ++i) alpha[i] = row_alpha(m[i], l[i], m_new[i], sum[i]);
       if (ntok < kPageSize || band - blk < kPageSize) sanitize_latent(sm, s, band - blk, ntok, t);
 #pragma unroll
       for (int mt = 0; mt < kMTiles; ++mt)

@@ -353,7 +353,9 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) wg::fence_operands(o[mt]);
 
-    // l over the consumer's 64 tokens per page: the warp's g, then its four warps.
+    // l over the consumer's 64 tokens per page: the warp's g, then its four warps. Written out
+    // rather than through narrow_rows_reduce: with the helper here ptxas serializes this kernel's
+    // wgmmas (C7515), which the maxima's calls above do not cause.
 #pragma unroll
     for (int i = 0; i < kCols; ++i)
 #pragma unroll

@@ -225,14 +225,19 @@ __device__ __forceinline__ float apply_page(SoftmaxState& st, int ri, float sig,
 // the state after it, given the running max after the page; `own_sum`: this page's row sums if
 // this consumer computed its P (each consumer keeps its own part of l, added at the end).
 // `unit`: the exponent's multiplier of a max difference (log2e; 1 where the maxima are in log2
-// units, ScoreStep::kFolded).
+// units, ScoreStep::kFolded). row_alpha is the step on one row's (m, l), which decode_bf16's
+// narrow tile keeps per column.
+__device__ __forceinline__ float row_alpha(float& m, float& l, float m_new, float own_sum, float unit = kLog2e) {
+  if (m_new == -INFINITY) return 1.f;  // nothing visible to this row so far
+  const float alpha = ex2((m - m_new) * unit);
+  l = l * alpha + own_sum;
+  m = m_new;
+  return alpha;
+}
+
 __device__ __forceinline__ float pair_alpha(SoftmaxState& st, int ri, float m_new, float own_sum,
                                             float unit = kLog2e) {
-  if (m_new == -INFINITY) return 1.f;  // nothing visible to this row so far
-  const float alpha = ex2((st.m[ri] - m_new) * unit);
-  st.l[ri] = st.l[ri] * alpha + own_sum;
-  st.m[ri] = m_new;
-  return alpha;
+  return row_alpha(st.m[ri], st.l[ri], m_new, own_sum, unit);
 }
 
 // After the pages: each consumer summed P over the pages whose P it computed; add the other's
