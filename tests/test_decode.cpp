@@ -288,7 +288,8 @@ TEST(DecodeFp8Carried, WithinE4m3RoundingOfPUnderTheCarriedScale) {
 // SNAPMLA_FP8_P_SCALE=carried_wide: the P' scales carried where the call runs the transposing
 // 64-row tile (more than 16 query rows under fp8_tile kAuto, any rows under kRows64 or under kAuto
 // with SNAPMLA_FP8_TILE=rows64_all), per page on the narrow tile's calls and on the V^T-register
-// tile (asked for in the options or by SNAPMLA_FP8_TILE=vregs), on the CPU path as on the GPU.
+// and three-consumer tiles (asked for in the options or by SNAPMLA_FP8_TILE=vregs or trio), on the
+// CPU path as on the GPU.
 // Unset, kAuto is the per-page rule on every call.
 TEST(DecodeFp8Carried, CarriedWideCarriesTheScalesOnTheTransposingTileOnly) {
   auto rng = make_rng();
@@ -305,17 +306,21 @@ TEST(DecodeFp8Carried, CarriedWideCarriesTheScalesOnTheTransposingTileOnly) {
     ASSERT_NE(want_carried.out, want_per_page.out) << "the two rules must differ here";
     EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)).out, want_per_page.out) << "unset";
     const bool wide = h * s_q > 16;
-    DecodeOptions rows64 = options(B), vregs = options(B);
+    DecodeOptions rows64 = options(B), vregs = options(B), trio = options(B);
     rows64.fp8_tile = Fp8Tile::kRows64;
     vregs.fp8_tile = Fp8Tile::kRows64VRegs;
+    trio.fp8_tile = Fp8Tile::kRows64Trio;
     rule.set("carried_wide");
     EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)).out,
               wide ? want_carried.out : want_per_page.out);
     EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), rows64).out, want_carried.out);
     EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), vregs).out, want_per_page.out);
-    tile.set("vregs");
-    EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)).out, want_per_page.out);
-    EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), rows64).out, want_carried.out);
+    EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), trio).out, want_per_page.out);
+    for (const char* other : {"vregs", "trio"}) {
+      tile.set(other);
+      EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)).out, want_per_page.out) << other;
+      EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), rows64).out, want_carried.out) << other;
+    }
     // rows64_all: the transposing tile for every call under kAuto, so the rule carries there too.
     tile.set("rows64_all");
     EXPECT_EQ(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B)).out, want_carried.out);

@@ -1,4 +1,4 @@
-// Models of two decode kernels' synchronization, run on the CPU: one thread per warp walks the
+// Models of the decode kernels' synchronization, run on the CPU: one thread per warp walks the
 // kernel's control flow over a worker's splits, with named barriers (bar.sync / bar.arrive counted
 // in threads), mbarriers (phases and parities) and the shared slots (page stages, running max, P',
 // factors) tagged with the (split, page) that wrote them. Every read checks that it sees the tag it
@@ -6,10 +6,11 @@
 // deadlock (a watchdog), under random delays; a wgmma's reads are checked where it is issued and
 // again where its warp waits for it. They check the protocol, not the arithmetic or the memory
 // model (the state is sequentially consistent: the kernels' proxy fences are not modelled).
-// Barrier ids and counts are the kernels' (Fp8Barrier, Bf16Barrier, kSplitBoundaryBarrier). The
-// models: decode_fp8's transposing 64-row tile (decode_fp8_kernel, per-page P' scales) and its
-// V^T-register tile (decode_fp8_vregs_kernel), decode_bf16 (decode_bf16.cu) under both orders
-// of its next QKs (Bf16QkOrder), and decode_bf16's narrow tile (decode_bf16_narrow.cu).
+// Barrier ids and counts are the kernels' (Fp8Barrier, Fp8TrioBarrier, Bf16Barrier,
+// kSplitBoundaryBarrier). The models: decode_fp8's transposing 64-row tile (decode_fp8_kernel,
+// per-page P' scales), its V^T-register tile (decode_fp8_vregs_kernel) and its three-consumer tile
+// (decode_fp8_trio_kernel), decode_bf16 (decode_bf16.cu) under both orders of its next QKs
+// (Bf16QkOrder), and decode_bf16's narrow tile (decode_bf16_narrow.cu).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -399,6 +400,160 @@ class Fp8TileModel : public Sim {
   Tag q_, stage_[kStages], vt_[2], max_[2], factors_[2], p_[2][4];
 };
 
+// decode_fp8's three-consumer 64-row tile (decode_fp8_trio_kernel): the transposing tile's producer
+// (warp 0 loads, warps 1-3 transpose into three V^T slots) and three consumers on a two-stage page
+// ring (16 warps, 512 threads): consumer c owns pages j = c (mod 3), applies page j - 2 (issuing its
+// PV under its softmax of page j), takes the running max from page j - 1's owner (kMax + owner,
+// 256 threads), applies page j - 1, writes page j's P' and factors into slot j % 2 once the other
+// two consumers' PVs of page j - 2 are done (kFree + c, 384) and publishes them (kP + c, 384), then
+// its own PV and the QK of page j + 3. After the pages the consumers sum their parts of l (kConsumers)
+// and a split with one sequence assembles its rows in the page stages behind the same barrier id.
+class TrioModel : public Sim {
+ public:
+  explicit TrioModel(std::vector<int> pages) : pages_(std::move(pages)) {}
+
+ private:
+  static constexpr int kStages = 2, kVtSlots = 3, kSlots = 2, kConsumers = 3, kAll = 384;
+  enum Id { kConsumerBar = 1, kMax = 2, kP = 5, kFree = 8, kOwnPage = 11, kTransposers = 14 };
+
+  int warps() const override { return 16; }
+  void reset() override {
+    for (auto& f : full_) f = {kWarpThreads, kWarpThreads, 0};  // the loader's arrival (with the bytes)
+    for (auto& e : empty_) e = {224, 224, 0};                    // the owner's 128 threads and the 96 transposers
+    for (auto& f : vt_full_) f = {96, 96, 0};
+    for (auto& e : vt_empty_) e = {kAll, kAll, 0};               // every consumer thread
+    qbar_ = {2 * kWarpThreads, 2 * kWarpThreads, 0};             // two TMA arrivals: Q latent, Q rope
+  }
+  void ring_wait(int j) { mbar_wait(full_[j % kStages], (j / kStages) & 1); }
+
+  void warp(int w, std::mt19937& rng) override {
+    const int splits = int(pages_.size());
+    for (int item = 0; item < splits && !abort_; ++item) {
+      if (item > 0) boundary(w == 0);
+      if (w == 0) load(item, rng);
+      else if (w < 4) transpose(item, rng);
+      else consume(item, (w - 4) / 4, (w - 4) % 4, rng);
+    }
+  }
+
+  void load(int item, std::mt19937& rng) {
+    put(q_, {item, -1});
+    mbar_arrive(qbar_, kWarpThreads);
+    mbar_arrive(qbar_, kWarpThreads);
+    for (int j = 0; j < pages_[item] && !abort_; ++j) {
+      if (j >= kStages) mbar_wait(empty_[j % kStages], ((j / kStages) & 1) ^ 1);
+      jitter(rng);
+      put(stage_[j % kStages], {item, j});
+      mbar_arrive(full_[j % kStages], kWarpThreads);
+    }
+  }
+
+  void transpose(int item, std::mt19937& rng) {
+    for (int i = 0; i < pages_[item] && !abort_; ++i) {
+      ring_wait(i);
+      if (i >= kVtSlots) mbar_wait(vt_empty_[i % kVtSlots], ((i / kVtSlots) - 1) & 1);
+      expect(stage_[i % kStages], {item, i}, "the transposers read their page's latent");
+      jitter(rng);
+      put(vt_[i % kVtSlots], {item, i});
+      if (i % 3 == 0) bar(kTransposers, 96, true);  // zero_nan_tokens' barrier, on masked pages
+      mbar_arrive(vt_full_[i % kVtSlots], kWarpThreads);
+      mbar_arrive(empty_[i % kStages], kWarpThreads);
+    }
+  }
+
+  void consume(int item, int c, int wq, std::mt19937& rng) {
+    const int nblk = pages_[item];
+    mbar_wait(qbar_, 0);
+    // next_score: page j - 2's V^T first, so that the stage's parity cannot alias page j - 4's.
+    auto score = [&](int j) {
+      if (j >= 2) mbar_wait(vt_full_[(j - 2) % kVtSlots], ((j - 2) / kVtSlots) & 1);
+      ring_wait(j);
+      expect(stage_[j % kStages], {item, j}, "QK reads its page");
+      expect(q_, {item, -1}, "QK reads its split's Q");
+    };
+    auto pv = [&](int jj) {
+      mbar_wait(vt_full_[jj % kVtSlots], (jj / kVtSlots) & 1);
+      expect(vt_[jj % kVtSlots], {item, jj}, "PV reads its page's V^T");
+      for (const Tag& quarter : p_[jj % kSlots]) expect(quarter, {item, jj}, "PV reads its page's P'");
+    };
+    auto pv_done = [&](int jj) {
+      expect(vt_[jj % kVtSlots], {item, jj}, "PV reads its page's V^T until it completes");
+      for (const Tag& quarter : p_[jj % kSlots]) expect(quarter, {item, jj}, "PV reads its page's P' until it completes");
+    };
+    // The other consumers' page jj: its P' and factors (kP + owner), then its PV.
+    auto apply = [&](int jj, int owner) {
+      bar(kP + owner, kAll, true);
+      expect(factors_[jj % kSlots][wq], {item, jj}, "the factors of another consumer's page");
+      pv(jj);
+    };
+    auto retire = [&](int jj) {
+      mbar_arrive(vt_empty_[jj % kVtSlots], kWarpThreads);
+      const int taker = (jj + 2) % kConsumers;
+      if (taker != c && jj + 2 < nblk) bar(kFree + taker, kAll, false);
+    };
+    const int jlast = nblk > 0 ? nblk + 1 : -1;
+    if (nblk > 0) score(std::min(c, nblk - 1));
+    for (int j = c; j <= jlast && !abort_; j += kConsumers) {
+      const bool mine = j < nblk, before2 = j >= 2 && j - 2 < nblk, before1 = j >= 1 && j - 1 < nblk;
+      const int prev = (c + 2) % kConsumers, prev2 = (c + 1) % kConsumers;
+      jitter(rng);
+      expect(stage_[std::min(j, nblk - 1) % kStages], {item, std::min(j, nblk - 1)}, "QK reads its page until it completes");
+      if (before2) apply(j - 2, prev2);
+      if (mine) {  // page_factors_early
+        expect(stage_[j % kStages], {item, j}, "the softmax reads its page's scales");
+        mbar_arrive(empty_[j % kStages], kWarpThreads);
+        if (j > 0) {
+          bar(kMax + prev, 256, true);
+          expect(max_[(j - 1) % 2], {item, j - 1}, "the running max of the page before");
+        }
+        put(max_[j % 2], {item, j});
+        if (j + 1 < nblk) bar(kMax + c, 256, false);
+      }
+      jitter(rng);
+      if (before2) {
+        pv_done(j - 2);
+        retire(j - 2);
+      }
+      if (before1) apply(j - 1, prev);
+      if (mine) {  // write_page_p, the factors, the P hand-off
+        if (j >= 2) bar(kFree + c, kAll, true);
+        jitter(rng);
+        put(p_[j % kSlots][wq], {item, j});
+        put(factors_[j % kSlots][wq], {item, j});
+        bar(kP + c, kAll, false);
+      }
+      if (before1) {
+        jitter(rng);
+        pv_done(j - 1);
+        retire(j - 1);
+      }
+      if (mine) {
+        bar(kOwnPage + c, 128, true);
+        pv(j);
+      }
+      score(std::min(j + 3, nblk - 1));  // past the last page, a repeat of the last one
+      if (mine) {
+        pv_done(j);
+        retire(j);
+      }
+    }
+    bar(kConsumerBar, kAll, true);  // sum_consumer_parts
+    if (nblk > 0) expect(max_[(nblk - 1) % 2], {item, nblk - 1}, "the lse's running max");
+    // Odd splits have one sequence: the rows are assembled in the page stages, then copied out
+    // behind the same barrier id.
+    if (item % 2 == 1) {
+      for (auto& stage : stage_) put(stage, {item, -2});
+      bar(kConsumerBar, kAll, true);
+    }
+  }
+
+  std::vector<int> pages_;
+  std::array<MBar, kStages> full_{}, empty_{};
+  std::array<MBar, kVtSlots> vt_full_{}, vt_empty_{};
+  MBar qbar_{};
+  Tag q_, stage_[kStages], vt_[kVtSlots], max_[2], factors_[kSlots][4], p_[kSlots][4];
+};
+
 // decode_bf16 (version 4b): a producer warpgroup (thread 0 of warp 0 loads; the whole warpgroup
 // zeroes a partial last page's tail) and two consumers on pairs of pages (A, B) in a two-stage
 // ring, each stage in three load groups (0: the rope box, which then holds the owner's P; 1 + h:
@@ -694,6 +849,18 @@ TEST(Fp8TileSyncModel, EveryReadSeesItsPageAndNothingDeadlocks) {
   for (const auto& w : workers)
     for (unsigned seed = 1; seed <= 3; ++seed) {
       Fp8TileModel m(w);
+      std::string pages;
+      for (int n : w) pages += std::to_string(n) + " ";
+      EXPECT_EQ(m.run(seed), "") << "splits of " << pages << "pages, seed " << seed;
+    }
+}
+
+TEST(Fp8TrioSyncModel, EveryReadSeesItsPageAndNothingDeadlocks) {
+  const std::vector<std::vector<int>> workers = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {1, 1}, {2, 5},
+                                                 {3, 0, 4}, {7, 2, 1, 6}, {0, 0}, {16, 1}, {10, 11, 12}};
+  for (const auto& w : workers)
+    for (unsigned seed = 1; seed <= 3; ++seed) {
+      TrioModel m(w);
       std::string pages;
       for (int n : w) pages += std::to_string(n) + " ";
       EXPECT_EQ(m.run(seed), "") << "splits of " << pages << "pages, seed " << seed;

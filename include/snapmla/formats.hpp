@@ -136,9 +136,10 @@ int split_plan_capacity(int batch, int num_workers);
 // <= 16 (memory-bound: the rows on the wgmma N dimension), else the 64-row tile. The others force
 // one, for benchmarks and tests (kNarrow16 with more than 16 rows is an error). kRows64VRegs is a
 // second 64-row tile, not yet the default: V^T read into registers for a transposed PV instead of
-// transposed through shared memory. All compute the reference's function up to fp32 rounding
-// (docs/reference.md); the CPU path ignores it.
-enum class Fp8Tile { kAuto, kRows64, kNarrow16, kRows64VRegs };
+// transposed through shared memory. kRows64Trio is a third, not yet the default: the transposing
+// tile's pages dealt to three consumer warpgroups instead of two. All compute the reference's
+// function up to fp32 rounding (docs/reference.md); the CPU path ignores it.
+enum class Fp8Tile { kAuto, kRows64, kNarrow16, kRows64VRegs, kRows64Trio };
 
 // How decode_fp8 picks the e4m3 scale sigma of P' = P * s_t per row and 64-token page (both paths
 // compute the same rule; docs/reference.md).

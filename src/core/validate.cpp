@@ -377,30 +377,31 @@ void check_p_scale(const char* op, const char* argument, Fp8PScale p_scale) {
 
 // fp8_tile_of_call's kAuto (validate.hpp).
 static Fp8Tile auto_fp8_tile(const char* op, int rows) {
-  const int choice = env_choice(op, "SNAPMLA_FP8_TILE", {"auto", "rows64", "vregs", "rows64_all"});
+  const int choice = env_choice(op, "SNAPMLA_FP8_TILE", {"auto", "rows64", "vregs", "rows64_all", "trio"});
   if (rows <= kNarrowRows) return choice == 3 ? Fp8Tile::kRows64 : Fp8Tile::kNarrow16;
-  return choice == 2 ? Fp8Tile::kRows64VRegs : Fp8Tile::kRows64;
+  return choice == 2 ? Fp8Tile::kRows64VRegs : choice == 4 ? Fp8Tile::kRows64Trio : Fp8Tile::kRows64;
 }
 
 Fp8Tile fp8_tile_of_call(const char* op, int rows, Fp8Tile tile, Fp8PScale p_scale) {
   if (p_scale == Fp8PScale::kCarried) {
     if (tile == Fp8Tile::kAuto || tile == Fp8Tile::kRows64) return Fp8Tile::kRows64;
     fail(op, "options.p_scale",
-         "expected kAuto or kPerPage with options.fp8_tile kNarrow16 or kRows64VRegs (kCarried runs on the "
-         "64-row tile only), got kCarried");
+         "expected kAuto or kPerPage with options.fp8_tile kNarrow16, kRows64VRegs or kRows64Trio (kCarried runs "
+         "on the transposing 64-row tile only), got kCarried");
   }
   switch (tile) {
     case Fp8Tile::kAuto: return auto_fp8_tile(op, rows);
     case Fp8Tile::kRows64:
-    case Fp8Tile::kRows64VRegs: return tile;
+    case Fp8Tile::kRows64VRegs:
+    case Fp8Tile::kRows64Trio: return tile;
     case Fp8Tile::kNarrow16:
       if (rows > kNarrowRows)
         fail(op, "options.fp8_tile",
-             "expected kAuto, kRows64 or kRows64VRegs for a call with more than 16 query rows (num_heads * "
+             "expected kAuto, kRows64, kRows64VRegs or kRows64Trio for a call with more than 16 query rows (num_heads * "
              "seqlen_q), got kNarrow16 with " + std::to_string(rows) + " rows");
       return tile;
   }
-  fail(op, "options.fp8_tile", "expected kAuto, kRows64, kRows64VRegs or kNarrow16");
+  fail(op, "options.fp8_tile", "expected kAuto, kRows64, kRows64VRegs, kRows64Trio or kNarrow16");
 }
 
 Fp8PScale resolved_p_scale(const char* op, const DecodeOptions& options, int rows) {

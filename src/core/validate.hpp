@@ -57,11 +57,11 @@ inline constexpr int kNarrowRows = 16;  // calls of at most this many rows run t
 // p_scale (resolved): `tile` (DecodeOptions::fp8_tile) where it forces one. Under kAuto, the
 // narrow tile where the rows fit it, else kRows64, unless the environment's SNAPMLA_FP8_TILE
 // (read per call, for trying a tile in an engine without changing its code) says `vregs`
-// (kRows64VRegs on the wider calls) or `rows64_all` (kRows64 on every call: a lab option, to time
-// the two tiles on the same small-row calls); a bad value is an error naming it. kCarried
-// runs on the transposing 64-row tile only (whatever the rows); with a forced narrow or
-// V^T-register tile it is an error naming options.p_scale, as the narrow tile forced on more
-// rows than it holds names options.fp8_tile.
+// (kRows64VRegs on the wider calls), `trio` (kRows64Trio on the wider calls) or `rows64_all`
+// (kRows64 on every call: a lab option, to time the two tiles on the same small-row calls); a bad
+// value is an error naming it. kCarried runs on the transposing 64-row tile only (whatever the
+// rows); with a forced narrow, V^T-register or three-consumer tile it is an error naming
+// options.p_scale, as the narrow tile forced on more rows than it holds names options.fp8_tile.
 Fp8Tile fp8_tile_of_call(const char* op, int rows, Fp8Tile tile, Fp8PScale p_scale);
 
 // decode_fp8's P' scale rule for a call of `rows` query rows per sequence (seqlen_q x num_heads),

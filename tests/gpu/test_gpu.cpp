@@ -483,19 +483,22 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   const auto want_per_page = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), cpu_opt);
   const Fp8RowStats stats = fp8_row_stats(B);
   // Rows that fit the narrow tile run it by default; the 64-row tile is checked on the same inputs
-  // too (DecodeOptions::fp8_tile), and the V^T-register 64-row tile (not yet the default) where
-  // SNAPMLA_TEST_VREGS=1 (lab/h200_check.sh's VREGS=1) until the H200 has run it through this suite.
-  // SNAPMLA_TEST_FP8_TILE=16, 64 or v in the test's environment (e.g. to put one kernel under a
+  // too (DecodeOptions::fp8_tile), the V^T-register 64-row tile (not yet the default) where
+  // SNAPMLA_TEST_VREGS=1 (lab/h200_check.sh's VREGS=1), and the three-consumer 64-row tile (not yet
+  // run on the H200) under test_untimed(), until the H200 has run them through this suite.
+  // SNAPMLA_TEST_FP8_TILE=16, 64, v or 3 in the test's environment (e.g. to put one kernel under a
   // sanitizer) tests that tile only.
   const bool narrow = c.h * c.s_q <= 16;
   std::vector<Fp8Tile> tiles = {Fp8Tile::kRows64};
   if (const char* v = std::getenv("SNAPMLA_TEST_VREGS"); v != nullptr && std::string(v) == "1")
     tiles.push_back(Fp8Tile::kRows64VRegs);
+  if (test_untimed()) tiles.push_back(Fp8Tile::kRows64Trio);
   if (narrow) tiles.insert(tiles.begin(), Fp8Tile::kNarrow16);
   if (const char* only = std::getenv("SNAPMLA_TEST_FP8_TILE"); only != nullptr) {
     const std::string o = only;
     if (o == "64") tiles = {Fp8Tile::kRows64};
     else if (o == "v") tiles = {Fp8Tile::kRows64VRegs};
+    else if (o == "3") tiles = {Fp8Tile::kRows64Trio};
     else if (o == "16" && narrow) tiles = {Fp8Tile::kNarrow16};
     else if (o == "16") tiles = {};
   }
@@ -521,6 +524,7 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
                        : run.folded  ? "64f"
                        : tile_kind == Fp8Tile::kNarrow16 ? "16"
                        : tile_kind == Fp8Tile::kRows64   ? "64"
+                       : tile_kind == Fp8Tile::kRows64Trio ? "64x3"
                                                          : "64v";
     ScopedEnv step("SNAPMLA_SCORE_STEP", run.folded ? "folded" : nullptr);  // else the environment's own
     if (carried && !want_carried) {
@@ -1353,6 +1357,8 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
     EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), forced), "options.p_scale");
     forced.fp8_tile = Fp8Tile::kRows64VRegs;
     EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), forced), "options.p_scale");
+    forced.fp8_tile = Fp8Tile::kRows64Trio;
+    EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), forced), "options.p_scale");
   }
   {
     DecodeOptions forced = test::options(B);
@@ -1578,17 +1584,19 @@ TEST(GpuErrors, NonFiniteQueryOrTokenGivesNaNInTheRowsTheReferenceDoes) {
       DecodeOptions cpu_opt = test::options(B, split ? &host_plan.plan : nullptr);
       const DecodeOptions gpu_opt = split ? plan.options(B.softmax_scale) : test::options(B);
       // decode_fp8 with each score step of its 64-row tile (SNAPMLA_SCORE_STEP, a lab option, the
-      // base-2 one under test_untimed(); the narrow tile at h = 3 has one), then decode_bf16,
-      // and under test_untimed() decode_bf16 with the base-2 step, with its own-page PV from
-      // registers (SNAPMLA_BF16_OWN_PV) and with its narrow tile (SNAPMLA_BF16_TILE; h = 3).
-      for (const char* kernel : {"decode_fp8", "decode_fp8 folded", "decode_bf16", "decode_bf16 folded",
-                                 "decode_bf16 own-pv", "decode_bf16 narrow"}) {
+      // base-2 one under test_untimed(); the narrow tile at h = 3 has one) and, under
+      // test_untimed(), on its three-consumer tile (SNAPMLA_FP8_TILE=trio; h >= 16), then
+      // decode_bf16, and under test_untimed() decode_bf16 with the base-2 step, with its own-page
+      // PV from registers (SNAPMLA_BF16_OWN_PV) and with its narrow tile (SNAPMLA_BF16_TILE; h = 3).
+      for (const char* kernel : {"decode_fp8", "decode_fp8 folded", "decode_fp8 trio", "decode_bf16",
+                                 "decode_bf16 folded", "decode_bf16 own-pv", "decode_bf16 narrow"}) {
         SCOPED_TRACE(kernel);
         const std::string name = kernel;
         const bool folded = name.find("folded") != std::string::npos, own_pv = name.find("own-pv") != std::string::npos;
-        const bool narrow = name.find("narrow") != std::string::npos;
-        if ((folded || own_pv || narrow) && !test_untimed()) continue;
+        const bool narrow = name.find("narrow") != std::string::npos, trio = name.find("trio") != std::string::npos;
+        if ((folded || own_pv || narrow || trio) && !test_untimed()) continue;
         const bool fp8 = name.compare(0, 10, "decode_fp8") == 0;
+        ScopedEnv fp8_tile("SNAPMLA_FP8_TILE", trio ? "trio" : nullptr);
         ScopedEnv step("SNAPMLA_SCORE_STEP", folded ? "folded" : nullptr);
         ScopedEnv own("SNAPMLA_BF16_OWN_PV", own_pv ? "registers" : nullptr);
         ScopedEnv tile("SNAPMLA_BF16_TILE", narrow ? "narrow" : nullptr);

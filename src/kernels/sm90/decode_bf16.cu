@@ -42,7 +42,7 @@
 #include "decode/combine_tail.cuh"
 #include "decode/epilogue.cuh"
 #include "decode/launch.hpp"
-#include "decode/narrow.hpp"
+#include "decode/tile_launches.hpp"
 #include "decode/pipeline.cuh"
 #include "decode/scheduler.cuh"
 #include "decode/softmax.cuh"

@@ -33,7 +33,7 @@
 #include "kernels/kernels.hpp"
 #include "decode/epilogue.cuh"
 #include "decode/launch.hpp"
-#include "decode/narrow.hpp"
+#include "decode/tile_launches.hpp"
 #include "decode/narrow_rows.cuh"
 #include "decode/pipeline.cuh"
 #include "decode/scheduler.cuh"

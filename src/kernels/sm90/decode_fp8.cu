@@ -35,10 +35,11 @@
 #include "kernels/kernels.hpp"
 #include "decode/combine_tail.cuh"
 #include "decode/epilogue.cuh"
+#include "decode/fp8_page_steps.cuh"
 #include "decode/fp8_tile.cuh"
 #include "decode/fp8_vregs_tile.cuh"
 #include "decode/launch.hpp"
-#include "decode/narrow.hpp"
+#include "decode/tile_launches.hpp"
 #include "decode/pipeline.cuh"
 #include "decode/profile_stamps.cuh"
 #include "decode/scheduler.cuh"
@@ -66,32 +67,6 @@ __device__ __forceinline__ void hand_arrive(int which) {
   ptx::named_barrier_arrive(int(kBase) + which, kConsumerThreads);
 }
 
-// The FP8 latent product of a page's scores, acc += Q K^T over the 512 dims: Q and the page's K
-// as TMA wrote them (128-byte swizzle, 128 bytes per row): a K step moves 32 bytes along the row,
-// or to the next box. Both 64-row tiles' score.
-__device__ __forceinline__ void latent_product(float (&acc)[8][4], uint64_t qn, uint64_t kl) {
-#pragma unroll
-  for (int kk = 0; kk < 16; ++kk)
-    wg::mma_64x64x32_e4m3_ss(acc, wg::desc_add(qn, (kk / 4) * (kRows * kTmaBoxBytes) + (kk % 4) * 32),
-                             wg::desc_add(kl, (kk / 4) * (Cfg::kPageTokens * kTmaBoxBytes) + (kk % 4) * 32));
-}
-
-// score: S of page j into acc (issued and committed, waited for by the caller). The bf16 rope
-// product first (overwriting the accumulator; Q's rope from registers), then the FP8 latent one.
-__device__ __forceinline__ void score(float (&acc)[8][4], const Smem& sm, const uint32_t (&qa)[4][4],
-                                      uint64_t qn, int j) {
-  const int s = j % Cfg::kStages;
-  sm.ring.wait(j);
-  wg::fence_operands(acc);
-  wg::fence();
-  const uint64_t kr = wg::desc_sw128(sm.kr(s));
-  wg::mma_64x64x16_bf16_rs_zero(acc, qa[0], kr);
-#pragma unroll
-  for (int ks = 1; ks < 4; ++ks) wg::mma_64x64x16_bf16_rs(acc, qa[ks], wg::desc_add(kr, ks * 32));
-  latent_product(acc, qn, wg::desc_sw128(sm.kl(s)));
-  wg::commit();
-}
-
 // rescale_accumulate: o = o * r (per row) + P' V^T of page jj for output half c (issued and
 // committed, not waited for); page jj's P' is in P buffer jj % 2. kCarried: most pages keep their
 // sigma and have r = 1 on every row, so a warp whose rows all have r = 1 skips the 128 multiplies.
@@ -107,13 +82,6 @@ __device__ __forceinline__ void rescale_accumulate(float (&o)[32][4], const floa
   wg::mma_64x256x32_e4m3_ss(o, wg::desc(pt + 256, 128, 512), wg::desc(vt + 256, 128, 512));
   wg::commit();
 }
-
-// What a page's softmax step leaves the owner's own PV of the page: per row, sigma_j (0: nothing
-// visible), rho_j = alpha_j / sigma_j and the page's row sum over sigma_j. Under CarriedScale:
-// sigma_j, the output's factor r_j itself in rho, and lsum (already applied to l).
-struct PageFactors {
-  float sig[2] = {0.f, 0.f}, rho[2] = {0.f, 0.f}, lsum[2] = {0.f, 0.f};
-};
 
 // The rule of P's scale per row and page (Fp8PScale), given the page's running max, its row max,
 // max P' and row sum: the page's factors and the multiplier of P' (inv). PerPageScale: sigma_j =
@@ -132,14 +100,6 @@ struct PerPageScale {
       f.lsum[ri] = x.lsum;
     }
   }
-};
-
-// The consumer thread's fixed view of its rows: the two rows it holds (r0, r0 + 8), their
-// visible ends and their score factors (softmax_scale * s_q).
-struct RowView {
-  int r0, q;
-  int vis[2];
-  float factor[2];
 };
 
 // softmax_page: page j's scores (in acc) -> P' in the page's P buffer (for the PV's async proxy)
@@ -225,103 +185,12 @@ __device__ __forceinline__ void publish_page(const Smem& sm, const RowView& rv, 
   hand_arrive<Fp8Barrier::kP>(c);
 }
 
-// The per-page P' scales' step (the transposing tile's): softmax_page's result up to fp32
-// rounding, with the exponentials taken against the page's own row max before the running max
-// arrives from the other consumer. Against the running max m the page's weights are w lift with
-// w = exp(s - max_page s) s_t and lift = exp(max_page s - m), so the reference's max P' is
-// lift max w and its P' = w lift / sigma: after the hand-off only the row's factors and one
-// multiply per weight (lift / sigma, folded into one factor) remain. Same hand-offs as
-// softmax_page (Max, then Free); the caller publishes. Two steps, page_factors_early (up to the
-// factors; the Max hand-off) and store_page_p (the Free hand-off and the P' stores), so that the
-// loop issues the other consumer's PV between them (per_page_iteration).
-struct EarlyPage {
-  PageFactors f;
-  float by[2];  // P' = w x by
-  bool none;    // no row of the warp sees the page
-};
-
-template <ScoreStep kStep>
-__device__ __forceinline__ EarlyPage page_factors_early(float (&acc)[8][4], const Smem& sm, const RowView& rv,
-                                                        const Work& w, int j, int c, int nblk) {
-  EarlyPage e;
-  const int s = j % Cfg::kStages;
-  const int blk = w.begin + j * Cfg::kPageTokens;
-  const int r0 = rv.r0, q = rv.q;
-  const bool full = __all_sync(0xffffffffu, blk + Cfg::kPageTokens <= min(rv.vis[0], rv.vis[1]));
-  e.none = __all_sync(0xffffffffu, blk >= max(rv.vis[0], rv.vis[1]));
-  float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f}, wmax[2] = {0.f, 0.f};
-  // w, against the page's own max. Under the base-2 step (kFolded) scores and maxima are in log2
-  // units (rv.factor includes log2e), so exponentials take differences as they are (kUnit).
-  constexpr bool kBase2 = kStep == ScoreStep::kFolded;
-  constexpr float kUnit = kBase2 ? 1.f : kLog2e;
-  if (full && kBase2) {
-    page_scores_folded(acc, rv.factor, sm.scale(s), q, mx);
-    page_probs_by<false, true>(acc, mx, rv.factor, sm.scale(s), q, sum, wmax);
-  } else if (full) {
-    page_scores<false, true, true>(acc, rv.factor, rv.vis, blk, sm.scale(s), q, mx);
-    page_probs<false>(acc, mx, sm.scale(s), q, sum, wmax);
-  } else if (!e.none) {
-    page_scores<true, true, true>(acc, rv.factor, rv.vis, blk, sm.scale(s), q, mx);
-    if constexpr (kBase2) page_probs_by<true, true>(acc, mx, {1.f, 1.f}, sm.scale(s), q, sum, wmax);
-    else page_probs<true>(acc, mx, sm.scale(s), q, sum, wmax);
-  }
-  sm.ring.release(j);  // QK operands and scales are read
-  // The running max after page j - 1, from its owner (the chain of the reference).
-  float m_prev[2] = {-INFINITY, -INFINITY}, m_cur[2];
-  if (j > 0) {
-    hand_sync<Fp8Barrier::kMax>(1 - c);
-    m_prev[0] = sm.max_after(j - 1, r0);
-    m_prev[1] = sm.max_after(j - 1, r0 + 8);
-  }
-  m_cur[0] = fmaxf(m_prev[0], mx[0]);
-  m_cur[1] = fmaxf(m_prev[1], mx[1]);
-  if (q == 0) {
-    sm.max_after(j, r0) = m_cur[0];
-    sm.max_after(j, r0 + 8) = m_cur[1];
-  }
-  if (j + 1 < nblk) hand_arrive<Fp8Barrier::kMax>(c);
-  // The factors as per_page_scale makes them, without its compares (ptxas ran out of predicates
-  // and spilled here): lift = exp(max_page s - m) is 0 where the row saw nothing (mx = -inf), and
-  // also where the page's weights are below 2^-126 of the running max's, which the reference
-  // quantizes to 0 anyway (P' < 448 x 2^-126 / kMinAmax), so such a page leaves the row as it is.
-#pragma unroll
-  for (int ri = 0; ri < 2; ++ri) {
-    const float lift = ex2(fmaxf(mx[ri] - m_cur[ri], -128.f) * kUnit);  // mx = m = -inf: NaN, then -128
-    const float seen = fminf(lift * 0x1p126f, 1.f);                      // 0 or 1 (ex2 flushes to zero)
-    const float a = fmaxf(lift * wmax[ri], kMinAmax);                     // max P' against the running max
-    const float inv = __fdividef(kE4m3Max, a) * seen;
-    e.f.sig[ri] = a * (1.f / kE4m3Max) * seen;
-    e.f.rho[ri] = ex2((m_prev[ri] - m_cur[ri]) * kUnit) * inv;
-    e.f.lsum[ri] = sum[ri] * lift * inv;
-    e.by[ri] = inv * lift;
-  }
-  return e;
-}
-
-// store_page_p: page j's P' (e4m3, from the weights in acc) into its P buffer, once the other
-// consumer's PV of page j - 2 has left it (Free).
+// store_page_p: page j's P' into its P buffer, once the other consumer's PV of page j - 2 has left
+// it (Free).
 __device__ __forceinline__ void store_page_p(const float (&acc)[8][4], const Smem& sm, const RowView& rv,
                                              const EarlyPage& e, int j, int c) {
   if (j >= 2) hand_sync<Fp8Barrier::kFree>(c);  // the other's PV of page j - 2 is done
-  uint8_t* pt = sm.p_tile(j);
-  const int r0 = rv.r0, q = rv.q;
-  auto p_word = [&](int ri, int hh) { return pt + km_offset(r0 + 8 * ri, 16 * hh + 4 * q, Cfg::kPageTokens); };
-  if (e.none) {
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri)
-#pragma unroll
-      for (int hh = 0; hh < 4; ++hh) ptx::sts32(p_word(ri, hh), 0u);
-  } else {
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri)
-#pragma unroll
-      for (int hh = 0; hh < 4; ++hh)
-        ptx::sts32(p_word(ri, hh), e4m3x4(__fmul_rn(acc[2 * hh][2 * ri], e.by[ri]),
-                                          __fmul_rn(acc[2 * hh][2 * ri + 1], e.by[ri]),
-                                          __fmul_rn(acc[2 * hh + 1][2 * ri], e.by[ri]),
-                                          __fmul_rn(acc[2 * hh + 1][2 * ri + 1], e.by[ri])));
-  }
-  wg::fence_proxy_async();  // P written with st.shared, read by wgmma
+  write_page_p(acc, sm, rv, e, j);
 }
 
 // Fp8PScale::kCarried's step per page. The owner of page j decides its sigma from the state after
@@ -394,7 +263,7 @@ __device__ __forceinline__ void per_page_iteration(float (&o)[32][4], float (&ac
                                                    const uint32_t (&qa)[4][4], uint64_t qn, int j, int c, int nblk) {
   const bool mine = j < nblk;
   EarlyPage e;
-  if (mine) e = page_factors_early<kStep>(acc, sm, rv, w, j, c, nblk);
+  if (mine) e = page_factors_early<kStep>(acc, sm, rv, w, j, 1 - c, c, nblk);
   if (j > 0) {
     hand_sync<Fp8Barrier::kP>(1 - c);  // page j - 1's P' and factors, from its owner
     float r[2];
@@ -623,20 +492,6 @@ namespace vt {
 using VCfg = Fp8VRegsConfig;
 using VSmem = Fp8VRegsView;
 
-// score with Q's rope from shared memory (q_rope, as TMA wrote it: the rope product's A operand).
-__device__ __forceinline__ void score(float (&acc)[8][4], const VSmem& sm, uint64_t qr, uint64_t qn, int j) {
-  const int s = j % VCfg::kStages;
-  sm.ring.wait(j);
-  wg::fence_operands(acc);
-  wg::fence();
-  const uint64_t kr = wg::desc_sw128(sm.kr(s));
-  wg::mma_64x64x16_bf16_ss_zero(acc, qr, kr);
-#pragma unroll
-  for (int ks = 1; ks < 4; ++ks) wg::mma_64x64x16_bf16_ss(acc, wg::desc_add(qr, ks * 32), wg::desc_add(kr, ks * 32));
-  latent_product(acc, qn, wg::desc_sw128(sm.kl(s)));
-  wg::commit();
-}
-
 // The accumulator pinned around wgmma issue and wait (wg::fence_operands, per M tile).
 __device__ __forceinline__ void fence_all(float (&o)[4][8][4]) {
 #pragma unroll
@@ -758,7 +613,7 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
     // published and handed off; the PVs of pages j - 1 and j; the QK of page j + 2. Each consumer
     // thread releases a page's stage once its PV of the page has retired.
     const int jlast = nblk > 0 ? nblk : -1;
-    if (nblk > 0) vt::score(acc, sm, qr, qn, min(c, nblk - 1));
+    if (nblk > 0) score_rope_smem(acc, sm, qr, qn, min(c, nblk - 1));
     for (int j = c; j <= jlast; j += 2) {
       const bool mine = j < nblk;
       wg::wait<0>();
@@ -794,7 +649,7 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
         if (j + 1 < nblk) hand_arrive<Fp8Barrier::kFree>(1 - c);
       }
       if (mine) vt::pv_accumulate(o, sm, w, band, j, c, warp, lane);
-      vt::score(acc, sm, qr, qn, min(j + 2, nblk - 1));
+      score_rope_smem(acc, sm, qr, qn, min(j + 2, nblk - 1));
       wg::wait<1>();
       vt::fence_all(o);
       if (mine) sm.ring.release(j);
@@ -876,9 +731,14 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
   }
   // The query latent as one more plane: [batch * rows, 512] bytes, a tile's 64 rows per box row.
   const CUtensorMap tm_q = plane_map(q.nope, int64_t(q.batch) * p.rows, kLatentDim, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1);
-  if (tile == Fp8Tile::kRows64VRegs) {
+  if (tile == Fp8Tile::kRows64Trio || tile == Fp8Tile::kRows64VRegs) {
+    // These tiles read the Q rope through shared memory too: one more plane.
     const CUtensorMap tm_q_rope =
         plane_map(q.rope, int64_t(q.batch) * p.rows, kRopeDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
+    if (tile == Fp8Tile::kRows64Trio) {
+      launch_decode_fp8_trio(p, options, tm_latent, tm_rope, tm_q, tm_q_rope);
+      return;
+    }
     // The role index stays per thread here: the broadcast one leaves ptxas 4 bytes of spills.
     launch_decode<Fp8VRegsConfig, SplitKernels<decode_fp8_vregs_kernel>>("decode_fp8", int(sizeof(Fp8VRegsSmem)), p,
                                                                          options, tm_latent, tm_rope, tm_q, tm_q_rope);

@@ -31,7 +31,7 @@
 #include "decode/combine_tail.cuh"
 #include "decode/epilogue.cuh"
 #include "decode/launch.hpp"
-#include "decode/narrow.hpp"
+#include "decode/tile_launches.hpp"
 #include "decode/narrow_rows.cuh"
 #include "decode/pipeline.cuh"
 #include "decode/profile_stamps.cuh"

@@ -41,11 +41,13 @@ __device__ __forceinline__ void store_lse(const DecodeParams& p, const Work& w, 
 }
 
 // The fp32 partials of a split for the combine (a sequence with one split goes through
-// write_rows_staged): the C fragment's 32 n-tiles of 8 dims from dim0, rows row0 + g and
-// row0 + g + 8, one 8-byte store per row and n-tile (whole 32-byte sectors per instruction).
+// write_rows_staged): the C fragment's NT n-tiles of 8 dims from dim0 (those from n_from on),
+// rows row0 + g and row0 + g + 8, one 8-byte store per row and n-tile (whole 32-byte sectors per
+// instruction).
+template <int NT = 32>
 __device__ __forceinline__ void write_partials(const DecodeParams& p, const Work& w, const SoftmaxState& st,
-                                               const float (&o)[32][4], int row0, int dim0, int lane,
-                                               bool write_lse, bool fault) {
+                                               const float (&o)[NT][4], int row0, int dim0, int lane,
+                                               bool write_lse, bool fault, int n_from = 0) {
   const int g = lane / 4, q = lane % 4;
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
@@ -56,7 +58,8 @@ __device__ __forceinline__ void write_partials(const DecodeParams& p, const Work
     const float lse = row_lse(st.m[ri], st.l[ri], fault);
     float* dst = p.partial_out + (int64_t(w.split) * p.rows + r) * kLatentDim + dim0 + 2 * q;
 #pragma unroll
-    for (int n = 0; n < 32; ++n) {
+    for (int n = 0; n < NT; ++n) {
+      if (n < n_from) continue;
       const float a = empty && !fault ? 0.f : o[n][2 * ri] * scale;
       const float b = empty && !fault ? 0.f : o[n][2 * ri + 1] * scale;
       *reinterpret_cast<float2*>(dst + 8 * n) = make_float2(a, b);
@@ -150,6 +153,44 @@ __device__ __forceinline__ void write_rows_staged(const DecodeParams& p, const W
     const int k = it * 32 + lane, bb = k / 128, r = (k % 128) / 8, x = k % 8;
     const uint4 val = *reinterpret_cast<const uint4*>(stage + bb * 2048 + r * 128 + ((x ^ (r % 8)) * 16));
     if (row0 + r < p.rows) *reinterpret_cast<uint4*>(out + int64_t(r) * kLatentDim + bb * 64 + x * 8) = val;
+  }
+}
+
+// write_rows for a sequence with one split where the consumers hold output slices of any width
+// (the three-consumer tile's 176 dims): each consumer thread puts its two rows' bf16 values for
+// dims dim0 + 8 n_from .. dim0 + 8 NT - 1 into `tile` (64 rows x 1024 bytes in shared memory of the
+// CTA's own; 16-byte chunk x of row r at x ^ (r % 8), so a warp's 4-byte stores of one n-tile fall
+// in 32 different banks), and after named barrier `barrier` over the `threads` consumer threads
+// (tid: this one's index among them) they copy whole rows out, one 16-byte load and store per
+// lane and chunk. r0: the thread's first row in the tile (and r0 + 8); row0: the tile's first row.
+template <int NT>
+__device__ __forceinline__ void write_rows_assembled(const DecodeParams& p, const Work& w, const SoftmaxState& st,
+                                                     const float (&o)[NT][4], uint8_t* tile, int row0, int r0,
+                                                     int dim0, int n_from, int q, bool write_lse, bool fault,
+                                                     int barrier, int threads, int tid) {
+  constexpr int kRowBytes = kLatentDim * 2, kChunks = kRowBytes / 16;
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int r = r0 + 8 * ri;
+    const bool empty = st.l[ri] == 0.f && !fault;
+    const float scale = row_scale(empty, st.l[ri], st.sigma[ri], fault);
+    if (write_lse && q == 0 && row0 + r < p.rows) store_lse(p, w, row0 + r, row_lse(st.m[ri], st.l[ri], fault));
+    uint8_t* row = tile + r * kRowBytes;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      if (n < n_from) continue;
+      const int x = dim0 / 8 + n;  // the 16-byte chunk of dims 8 x .. 8 x + 7
+      const float a = empty ? 0.f : o[n][2 * ri] * scale, b = empty ? 0.f : o[n][2 * ri + 1] * scale;
+      ptx::sts32(row + ((x ^ (r % 8)) * 16) + 4 * q, bf16x2_bits(a, b));
+    }
+  }
+  ptx::named_barrier(barrier, threads);
+  uint16_t* out = p.out + (int64_t(w.seq) * p.rows + row0) * kLatentDim;
+  for (int k = tid; k < kTileRows * kChunks; k += threads) {
+    const int r = k / kChunks, x = k % kChunks;
+    if (row0 + r >= p.rows) break;  // rows past the query rows: every later k too
+    *reinterpret_cast<uint4*>(out + int64_t(r) * kLatentDim + 8 * x) =
+        *reinterpret_cast<const uint4*>(tile + r * kRowBytes + ((x ^ (r % 8)) * 16));
   }
 }
 

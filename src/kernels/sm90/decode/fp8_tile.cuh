@@ -95,9 +95,10 @@ static_assert(sizeof(Fp8TileSmem::Stage) % 1024 == 0, "stages keep the 1024-byte
 // tiles' plans have these regions). Pointers rather than a reference to the plan: addressing the
 // struct's members directly gave ptxas 8 bytes of spills in the transposing tile; this form
 // compiles to the same SASS as the hand-kept offsets it replaced.
-template <typename L, int kStageCount>
+template <typename L, int kStageCount, int kPageSlotCount = 2>
 struct PageTileView {
   static constexpr int kStages = kStageCount;
+  static constexpr int kPageSlots = kPageSlotCount;  // P' buffers and factor slots, page j in slot j % kPageSlots
   static constexpr int kRows = kTileRows;
   uint8_t* q_latent;
   uint8_t* stage;
@@ -123,10 +124,11 @@ struct PageTileView {
   }
   __device__ float* scale(int s) const { return scales + s * kPageSize; }
   // P' of page j as e4m3 [64 rows x 64 slots] (K-major, in the S fragment's slot order).
-  __device__ uint8_t* p_tile(int j) const { return pbuf + (j % 2) * L::kPBytes; }
-  // The running max after page j, the page's factors per row: slot j % 2.
+  __device__ uint8_t* p_tile(int j) const { return pbuf + (j % kPageSlots) * L::kPBytes; }
+  // The running max after page j (slot j % 2: the owner of page j + 2 writes it only after the
+  // owner of page j + 1 has read it, the chain of Max hand-offs), the page's factors per row.
   __device__ float& max_after(int j, int r) const { return xmax[(j % 2) * kRows + r]; }
-  __device__ float2& factors_of(int j, int r) const { return xsig[(j % 2) * kRows + r]; }
+  __device__ float2& factors_of(int j, int r) const { return xsig[(j % kPageSlots) * kRows + r]; }
 };
 
 // The transposing tile's view: the shared regions, and the V^T slots with their barriers.
@@ -134,6 +136,9 @@ struct Fp8TileView : PageTileView<Fp8TileSmem, Fp8TileConfig::kStages> {
   using C = Fp8TileConfig;
   using L = Fp8TileSmem;
   static constexpr bool kOwnerReleasesStage = true;  // the page's owner (QK, scales) and the transposers read it
+  static constexpr int kVtStages = C::kVtStages;
+  static constexpr int kTransposerBarrier = int(Fp8Barrier::kTransposers);
+  static constexpr int kTransposerInFlight = 4;  // a unit's four ldmatrix before its stores
   uint8_t* vt_base;
   uint64_t* vt_full;   // [kVtStages]
   uint64_t* vt_empty;  // [kVtStages]
@@ -147,6 +152,8 @@ struct Fp8TileView : PageTileView<Fp8TileSmem, Fp8TileConfig::kStages> {
   __device__ uint8_t* vt_half(int j, int c) const {
     return vt_base + ((j % C::kVtStages) * C::kConsumers + c) * L::kVtHalfBytes;
   }
+  // V^T of page j, all 512 dims (the transposers' view).
+  __device__ uint8_t* vt_page(int j) const { return vt_half(j, 0); }
   // One thread, before a __syncthreads.
   __device__ void init_vt() const {
     for (int v = 0; v < C::kVtStages; ++v) {

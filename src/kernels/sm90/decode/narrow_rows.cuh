@@ -7,7 +7,7 @@
 #pragma once
 
 #include "kernels/common/ptx.cuh"
-#include "narrow.hpp"
+#include "tile_launches.hpp"
 
 namespace snapmla::cuda {
 

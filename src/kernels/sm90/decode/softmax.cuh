@@ -253,4 +253,23 @@ __device__ __forceinline__ void add_other_sums(SoftmaxState& st, float* xchg, in
   st.l[1] += xchg[(1 - c) * kTileRows + r0 + 8];
 }
 
+// The same for tiles of more than two consumers: l is the consumers' parts summed in consumer
+// order, so that every consumer holds the same bits for the row (each one normalizes its own
+// output dims by it). `barrier`: a named barrier id over all kConsumers consumers.
+template <int kConsumers>
+__device__ __forceinline__ void sum_consumer_parts(SoftmaxState& st, float* xchg, int c, int r0, int q, int barrier) {
+  if (q == 0) {
+    xchg[c * kTileRows + r0] = st.l[0];
+    xchg[c * kTileRows + r0 + 8] = st.l[1];
+  }
+  ptx::named_barrier(barrier, 128 * kConsumers);
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    float l = xchg[r0 + 8 * ri];
+#pragma unroll
+    for (int k = 1; k < kConsumers; ++k) l += xchg[k * kTileRows + r0 + 8 * ri];
+    st.l[ri] = l;
+  }
+}
+
 }  // namespace snapmla::cuda

@@ -64,18 +64,26 @@ struct TransposeLanes {
 };
 
 // One unit; keep masks the bytes of tokens at or past the split end (P is 0 there, but V may
-// be NaN). The four ldmatrix are issued before any store (they would otherwise wait on each
-// other through the stores' memory order).
+// be NaN). kInFlight of the four ldmatrix are issued before their stores (they would otherwise
+// wait on each other through the stores' memory order): all four (16 registers) where the
+// producer has them, two in a 32-register producer.
+template <int kInFlight = 4>
 __device__ __forceinline__ void transpose_unit(const uint8_t* src, uint8_t* dst, const TransposeLanes& tl,
                                                uint32_t keep) {
-  uint32_t r[4][4];
+  static_assert(kInFlight == 2 || kInFlight == 4, "whole groups of ldmatrix");
+  uint32_t r[kInFlight][4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) ptx::ldsm_x4_trans(src + tl.chunk(i), r[i]);
+  for (int i = 0; i < kInFlight; ++i) ptx::ldsm_x4_trans(src + tl.chunk(i), r[i]);
 #pragma unroll
-  for (int i = 0; i < 4; ++i)
-    ptx::stsm_x4(dst + i * 2048, ptx::prmt(r[i][0], r[i][1], tl.sel_a) & keep,
-                 ptx::prmt(r[i][0], r[i][1], tl.sel_b()) & keep, ptx::prmt(r[i][2], r[i][3], tl.sel_a) & keep,
-                 ptx::prmt(r[i][2], r[i][3], tl.sel_b()) & keep);
+  for (int i = 0; i < 4; ++i) {
+    if (kInFlight == 2 && i == 2) {  // the second pair, once the first one's stores are issued
+#pragma unroll
+      for (int k = 0; k < 2; ++k) ptx::ldsm_x4_trans(src + tl.chunk(2 + k), r[k]);
+    }
+    const uint32_t(&v)[4] = r[i % kInFlight];
+    ptx::stsm_x4(dst + i * 2048, ptx::prmt(v[0], v[1], tl.sel_a) & keep, ptx::prmt(v[0], v[1], tl.sel_b()) & keep,
+                 ptx::prmt(v[2], v[3], tl.sel_a) & keep, ptx::prmt(v[2], v[3], tl.sel_b()) & keep);
+  }
 }
 
 // After a page's transposition (all transposer warps), V^T bytes of tokens [from, to) that are
@@ -83,9 +91,10 @@ __device__ __forceinline__ void transpose_unit(const uint8_t* src, uint8_t* dst,
 // P' = 0 in the PV, and 0 x NaN is NaN; the rows that see them already have a NaN score (the QK
 // reads the stage, not V^T). Token t sits at slot 32 k + 16 h + 4 q + j of V^T (the order of
 // transpose_unit, see TransposeLanes).
+template <int kBarrier>
 __device__ __forceinline__ void zero_nan_tokens(uint8_t* vt, int from, int to) {
   using C = Fp8TileConfig;
-  ptx::named_barrier(int(Fp8Barrier::kTransposers), C::kTransposers);  // every unit is written
+  ptx::named_barrier(kBarrier, C::kTransposers);  // every unit is written
   const int tid = int(threadIdx.x) - C::kLoaderThreads;
   for (int t = from; t < to; ++t) {
     const int u = t % 32, v = u % 16;
@@ -102,32 +111,38 @@ __device__ __forceinline__ void zero_nan_tokens(uint8_t* vt, int from, int to) {
 // Page i of the split by transposer warp tw: once the page has landed and PV of the page that
 // last used its V^T slot is done, its latent -> the slot's V^T (tokens at or past ntok zeroed,
 // NaN bytes of tokens at or past `band`, which some query rows do not see, zeroed after), then
-// the slot is marked full and the stage released (the transposers are readers of it).
-__device__ __forceinline__ void transpose_page(const Fp8TileView& sm, int i, int tw, const TransposeLanes& tl, int ntok,
+// the slot is marked full and the stage released (the transposers are readers of it). View: the
+// tile's shared-memory view (its stages, V^T slots and their barriers, the transposers' barrier id:
+// Fp8TileView, Fp8TrioView); both tiles' producers have the loading warp and three transposer warps.
+// View::kTransposerInFlight: transpose_unit's ldmatrix issued before their stores.
+template <typename View>
+__device__ __forceinline__ void transpose_page(const View& sm, int i, int tw, const TransposeLanes& tl, int ntok,
                                                int band) {
   using C = Fp8TileConfig;
+  constexpr int kVtStages = View::kVtStages;
   sm.ring.wait(i);
-  if (i >= C::kVtStages) mbar::wait(&sm.vt_empty[i % C::kVtStages], ((i / C::kVtStages) - 1) & 1);
-  const uint8_t* kl = sm.kl(i % C::kStages);
-  uint8_t* vt = sm.vt_half(i, 0);  // the halves are contiguous: unit offsets span both
+  if (i >= kVtStages) mbar::wait(&sm.vt_empty[i % kVtStages], ((i / kVtStages) - 1) & 1);
+  const uint8_t* kl = sm.kl(i % View::kStages);
+  uint8_t* vt = sm.vt_page(i);  // 512 dims x 64 slots, K-major: unit offsets span all of them
+  constexpr int kInFlight = View::kTransposerInFlight;
   if (ntok == C::kPageTokens && band >= C::kPageTokens) {  // a whole page seen by every row: no masks
 #pragma unroll
     for (int k = 0; k < kUnitsPerWarp; ++k)
       if (tw + kTransposerWarps * k < 16)
-        transpose_unit(kl + tl.src_of(tw + kTransposerWarps * k), vt + tl.dst_of(tw + kTransposerWarps * k), tl,
-                       0xFFFFFFFFu);
+        transpose_unit<kInFlight>(kl + tl.src_of(tw + kTransposerWarps * k), vt + tl.dst_of(tw + kTransposerWarps * k),
+                                  tl, 0xFFFFFFFFu);
   } else {
 #pragma unroll
     for (int k = 0; k < kUnitsPerWarp; ++k) {
       const int u = tw + kTransposerWarps * k, t0 = tl.t0_of(u);
       const uint32_t keep = (t0 < ntok ? 0xFFu : 0u) | (t0 + 1 < ntok ? 0xFF00u : 0u) |
                             (t0 + 8 < ntok ? 0xFF0000u : 0u) | (t0 + 9 < ntok ? 0xFF000000u : 0u);
-      if (u < 16) transpose_unit(kl + tl.src_of(u), vt + tl.dst_of(u), tl, keep);
+      if (u < 16) transpose_unit<kInFlight>(kl + tl.src_of(u), vt + tl.dst_of(u), tl, keep);
     }
-    if (band < ntok) zero_nan_tokens(vt, max(band, 0), ntok);
+    if (band < ntok) zero_nan_tokens<View::kTransposerBarrier>(vt, max(band, 0), ntok);
   }
   wg::fence_proxy_async();  // V^T written with st.shared, read by wgmma (async proxy)
-  mbar::arrive(&sm.vt_full[i % C::kVtStages]);
+  mbar::arrive(&sm.vt_full[i % kVtStages]);
   sm.ring.release(i);          // done reading the stage's latent
 }
 

@@ -1,0 +1,279 @@
+// decode_fp8, the three-consumer 64-row tile (Fp8Tile::kRows64Trio; not the default until the
+// H200 has checked and timed it).
+//
+// The parts (decode/): fp8_trio_tile.cuh - configuration, shared-memory plan, named barriers;
+// fp8_page_steps.cuh - the score and the owner's softmax step, shared with the transposing tile
+// (decode_fp8.cu); transposer.cuh - V^T for the PV; pipeline.cuh - the page ring; epilogue.cuh -
+// the output.
+//
+// The transposing tile's arithmetic, page for page, with the pages dealt to three consumers: page
+// j's owner is c = j % 3, and each consumer's iteration over its own page j takes the steps
+// (trio_iteration):
+//   apply_page_pv(j - 2)  the P' of page j - 2 (from its owner) applied: the output slice rescaled
+//                         and its PV issued (QGMMA m64n176k32), to run under this page's softmax;
+//   page_factors_early    the owner's softmax of page j up to its factors, the running max taken
+//                         from page j - 1's owner and handed to page j + 1's;
+//   apply_page_pv(j - 1)  once the PV of page j - 2 has retired;
+//   write_page_p          page j's P' into its buffer (once the other two consumers' PVs of page
+//                         j - 2 have left it) and its factors published, under that PV;
+//   own PV, score         page j's PV, then the QK of page j + 3 (its stage refilled by then).
+// Every consumer applies every page in order (its l and sigma follow the reference's chain); the
+// parts of l are summed after the pages in consumer order. A sequence with one split assembles its
+// bf16 rows in the page stages and writes them whole; a split sequence writes fp32 partials.
+// Cycle budget and the counts behind the design: docs/kernels.md.
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "kernels/common/check.cuh"
+#include "kernels/common/mbarrier.cuh"
+#include "kernels/common/ptx.cuh"
+#include "kernels/common/tma.cuh"
+#include "kernels/common/wgmma.cuh"
+#include "decode/epilogue.cuh"
+#include "decode/fp8_page_steps.cuh"
+#include "decode/fp8_trio_tile.cuh"
+#include "decode/launch.hpp"
+#include "decode/pipeline.cuh"
+#include "decode/scheduler.cuh"
+#include "decode/softmax.cuh"
+#include "decode/tile_launches.hpp"
+#include "decode/transposer.cuh"
+
+namespace snapmla::cuda {
+namespace {
+
+using Cfg = Fp8TrioConfig;
+using Smem = Fp8TrioView;
+constexpr int kConsumers = Cfg::kConsumers;
+constexpr int kAllConsumers = 128 * kConsumers;
+
+// The P and Free hand-offs (`kBase + owner`) over all three consumers.
+template <Fp8TrioBarrier kBase>
+__device__ __forceinline__ void trio_sync(int owner) {
+  ptx::named_barrier(int(kBase) + owner, kAllConsumers);
+}
+template <Fp8TrioBarrier kBase>
+__device__ __forceinline__ void trio_arrive(int owner) {
+  ptx::named_barrier_arrive(int(kBase) + owner, kAllConsumers);
+}
+
+// rescale_accumulate: o = o * r (per row) + P' V^T of page jj for consumer c's slice (issued and
+// committed, not waited for).
+__device__ __forceinline__ void rescale_accumulate(float (&o)[Cfg::kOutTiles][4], const float (&r)[2], const Smem& sm,
+                                                   int jj, int c) {
+  scale_rows(o, r);
+  const uint8_t* pt = sm.p_tile(jj);
+  const uint8_t* vt = sm.vt_slice(jj, c);
+  mbar::wait(&sm.vt_full[jj % Cfg::kVtStages], (jj / Cfg::kVtStages) & 1);
+  wg::fence_operands(o);
+  wg::fence();
+  wg::mma_64x176x32_e4m3_ss(o, wg::desc(pt, 128, 512), wg::desc(vt, 128, 512));
+  wg::mma_64x176x32_e4m3_ss(o, wg::desc(pt + 256, 128, 512), wg::desc(vt + 256, 128, 512));
+  wg::commit();
+}
+
+// apply_page_pv: another consumer's page jj (owner: its index) applied to this consumer's state
+// and slice: its P' and factors taken (P hand-off), l and sigma moved into its domain, and its PV
+// issued.
+__device__ __forceinline__ void apply_page_pv(float (&o)[Cfg::kOutTiles][4], SoftmaxState& st, const Smem& sm,
+                                              const RowView& rv, int jj, int owner, int c) {
+  trio_sync<Fp8TrioBarrier::kP>(owner);
+  float r[2];
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const float2 x = sm.factors_of(jj, rv.r0 + 8 * ri);
+    r[ri] = apply_page(st, ri, x.x, x.y, 0.f);
+  }
+  rescale_accumulate(o, r, sm, jj, c);
+}
+
+// After this consumer's PV of page jj has retired: its V^T slot released, and, unless this consumer
+// takes the page's P' slot next (it owns page jj + 2), the owner of page jj + 2 told that its
+// P' and factors may go there (Free).
+__device__ __forceinline__ void retire_page_pv(const Smem& sm, int jj, int c, int nblk) {
+  mbar::arrive(&sm.vt_empty[jj % Cfg::kVtStages]);
+  const int taker = (jj + 2) % kConsumers;
+  if (taker != c && jj + 2 < nblk) trio_arrive<Fp8TrioBarrier::kFree>(taker);
+}
+
+// next_score: the QK of page jn (issued and committed). The ring's full barrier of page jn's stage
+// tells phases apart by parity only, and with two stages and pages dealt three ways this consumer
+// may come to it while the stage still holds page jn - 4 (page jn - 2 not landed yet): the wait
+// would then pass on the old phase. So it first waits for page jn - 2's V^T, which is written only
+// after that page landed and cannot move on to page jn + 1 before this consumer's PV of page jn - 2,
+// which comes later (jn - 2 is the next page this consumer applies, or one it has applied where jn
+// is the split's last page and nothing follows it).
+__device__ __forceinline__ void next_score(float (&acc)[8][4], const Smem& sm, uint64_t qr, uint64_t qn, int jn) {
+  if (jn >= 2) mbar::wait(&sm.vt_full[(jn - 2) % Cfg::kVtStages], ((jn - 2) / Cfg::kVtStages) & 1);
+  score_rope_smem(acc, sm, qr, qn, jn);
+}
+
+// One iteration of consumer c over its page j (j = c mod 3; past the last page, j <= nblk + 1, only
+// the other consumers' last pages). The waits are on every path: ptxas serializes every wgmma
+// when it cannot see a group retired before its registers are used.
+template <ScoreStep kStep>
+__device__ __forceinline__ void trio_iteration(float (&o)[Cfg::kOutTiles][4], float (&acc)[8][4], SoftmaxState& st,
+                                               const Smem& sm, const RowView& rv, const Work& w,
+                                               uint64_t qr, uint64_t qn, int j, int c, int nblk) {
+  const bool mine = j < nblk;
+  const bool before2 = j >= 2 && j - 2 < nblk, before1 = j >= 1 && j - 1 < nblk;
+  const int prev = (c + 2) % kConsumers;   // the owner of page j - 1
+  const int prev2 = (c + 1) % kConsumers;  // the owner of page j - 2
+  if (before2) apply_page_pv(o, st, sm, rv, j - 2, prev2, c);
+  EarlyPage e;
+  if (mine) e = page_factors_early<kStep>(acc, sm, rv, w, j, prev, c, nblk);
+  wg::wait<0>();
+  wg::fence_operands(o);
+  if (before2) retire_page_pv(sm, j - 2, c, nblk);
+  if (before1) apply_page_pv(o, st, sm, rv, j - 1, prev, c);
+  float r_own[2] = {1.f, 1.f};
+  if (mine) {
+    if (j >= 2) trio_sync<Fp8TrioBarrier::kFree>(c);  // the others' PVs of page j - 2 are done
+    write_page_p(acc, sm, rv, e, j);
+    if (rv.q == 0) {
+      sm.factors_of(j, rv.r0) = make_float2(e.f.sig[0], e.f.rho[0]);
+      sm.factors_of(j, rv.r0 + 8) = make_float2(e.f.sig[1], e.f.rho[1]);
+    }
+    trio_arrive<Fp8TrioBarrier::kP>(c);
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) r_own[ri] = apply_page(st, ri, e.f.sig[ri], e.f.rho[ri], e.f.lsum[ri]);
+  }
+  wg::wait<0>();
+  wg::fence_operands(o);
+  if (before1) retire_page_pv(sm, j - 1, c, nblk);
+  if (mine) {
+    ptx::named_barrier(int(Fp8TrioBarrier::kOwnPage) + c, 128);  // all of this consumer's P'(j) is stored
+    rescale_accumulate(o, r_own, sm, j, c);
+  }
+  next_score(acc, sm, qr, qn, min(j + 3, nblk - 1));
+  wg::wait<1>();
+  wg::fence_operands(o);
+  if (mine) retire_page_pv(sm, j, c, nblk);
+}
+
+template <ScoreStep kStep>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    decode_fp8_trio_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
+                           const __grid_constant__ CUtensorMap tm_rope, const __grid_constant__ CUtensorMap tm_q,
+                           const __grid_constant__ CUtensorMap tm_q_rope) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  dependents_at_start(p);  // a programmatic combine's blocks may start (they wait for this grid)
+  const SplitRange range = splits_of_worker(p, grid_worker(p));
+  if (range.first >= range.last) return;
+  const Smem sm(smem_raw);
+  const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
+  const int row0 = grid_row0(p);
+  // A stage is read by its page's owner (QK, scales) and the transposers; the Q tiles come with two
+  // arrivals (latent, rope), each with its bytes. Again before each further split of the worker
+  // (split_boundary).
+  const auto init_barriers = [&] {
+    sm.ring.init(128 + Cfg::kTransposers, 2);
+    sm.init_vt();
+  };
+  if (threadIdx.x == 0) {
+    if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
+    tma::prefetch_map(&tm_latent);
+    tma::prefetch_map(&tm_rope);
+    tma::prefetch_map(&tm_q);
+    tma::prefetch_map(&tm_q_rope);
+    init_barriers();
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
+    if (t >= Cfg::kLoaderThreads) {
+      // 32 registers: two of a unit's ldmatrix in flight (Fp8TrioView).
+      const int tw = (t - Cfg::kLoaderThreads) / 32;
+      const TransposeLanes tl(t % 32);
+      for (int item = range.first; item < range.last; ++item) {
+        if (item > range.first) split_boundary<Cfg::kThreads>(NoInit{});
+        const Work w = work_of(p, item);
+        const int band = band_start(p, w);
+        for (int i = 0, nblk = w.pages(); i < nblk; ++i) {
+          const int blk = w.begin + i * Cfg::kPageTokens;
+          transpose_page(sm, i, tw, tl, min(Cfg::kPageTokens, w.end - blk), band - blk);
+        }
+      }
+      return;
+    }
+    for (int item = range.first; item < range.last; ++item) {
+      if (item > range.first) split_boundary<Cfg::kThreads>(init_barriers);
+      const Work w = work_of(p, item);
+      if (t == 0) {
+        const int row = int(int64_t(w.seq) * p.rows + row0);
+        load_q_tile<kLatentDim, 1>(&tm_q, sm.q_latent, row, sm.ring.qbar);
+        mbar::arrive_expect_tx(sm.ring.qbar, Cfg::kRows * kRopeDim * 2);
+        tma::load_2d(sm.q_rope, &tm_q_rope, 0, row, sm.ring.qbar);
+        sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, 0, w.pages());
+      }
+    }
+    return;
+  }
+
+  ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
+  for (int item = range.first; item < range.last; ++item) {
+    if (item > range.first) split_boundary<Cfg::kThreads>(NoInit{});
+    const Work w = work_of(p, item);
+    const int nblk = w.pages();
+    const int c = uniform_in_warp<RoleIndex::kUniform>(wg) - 1;  // owns pages j = c (mod 3); output slice c
+    const int warp = uniform_in_warp<RoleIndex::kUniform>(t / 32), lane = t % 32;
+    RowView rv;
+    rv.q = lane % 4;
+    rv.r0 = 16 * warp + lane / 4;  // the thread's first row in the tile (and r0 + 8)
+    // Score factors; in log2 units under the base-2 step (page_factors_early), back at the end.
+    constexpr bool kBase2 = kStep == ScoreStep::kFolded;
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const int r = row0 + rv.r0 + 8 * ri;
+      const bool ok = r < p.rows;
+      rv.vis[ri] = ok ? visible_end(p, w, r) : 0;
+      rv.factor[ri] = p.softmax_scale * p.q_scale[int64_t(w.seq) * p.rows + (ok ? r : 0)] * (kBase2 ? kLog2e : 1.f);
+    }
+    SoftmaxState st;
+    float o[Cfg::kOutTiles][4];
+#pragma unroll
+    for (int n = 0; n < Cfg::kOutTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    mbar::wait(sm.ring.qbar, 0);
+
+    float acc[8][4];  // S of this consumer's page, issued behind the previous iteration's PVs
+    const uint64_t qn = wg::desc_sw128(sm.q_latent), qr = wg::desc_sw128(sm.q_rope);
+    // Every iteration issues exactly one QK and waits for it (past the last page it repeats the
+    // last one, whose stage still holds it: no page of the split follows it into the ring).
+    const int jlast = nblk > 0 ? nblk + 1 : -1;
+    if (nblk > 0) next_score(acc, sm, qr, qn, min(c, nblk - 1));
+    for (int j = c; j <= jlast; j += kConsumers) {
+      wg::wait<0>();
+      wg::fence_operands(acc);
+      trio_iteration<kStep>(o, acc, st, sm, rv, w, qr, qn, j, c, nblk);
+    }
+    wg::wait<0>();
+    wg::fence_operands(acc);
+    sum_consumer_parts<kConsumers>(st, sm.xl, c, rv.r0, rv.q, int(Fp8TrioBarrier::kConsumers));
+    dependents_after_pages(p, range, item);
+    // Every page was acquired before that barrier; a bad length faults the whole sequence.
+    const bool fault = sm.ring.faulted() || w.bad_len;
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      st.l[ri] *= st.sigma[ri];
+      if (nblk > 0) st.m[ri] = sm.max_after(nblk - 1, rv.r0 + 8 * ri) * (kBase2 ? kLn2 : 1.f);
+    }
+    // Past that barrier no wgmma is in flight and every page was consumed: the page stages are free.
+    const int n_from = c == kConsumers - 1 ? Cfg::kLastOverlapTiles : 0;
+    if (w.single)
+      write_rows_assembled(p, w, st, o, sm.stage, row0, rv.r0, Cfg::dim0(c), n_from, rv.q, c == 0, fault,
+                           int(Fp8TrioBarrier::kConsumers), kAllConsumers, threadIdx.x - 128);
+    else
+      write_partials(p, w, st, o, row0 + 16 * warp, Cfg::dim0(c), lane, c == 0, fault, n_from);
+  }
+}
+
+}  // namespace
+
+void launch_decode_fp8_trio(const DecodeParams& p, const DecodeOptions& options, const CUtensorMap& tm_latent,
+                            const CUtensorMap& tm_rope, const CUtensorMap& tm_q, const CUtensorMap& tm_q_rope) {
+  launch_decode<Fp8TrioConfig, SplitKernels<decode_fp8_trio_kernel<ScoreStep::kReference>>>(
+      "decode_fp8", int(sizeof(Fp8TrioSmem)), p, options, tm_latent, tm_rope, tm_q, tm_q_rope);
+}
+
+}  // namespace snapmla::cuda
