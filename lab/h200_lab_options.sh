@@ -7,7 +7,8 @@
 # the combine folded into the decode kernels' tail
 # (SNAPMLA_COMBINE_FUSED=1), the fp32 partials staged through shared memory (SNAPMLA_PARTIALS=staged),
 # the late trigger of the programmatic combine (SNAPMLA_COMBINE_PDL=late), the 64-row tile on
-# narrow calls (SNAPMLA_FP8_TILE=rows64_all) and decode_bf16's narrow tile (SNAPMLA_BF16_TILE=narrow).
+# narrow calls (SNAPMLA_FP8_TILE=rows64_all), decode_bf16's narrow tile (SNAPMLA_BF16_TILE=narrow) and
+# decode_fp8's three-consumer tile (SNAPMLA_FP8_TILE=trio; its tests: lab/h200_untimed_tiles.sh).
 #  1. the GPU tests that cover them, with the untimed kernels' runs switched on
 #     (SNAPMLA_TEST_UNTIMED=1) and a short timeout: a hang (an earlier draft of the score step
 #     hung on a poisoned row) stops this part only;
@@ -126,6 +127,8 @@ if part bench; then
     # fstaged: the fused combine with staged partials (the pair to make the default if both win);
     # fequal: the same on the planner's equal shares (the split length without the combine's price).
     # bnarrow: decode_bf16's narrow tile at h <= 16 (decode_fp8 runs its default there: noise).
+    # trio: decode_fp8's three-consumer 64-row tile on the calls of more than 16 rows (decode_bf16
+    # runs its default there: noise).
     # VARIANTS="thread fused ...": only those (each variant adds two graphs per case, so all
     # ten may not fit one call's time: split them over two PARTS=bench calls).
     # SKIP_VARIANTS="fused ...": leave those out (one whose tests failed in the PARTS=tests call:
@@ -135,6 +138,7 @@ if part bench; then
              ownpv:SNAPMLA_BF16_OWN_PV=registers thread:SNAPMLA_ROLE_INDEX=thread fused:SNAPMLA_COMBINE_FUSED=1 \
              staged:SNAPMLA_PARTIALS=staged qkfirst:SNAPMLA_BF16_QK_ORDER=a_first \
              fstaged:SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged bnarrow:SNAPMLA_BF16_TILE=narrow \
+             trio:SNAPMLA_FP8_TILE=trio \
              fequal:SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged,SNAPMLA_PLAN_SPLIT=equal; do
       [ -z "${VARIANTS:-}" ] || [[ " $VARIANTS " == *" ${v%%:*} "* ]] || continue
       [[ " ${SKIP_VARIANTS:-} " == *" ${v%%:*} "* ]] || variants="$variants --env $v"

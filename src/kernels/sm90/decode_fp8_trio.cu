@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (t >= Cfg::kLoaderThreads) {
       // 32 registers: two of a unit's ldmatrix in flight (Fp8TrioView).
-      const int tw = (t - Cfg::kLoaderThreads) / 32;
+      const int tw = uniform_in_warp<RoleIndex::kUniform>((t - Cfg::kLoaderThreads) / 32);
       const TransposeLanes tl(t % 32);
       for (int item = range.first; item < range.last; ++item) {
         if (item > range.first) split_boundary<Cfg::kThreads>(NoInit{});

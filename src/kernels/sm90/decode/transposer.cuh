@@ -70,19 +70,17 @@ struct TransposeLanes {
 template <int kInFlight = 4>
 __device__ __forceinline__ void transpose_unit(const uint8_t* src, uint8_t* dst, const TransposeLanes& tl,
                                                uint32_t keep) {
-  static_assert(kInFlight == 2 || kInFlight == 4, "whole groups of ldmatrix");
-  uint32_t r[kInFlight][4];
+  static_assert(4 % kInFlight == 0, "whole groups of ldmatrix");
 #pragma unroll
-  for (int i = 0; i < kInFlight; ++i) ptx::ldsm_x4_trans(src + tl.chunk(i), r[i]);
+  for (int i0 = 0; i0 < 4; i0 += kInFlight) {
+    uint32_t r[kInFlight][4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if (kInFlight == 2 && i == 2) {  // the second pair, once the first one's stores are issued
+    for (int i = 0; i < kInFlight; ++i) ptx::ldsm_x4_trans(src + tl.chunk(i0 + i), r[i]);
 #pragma unroll
-      for (int k = 0; k < 2; ++k) ptx::ldsm_x4_trans(src + tl.chunk(2 + k), r[k]);
-    }
-    const uint32_t(&v)[4] = r[i % kInFlight];
-    ptx::stsm_x4(dst + i * 2048, ptx::prmt(v[0], v[1], tl.sel_a) & keep, ptx::prmt(v[0], v[1], tl.sel_b()) & keep,
-                 ptx::prmt(v[2], v[3], tl.sel_a) & keep, ptx::prmt(v[2], v[3], tl.sel_b()) & keep);
+    for (int i = 0; i < kInFlight; ++i)
+      ptx::stsm_x4(dst + (i0 + i) * 2048, ptx::prmt(r[i][0], r[i][1], tl.sel_a) & keep,
+                   ptx::prmt(r[i][0], r[i][1], tl.sel_b()) & keep, ptx::prmt(r[i][2], r[i][3], tl.sel_a) & keep,
+                   ptx::prmt(r[i][2], r[i][3], tl.sel_b()) & keep);
   }
 }
 

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The tiles not yet run on the H200, for one or two device calls: decode_bf16's narrow tile
+# (SNAPMLA_BF16_TILE=narrow, bench variant `bnarrow`) and decode_fp8's three-consumer 64-row tile
+# (SNAPMLA_FP8_TILE=trio, bench variant `trio`).
+#   PARTS=tests: each tile on the GPU tests of its shapes beside the default (SNAPMLA_TEST_UNTIMED=1,
+#     short timeouts: a hang stops that part only), the whole C++ GPU suite with the tile as the
+#     environment's choice (bad inputs, graph replay, batch 1024, 256K tokens, the plans), then
+#     memcheck and racecheck on a few of its shapes. The variants whose tests failed are written
+#     to OUT_DIR/failed_variants.
+#   PARTS=bench: the lab options' bench (lab/h200_lab_options.sh PARTS=bench) with VARIANTS, less
+#     SKIP_VARIANTS and the failed ones of this call; STAMPS=1 adds the small-batch stamps.
+#   Both by default (the bench then gets what is left of LIMIT).
+#   [PARTS=tests|bench] [VARIANTS="trio bnarrow folded late"] [SKIP_VARIANTS=...] [STAMPS=1]
+#   lab/h200_untimed_tiles.sh OUT_DIR      (carry .devbin, .whl, .peers)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+dest=${1:-${OUT:-/tmp/h200}}
+mkdir -p "$dest"
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+cap() { local left=$(( ${LIMIT:-560} - ($(date +%s) - t0) )); [ "$left" -lt 1 ] && left=1; [ "$1" -lt "$left" ] && echo "$1" || echo "$left"; }
+part() { [[ ",${PARTS:-tests,bench}," == *",$1,"* ]]; }
+failed_variants=""
+fail_variant() { [[ " $failed_variants " == *" $1 "* ]] || failed_variants="$failed_variants $1"; }
+# run LOG TIMEOUT VARIANT [NAME=VALUE ...] -- ARGS: the GPU test binary under the settings; a
+# non-zero exit marks VARIANT as failed.
+run() {
+  local log=$1 limit=$2 variant=$3
+  shift 3
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  env "${envs[@]}" timeout "$(cap "$limit")" "$@" > "$dest/$log" 2>&1
+  local rc=$?
+  echo "$log exit: $rc (124: timed out)"
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$dest/$log" | tail -6
+  [ $rc -eq 0 ] || fail_variant "$variant"
+}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$dest/gpu.txt"
+bin=.devbin/snapmla_gpu_tests
+
+if part tests; then
+  narrow='Shapes/*h1_*:Shapes/*h3_*:Shapes/*h8_*:Shapes/*h9_*:Shapes/*h16_sq1*:GpuErrors.NonFinite*'
+  stamp "decode_bf16's narrow tile: its shapes' tests"
+  run bf16_narrow_tests.log 120 bnarrow SNAPMLA_TEST_UNTIMED=1 -- $bin --gtest_filter="$narrow"
+  grep -E "narrow tile" "$dest/bf16_narrow_tests.log" | head -8
+  # The three-consumer tile on every shape beside the default tiles (tile "64x3" in the log), and
+  # on the non-finite inputs; then alone (SNAPMLA_TEST_FP8_TILE=3) under the sanitizers.
+  stamp "decode_fp8's three-consumer tile: the shapes' and non-finite inputs' tests"
+  run trio_tests.log 150 trio SNAPMLA_TEST_UNTIMED=1 -- $bin --gtest_filter='Shapes/*:GpuErrors.NonFinite*'
+  grep -E "tile 64x3" "$dest/trio_tests.log" | head -12
+  for tile in bnarrow:SNAPMLA_BF16_TILE=narrow trio:SNAPMLA_FP8_TILE=trio; do
+    stamp "the C++ GPU suite with ${tile#*:}"
+    run "gpu_suite_${tile%%:*}.log" "${SUITE_TIMEOUT:-150}" "${tile%%:*}" "${tile#*:}" -- $bin
+  done
+  stamp "memcheck / racecheck, the three-consumer tile"
+  run memcheck_trio.log "${SAN_TIMEOUT:-90}" trio SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_FP8_TILE=3 -- \
+    compute-sanitizer --tool memcheck --error-exitcode 9 $bin \
+    --gtest_filter='Shapes/*h128_sq1_w2_*:Shapes/*h64_sq2_w1_*:Shapes/*h126_sq1_w0_*:GpuErrors.NonFinite*'
+  run racecheck_trio.log "${SAN_TIMEOUT:-90}" trio SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_FP8_TILE=3 -- \
+    compute-sanitizer --tool racecheck --error-exitcode 9 $bin \
+    --gtest_filter='Shapes/*h128_sq1_w2_*:Shapes/*h64_sq2_w1_*'
+  run synccheck_trio.log "${SAN_TIMEOUT:-60}" trio SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_FP8_TILE=3 -- \
+    compute-sanitizer --tool synccheck --error-exitcode 9 $bin --gtest_filter='Shapes/*h128_sq1_w2_*'
+  stamp "memcheck, decode_bf16's narrow tile"
+  run memcheck_bf16_narrow.log "${SAN_TIMEOUT:-90}" bnarrow SNAPMLA_TEST_UNTIMED=1 SNAPMLA_BF16_TILE=narrow -- \
+    compute-sanitizer --tool memcheck --error-exitcode 9 $bin --gtest_filter="$narrow"
+  echo "failed variants:${failed_variants:- none}"
+  echo "$failed_variants" > "$dest/failed_variants"
+fi
+
+if part bench; then
+  PARTS=bench SKIP_VARIANTS="${SKIP_VARIANTS:-} $failed_variants" VARIANTS="${VARIANTS:-trio bnarrow folded late}" \
+    BENCH_ARGS="${BENCH_ARGS:---rounds 3}" LIMIT=$(cap "${BENCH_LIMIT:-440}") BUDGET=${BUDGET:-380} \
+    lab/h200_lab_options.sh "$dest"
+  if [ -n "${STAMPS:-}" ]; then
+    CASES=${CASES:-"1,128,1,8192 4,64,1,8192 2,16,1,8192 128,128,1,8192"} SCALES=${SCALES:-1} \
+      timeout "$(cap "${STAMPS_TIMEOUT:-110}")" lab/h200_profile_small.sh "$dest" > "$dest/profile_small.log" 2>&1
+    echo "stamps exit: $? (124: cut at the timeout)"
+    tail -40 "$dest/profile_small.log"
+  fi
+fi
