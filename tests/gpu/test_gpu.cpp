@@ -504,7 +504,8 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   }
   // Each tile with the per-page P' scales, and the 64-row tile with the carried ones
   // (Fp8PScale::kCarried, an option) against the reference's carried rule and, under
-  // test_untimed(), with its base-2 score step against the same reference, same bounds.
+  // test_untimed(), it and the three-consumer tile with their base-2 score step against the same
+  // reference, same bounds.
   struct Run {
     Fp8Tile tile;
     Fp8PScale p_scale;
@@ -516,12 +517,14 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
     runs.push_back({Fp8Tile::kRows64, Fp8PScale::kCarried});
     if (test_untimed()) runs.push_back({Fp8Tile::kRows64, Fp8PScale::kPerPage, true});
   }
+  if (test_untimed() && std::find(tiles.begin(), tiles.end(), Fp8Tile::kRows64Trio) != tiles.end())
+    runs.push_back({Fp8Tile::kRows64Trio, Fp8PScale::kPerPage, true});
   std::optional<ref::DecodeResultF32> want_carried;
   for (const Run& run : runs) {
     const Fp8Tile tile_kind = run.tile;
     const bool carried = run.p_scale == Fp8PScale::kCarried;
     const char* tile = carried       ? "64c"
-                       : run.folded  ? "64f"
+                       : run.folded  ? (tile_kind == Fp8Tile::kRows64Trio ? "64x3f" : "64f")
                        : tile_kind == Fp8Tile::kNarrow16 ? "16"
                        : tile_kind == Fp8Tile::kRows64   ? "64"
                        : tile_kind == Fp8Tile::kRows64Trio ? "64x3"
@@ -1585,11 +1588,12 @@ TEST(GpuErrors, NonFiniteQueryOrTokenGivesNaNInTheRowsTheReferenceDoes) {
       const DecodeOptions gpu_opt = split ? plan.options(B.softmax_scale) : test::options(B);
       // decode_fp8 with each score step of its 64-row tile (SNAPMLA_SCORE_STEP, a lab option, the
       // base-2 one under test_untimed(); the narrow tile at h = 3 has one) and, under
-      // test_untimed(), on its three-consumer tile (SNAPMLA_FP8_TILE=trio; h >= 16), then
-      // decode_bf16, and under test_untimed() decode_bf16 with the base-2 step, with its own-page
-      // PV from registers (SNAPMLA_BF16_OWN_PV) and with its narrow tile (SNAPMLA_BF16_TILE; h = 3).
-      for (const char* kernel : {"decode_fp8", "decode_fp8 folded", "decode_fp8 trio", "decode_bf16",
-                                 "decode_bf16 folded", "decode_bf16 own-pv", "decode_bf16 narrow"}) {
+      // test_untimed(), on its three-consumer tile with either step (SNAPMLA_FP8_TILE=trio;
+      // h >= 16), then decode_bf16, and under test_untimed() decode_bf16 with the base-2 step, with
+      // its own-page PV from registers (SNAPMLA_BF16_OWN_PV) and with its narrow tile
+      // (SNAPMLA_BF16_TILE; h = 3).
+      for (const char* kernel : {"decode_fp8", "decode_fp8 folded", "decode_fp8 trio", "decode_fp8 trio folded",
+                                 "decode_bf16", "decode_bf16 folded", "decode_bf16 own-pv", "decode_bf16 narrow"}) {
         SCOPED_TRACE(kernel);
         const std::string name = kernel;
         const bool folded = name.find("folded") != std::string::npos, own_pv = name.find("own-pv") != std::string::npos;

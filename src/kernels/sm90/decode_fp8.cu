@@ -736,7 +736,7 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
     const CUtensorMap tm_q_rope =
         plane_map(q.rope, int64_t(q.batch) * p.rows, kRopeDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
     if (tile == Fp8Tile::kRows64Trio) {
-      launch_decode_fp8_trio(p, options, tm_latent, tm_rope, tm_q, tm_q_rope);
+      launch_decode_fp8_trio(step, p, options, tm_latent, tm_rope, tm_q, tm_q_rope);
       return;
     }
     // The role index stays per thread here: the broadcast one leaves ptxas 4 bytes of spills.

@@ -270,10 +270,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
 
 }  // namespace
 
-void launch_decode_fp8_trio(const DecodeParams& p, const DecodeOptions& options, const CUtensorMap& tm_latent,
-                            const CUtensorMap& tm_rope, const CUtensorMap& tm_q, const CUtensorMap& tm_q_rope) {
-  launch_decode<Fp8TrioConfig, SplitKernels<decode_fp8_trio_kernel<ScoreStep::kReference>>>(
-      "decode_fp8", int(sizeof(Fp8TrioSmem)), p, options, tm_latent, tm_rope, tm_q, tm_q_rope);
+void launch_decode_fp8_trio(ScoreStep step, const DecodeParams& p, const DecodeOptions& options,
+                            const CUtensorMap& tm_latent, const CUtensorMap& tm_rope, const CUtensorMap& tm_q,
+                            const CUtensorMap& tm_q_rope) {
+  constexpr int kSmem = int(sizeof(Fp8TrioSmem));
+  if (step == ScoreStep::kFolded)
+    launch_decode<Fp8TrioConfig, SplitKernels<decode_fp8_trio_kernel<ScoreStep::kFolded>>>(
+        "decode_fp8", kSmem, p, options, tm_latent, tm_rope, tm_q, tm_q_rope);
+  else
+    launch_decode<Fp8TrioConfig, SplitKernels<decode_fp8_trio_kernel<ScoreStep::kReference>>>(
+        "decode_fp8", kSmem, p, options, tm_latent, tm_rope, tm_q, tm_q_rope);
 }
 
 }  // namespace snapmla::cuda

@@ -122,8 +122,8 @@ inline CombineTasks combine_tasks(const char* op) {
 
 // SNAPMLA_SCORE_STEP in the environment (a lab option, read per call like the others): unset or
 // `reference` runs the 64-row tiles' score step in the reference's rounding order, `folded` their
-// base-2 step (softmax.cuh, page_scores_folded): decode_bf16's, and decode_fp8's transposing tile
-// under the per-page P' rule. For same-run A/B until the H200 has timed it.
+// base-2 step (softmax.cuh, page_scores_folded): decode_bf16's, and decode_fp8's transposing and
+// three-consumer tiles under the per-page P' rule. For same-run A/B until the H200 has timed it.
 inline ScoreStep score_step(const char* op) {
   return detail::env_enum(op, "SNAPMLA_SCORE_STEP", {"reference", "folded"},
                           {ScoreStep::kReference, ScoreStep::kFolded});

@@ -23,10 +23,11 @@ void launch_decode_fp8_narrow(RoleIndex role, const DecodeParams& p, const CUten
 // decode_bf16's narrow kernel plus the combine of split sequences (p.rows <= kNarrowTileRows).
 void launch_decode_bf16_narrow(const DecodeParams& p, const CUtensorMap& tm_kv, const DecodeOptions& options);
 
-// decode_fp8's three-consumer 64-row kernel (Fp8Tile::kRows64Trio) plus the combine of split
-// sequences; tm_q, tm_q_rope: the query latent's and rope's planes, as decode_fp8.cu's 64-row tiles
-// read them.
-void launch_decode_fp8_trio(const DecodeParams& p, const DecodeOptions& options, const CUtensorMap& tm_latent,
-                            const CUtensorMap& tm_rope, const CUtensorMap& tm_q, const CUtensorMap& tm_q_rope);
+// decode_fp8's three-consumer 64-row kernel (Fp8Tile::kRows64Trio) with the score step `step` (a
+// lab option, SNAPMLA_SCORE_STEP) plus the combine of split sequences; tm_q, tm_q_rope: the query
+// latent's and rope's planes, as decode_fp8.cu's 64-row tiles read them.
+void launch_decode_fp8_trio(ScoreStep step, const DecodeParams& p, const DecodeOptions& options,
+                            const CUtensorMap& tm_latent, const CUtensorMap& tm_rope, const CUtensorMap& tm_q,
+                            const CUtensorMap& tm_q_rope);
 
 }  // namespace snapmla::cuda
