@@ -265,26 +265,25 @@ class VRegsModel : public Sim {
   Tag max_[2][4], p_[2][4], factors_[2][4];
 };
 
-// decode_fp8's transposing 64-row tile (decode_fp8_kernel under the per-page P' scales): a producer
-// warpgroup (warp 0 loads, warps 1-3 transpose each page's latent into a V^T slot) and two
-// consumers in ping-pong on a three-stage page ring: consumer c owns pages j = c (mod 2) (QK,
-// softmax, P'), hands the running max over (kMax + c) and the page's P' and factors (kP + c), and
-// takes the PV of every page for its output half; a P' buffer is taken again once the other
-// consumer's PV of the page before has left it (kFree + c).
-class Fp8TileModel : public Sim {
+// The transposing 64-row tiles' producer warpgroup and CTA: warp 0 loads the Q tiles (kQArrivals
+// TMA arrivals) and the pages into a kStages ring, warps 1-3 transpose each page's latent into one
+// of kVtSlots V^T slots (behind barrier kTransposerBar on masked pages), and the consumer warps
+// (kConsumers warpgroups of four warps) run the derived model's consume().
+template <int kStages, int kVtSlots, int kConsumers, int kQArrivals, int kTransposerBar>
+class TransposingTileModel : public Sim {
  public:
-  explicit Fp8TileModel(std::vector<int> pages) : pages_(std::move(pages)) {}
+  explicit TransposingTileModel(std::vector<int> pages) : pages_(std::move(pages)) {}
 
- private:
-  static constexpr int kStages = 3;
-  enum Id { kAddSums = 1, kMax = 2, kP = 4, kFree = 6, kTransposers = 9, kOwnPage = 10 };
+ protected:
+  virtual void consume(int item, int c, int wq, std::mt19937& rng) = 0;
 
+  int warps() const override { return 4 * (1 + kConsumers); }
   void reset() override {
     for (auto& f : full_) f = {kWarpThreads, kWarpThreads, 0};  // the loader's arrival (with the bytes)
     for (auto& e : empty_) e = {224, 224, 0};                    // the owner's 128 threads and the 96 transposers
     for (auto& f : vt_full_) f = {96, 96, 0};
-    for (auto& e : vt_empty_) e = {256, 256, 0};                 // every consumer thread
-    qbar_ = {kWarpThreads, kWarpThreads, 0};
+    for (auto& e : vt_empty_) e = {128 * kConsumers, 128 * kConsumers, 0};  // every consumer thread
+    qbar_ = {kQArrivals * kWarpThreads, kQArrivals * kWarpThreads, 0};
   }
   void ring_wait(int j) { mbar_wait(full_[j % kStages], (j / kStages) & 1); }
 
@@ -300,7 +299,7 @@ class Fp8TileModel : public Sim {
 
   void load(int item, std::mt19937& rng) {
     put(q_, {item, -1});
-    mbar_arrive(qbar_, kWarpThreads);
+    for (int a = 0; a < kQArrivals; ++a) mbar_arrive(qbar_, kWarpThreads);
     for (int j = 0; j < pages_[item] && !abort_; ++j) {
       if (j >= kStages) mbar_wait(empty_[j % kStages], ((j / kStages) & 1) ^ 1);
       jitter(rng);
@@ -312,18 +311,39 @@ class Fp8TileModel : public Sim {
   void transpose(int item, std::mt19937& rng) {
     for (int i = 0; i < pages_[item] && !abort_; ++i) {
       ring_wait(i);
-      if (i >= 2) mbar_wait(vt_empty_[i % 2], ((i / 2) - 1) & 1);
+      if (i >= kVtSlots) mbar_wait(vt_empty_[i % kVtSlots], ((i / kVtSlots) - 1) & 1);
       expect(stage_[i % kStages], {item, i}, "the transposers read their page's latent");
       jitter(rng);
-      put(vt_[i % 2], {item, i});
+      put(vt_[i % kVtSlots], {item, i});
       // zero_nan_tokens' barrier of the three warps, taken on masked pages: every third page here.
-      if (i % 3 == 0) bar(kTransposers, 96, true);
-      mbar_arrive(vt_full_[i % 2], kWarpThreads);
+      if (i % 3 == 0) bar(kTransposerBar, 96, true);
+      mbar_arrive(vt_full_[i % kVtSlots], kWarpThreads);
       mbar_arrive(empty_[i % kStages], kWarpThreads);
     }
   }
 
-  void consume(int item, int c, int wq, std::mt19937& rng) {
+  std::vector<int> pages_;
+  std::array<MBar, kStages> full_{}, empty_{};
+  std::array<MBar, kVtSlots> vt_full_{}, vt_empty_{};
+  MBar qbar_{};
+  Tag q_, stage_[kStages], vt_[kVtSlots];
+};
+
+// decode_fp8's transposing 64-row tile (decode_fp8_kernel under the per-page P' scales): a producer
+// warpgroup (warp 0 loads, warps 1-3 transpose each page's latent into a V^T slot) and two
+// consumers in ping-pong on a three-stage page ring: consumer c owns pages j = c (mod 2) (QK,
+// softmax, P'), hands the running max over (kMax + c) and the page's P' and factors (kP + c), and
+// takes the PV of every page for its output half; a P' buffer is taken again once the other
+// consumer's PV of the page before has left it (kFree + c).
+class Fp8TileModel : public TransposingTileModel<3, 2, 2, 1, 9> {
+ public:
+  using TransposingTileModel::TransposingTileModel;
+
+ private:
+  static constexpr int kStages = 3;
+  enum Id { kAddSums = 1, kMax = 2, kP = 4, kFree = 6, kOwnPage = 10 };
+
+  void consume(int item, int c, int wq, std::mt19937& rng) override {
     const int nblk = pages_[item];
     mbar_wait(qbar_, 0);
     auto score = [&](int j) {
@@ -393,11 +413,7 @@ class Fp8TileModel : public Sim {
     for (auto& stage : stage_) put(stage, {item, -2});
   }
 
-  std::vector<int> pages_;
-  std::array<MBar, kStages> full_{}, empty_{};
-  std::array<MBar, 2> vt_full_{}, vt_empty_{};
-  MBar qbar_{};
-  Tag q_, stage_[kStages], vt_[2], max_[2], factors_[2], p_[2][4];
+  Tag max_[2], factors_[2], p_[2][4];
 };
 
 // decode_fp8's three-consumer 64-row tile (decode_fp8_trio_kernel): the transposing tile's producer
@@ -408,60 +424,15 @@ class Fp8TileModel : public Sim {
 // two consumers' PVs of page j - 2 are done (kFree + c, 384) and publishes them (kP + c, 384), then
 // its own PV and the QK of page j + 3. After the pages the consumers sum their parts of l (kConsumers)
 // and a split with one sequence assembles its rows in the page stages behind the same barrier id.
-class TrioModel : public Sim {
+class TrioModel : public TransposingTileModel<2, 3, 3, 2, 14> {
  public:
-  explicit TrioModel(std::vector<int> pages) : pages_(std::move(pages)) {}
+  using TransposingTileModel::TransposingTileModel;
 
  private:
   static constexpr int kStages = 2, kVtSlots = 3, kSlots = 2, kConsumers = 3, kAll = 384;
-  enum Id { kConsumerBar = 1, kMax = 2, kP = 5, kFree = 8, kOwnPage = 11, kTransposers = 14 };
+  enum Id { kConsumerBar = 1, kMax = 2, kP = 5, kFree = 8, kOwnPage = 11 };
 
-  int warps() const override { return 16; }
-  void reset() override {
-    for (auto& f : full_) f = {kWarpThreads, kWarpThreads, 0};  // the loader's arrival (with the bytes)
-    for (auto& e : empty_) e = {224, 224, 0};                    // the owner's 128 threads and the 96 transposers
-    for (auto& f : vt_full_) f = {96, 96, 0};
-    for (auto& e : vt_empty_) e = {kAll, kAll, 0};               // every consumer thread
-    qbar_ = {2 * kWarpThreads, 2 * kWarpThreads, 0};             // two TMA arrivals: Q latent, Q rope
-  }
-  void ring_wait(int j) { mbar_wait(full_[j % kStages], (j / kStages) & 1); }
-
-  void warp(int w, std::mt19937& rng) override {
-    const int splits = int(pages_.size());
-    for (int item = 0; item < splits && !abort_; ++item) {
-      if (item > 0) boundary(w == 0);
-      if (w == 0) load(item, rng);
-      else if (w < 4) transpose(item, rng);
-      else consume(item, (w - 4) / 4, (w - 4) % 4, rng);
-    }
-  }
-
-  void load(int item, std::mt19937& rng) {
-    put(q_, {item, -1});
-    mbar_arrive(qbar_, kWarpThreads);
-    mbar_arrive(qbar_, kWarpThreads);
-    for (int j = 0; j < pages_[item] && !abort_; ++j) {
-      if (j >= kStages) mbar_wait(empty_[j % kStages], ((j / kStages) & 1) ^ 1);
-      jitter(rng);
-      put(stage_[j % kStages], {item, j});
-      mbar_arrive(full_[j % kStages], kWarpThreads);
-    }
-  }
-
-  void transpose(int item, std::mt19937& rng) {
-    for (int i = 0; i < pages_[item] && !abort_; ++i) {
-      ring_wait(i);
-      if (i >= kVtSlots) mbar_wait(vt_empty_[i % kVtSlots], ((i / kVtSlots) - 1) & 1);
-      expect(stage_[i % kStages], {item, i}, "the transposers read their page's latent");
-      jitter(rng);
-      put(vt_[i % kVtSlots], {item, i});
-      if (i % 3 == 0) bar(kTransposers, 96, true);  // zero_nan_tokens' barrier, on masked pages
-      mbar_arrive(vt_full_[i % kVtSlots], kWarpThreads);
-      mbar_arrive(empty_[i % kStages], kWarpThreads);
-    }
-  }
-
-  void consume(int item, int c, int wq, std::mt19937& rng) {
+  void consume(int item, int c, int wq, std::mt19937& rng) override {
     const int nblk = pages_[item];
     mbar_wait(qbar_, 0);
     // next_score: page j - 2's V^T first, so that the stage's parity cannot alias page j - 4's.
@@ -547,11 +518,7 @@ class TrioModel : public Sim {
     }
   }
 
-  std::vector<int> pages_;
-  std::array<MBar, kStages> full_{}, empty_{};
-  std::array<MBar, kVtSlots> vt_full_{}, vt_empty_{};
-  MBar qbar_{};
-  Tag q_, stage_[kStages], vt_[kVtSlots], max_[2], factors_[kSlots][4], p_[kSlots][4];
+  Tag max_[2], factors_[kSlots][4], p_[kSlots][4];
 };
 
 // decode_bf16 (version 4b): a producer warpgroup (thread 0 of warp 0 loads; the whole warpgroup

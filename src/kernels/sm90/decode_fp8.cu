@@ -127,20 +127,8 @@ __device__ __forceinline__ PageFactors softmax_page(float (&acc)[8][4], const Vi
   // kPoison: a non-finite visible score makes its row NaN, as in the reference.
   if (full) page_scores<false, true, true>(acc, rv.factor, rv.vis, blk, sm.scale(s), q, mx);
   else if (!none) page_scores<true, true, true>(acc, rv.factor, rv.vis, blk, sm.scale(s), q, mx);
-  // The running max after page j - 1, from its owner (the chain of the reference).
-  float m_prev[2] = {-INFINITY, -INFINITY}, m_cur[2];
-  if (j > 0) {
-    hand_sync<Fp8Barrier::kMax>(1 - c);
-    m_prev[0] = sm.max_after(j - 1, r0);
-    m_prev[1] = sm.max_after(j - 1, r0 + 8);
-  }
-  m_cur[0] = fmaxf(m_prev[0], mx[0]);
-  m_cur[1] = fmaxf(m_prev[1], mx[1]);
-  if (q == 0) {
-    sm.max_after(j, r0) = m_cur[0];
-    sm.max_after(j, r0 + 8) = m_cur[1];
-  }
-  if (j + 1 < nblk) hand_arrive<Fp8Barrier::kMax>(c);
+  float m_prev[2], m_cur[2];
+  running_max_step(sm, rv, mx, j, 1 - c, c, nblk, m_prev, m_cur);
   // P' / sigma as e4m3: token 8 n + 2 q + e of 32-token chunk h sits at slot
   // 32 h + 16 (n / 2 % 2) + 4 q + 2 (n % 2) + e, so each row's 4 bytes are one word.
   uint8_t* pt = sm.p_tile(j);
@@ -370,17 +358,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (wg == 0) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     if (t >= Cfg::kLoaderThreads) {
-      const int tw = (t - Cfg::kLoaderThreads) / 32;
-      const TransposeLanes tl(t % 32);
-      for (int item = range.first; item < range.last; ++item) {
-        if (item > range.first) split_boundary<Cfg::kThreads>(NoInit{});
-        const Work w = work_of(p, item);
-        const int band = band_start(p, w);
-        for (int i = 0, nblk = w.pages(); i < nblk; ++i) {
-          const int blk = w.begin + i * Cfg::kPageTokens;
-          transpose_page(sm, i, tw, tl, min(Cfg::kPageTokens, w.end - blk), band - blk);
-        }
-      }
+      transpose_splits<Cfg::kThreads>(p, range, sm, (t - Cfg::kLoaderThreads) / 32, TransposeLanes(t % 32));
       return;
     }
     for (int item = range.first; item < range.last; ++item) {

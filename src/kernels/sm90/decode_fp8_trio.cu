@@ -185,16 +185,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (t >= Cfg::kLoaderThreads) {
       // 32 registers: two of a unit's ldmatrix in flight (Fp8TrioView).
       const int tw = uniform_in_warp<RoleIndex::kUniform>((t - Cfg::kLoaderThreads) / 32);
-      const TransposeLanes tl(t % 32);
-      for (int item = range.first; item < range.last; ++item) {
-        if (item > range.first) split_boundary<Cfg::kThreads>(NoInit{});
-        const Work w = work_of(p, item);
-        const int band = band_start(p, w);
-        for (int i = 0, nblk = w.pages(); i < nblk; ++i) {
-          const int blk = w.begin + i * Cfg::kPageTokens;
-          transpose_page(sm, i, tw, tl, min(Cfg::kPageTokens, w.end - blk), band - blk);
-        }
-      }
+      transpose_splits<Cfg::kThreads>(p, range, sm, tw, TransposeLanes(t % 32));
       return;
     }
     for (int item = range.first; item < range.last; ++item) {

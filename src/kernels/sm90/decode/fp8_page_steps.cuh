@@ -87,6 +87,27 @@ struct RowView {
   float factor[2];
 };
 
+// The running max after page j (the chain of the reference): page j - 1's from its owner (`prev`;
+// -inf before the first page), max'd with the page's own row max mx, put in its slot and handed to
+// page j + 1's owner.
+template <typename View>
+__device__ __forceinline__ void running_max_step(const View& sm, const RowView& rv, const float (&mx)[2], int j,
+                                                 int prev, int c, int nblk, float (&m_prev)[2], float (&m_cur)[2]) {
+  m_prev[0] = m_prev[1] = -INFINITY;
+  if (j > 0) {
+    max_hand_wait(prev);
+    m_prev[0] = sm.max_after(j - 1, rv.r0);
+    m_prev[1] = sm.max_after(j - 1, rv.r0 + 8);
+  }
+  m_cur[0] = fmaxf(m_prev[0], mx[0]);
+  m_cur[1] = fmaxf(m_prev[1], mx[1]);
+  if (rv.q == 0) {
+    sm.max_after(j, rv.r0) = m_cur[0];
+    sm.max_after(j, rv.r0 + 8) = m_cur[1];
+  }
+  if (j + 1 < nblk) max_hand_arrive(c);
+}
+
 // The per-page P' scales' step (the transposing tiles'): decode_fp8.cu's softmax_page's result up
 // to fp32 rounding, with the exponentials taken against the page's own row max before the running
 // max arrives from the owner of the page before. Against the running max m the page's weights are
@@ -107,7 +128,7 @@ __device__ __forceinline__ EarlyPage page_factors_early(float (&acc)[8][4], cons
   EarlyPage e;
   const int s = j % View::kStages;
   const int blk = w.begin + j * kPageSize;
-  const int r0 = rv.r0, q = rv.q;
+  const int q = rv.q;
   const bool full = __all_sync(0xffffffffu, blk + kPageSize <= min(rv.vis[0], rv.vis[1]));
   e.none = __all_sync(0xffffffffu, blk >= max(rv.vis[0], rv.vis[1]));
   float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f}, wmax[2] = {0.f, 0.f};
@@ -127,20 +148,8 @@ __device__ __forceinline__ EarlyPage page_factors_early(float (&acc)[8][4], cons
     else page_probs<true>(acc, mx, sm.scale(s), q, sum, wmax);
   }
   sm.ring.release(j);  // QK operands and scales are read
-  // The running max after page j - 1, from its owner (the chain of the reference).
-  float m_prev[2] = {-INFINITY, -INFINITY}, m_cur[2];
-  if (j > 0) {
-    max_hand_wait(prev);
-    m_prev[0] = sm.max_after(j - 1, r0);
-    m_prev[1] = sm.max_after(j - 1, r0 + 8);
-  }
-  m_cur[0] = fmaxf(m_prev[0], mx[0]);
-  m_cur[1] = fmaxf(m_prev[1], mx[1]);
-  if (q == 0) {
-    sm.max_after(j, r0) = m_cur[0];
-    sm.max_after(j, r0 + 8) = m_cur[1];
-  }
-  if (j + 1 < nblk) max_hand_arrive(c);
+  float m_prev[2], m_cur[2];
+  running_max_step(sm, rv, mx, j, prev, c, nblk, m_prev, m_cur);
   // The factors as per_page_scale makes them, without its compares (ptxas ran out of predicates
   // and spilled here): lift = exp(max_page s - m) is 0 where the row saw nothing (mx = -inf), and
   // also where the page's weights are below 2^-126 of the running max's, which the reference

@@ -9,6 +9,8 @@
 #include "kernels/common/mbarrier.cuh"
 #include "kernels/common/ptx.cuh"
 #include "fp8_tile.cuh"
+#include "params.hpp"
+#include "scheduler.cuh"
 
 namespace snapmla::cuda {
 
@@ -142,6 +144,22 @@ __device__ __forceinline__ void transpose_page(const View& sm, int i, int tw, co
   wg::fence_proxy_async();  // V^T written with st.shared, read by wgmma (async proxy)
   mbar::arrive(&sm.vt_full[i % kVtStages]);
   sm.ring.release(i);          // done reading the stage's latent
+}
+
+// The transposer warps' part of a worker's splits (warp tw of them; the transposing 64-row tiles'
+// producer warps 1-3): every page of each split in turn, with the CTA's split boundaries.
+template <int kCtaThreads, typename View>
+__device__ __forceinline__ void transpose_splits(const DecodeParams& p, const SplitRange& range, const View& sm,
+                                                 int tw, const TransposeLanes& tl) {
+  for (int item = range.first; item < range.last; ++item) {
+    if (item > range.first) split_boundary<kCtaThreads>(NoInit{});
+    const Work w = work_of(p, item);
+    const int band = band_start(p, w);
+    for (int i = 0, nblk = w.pages(); i < nblk; ++i) {
+      const int blk = w.begin + i * kPageSize;
+      transpose_page(sm, i, tw, tl, min(kPageSize, w.end - blk), band - blk);
+    }
+  }
 }
 
 }  // namespace snapmla::cuda
