@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The tiles not yet run on the H200, for one or two device calls: decode_bf16's narrow tile
 # (SNAPMLA_BF16_TILE=narrow, bench variant `bnarrow`) and decode_fp8's three-consumer 64-row tile
-# (SNAPMLA_FP8_TILE=trio, bench variant `trio`).
+# (SNAPMLA_FP8_TILE=trio, bench variants `trio` and, in its other iteration order, `triosf`).
 #   PARTS=tests: each tile on the GPU tests of its shapes beside the default (SNAPMLA_TEST_UNTIMED=1,
 #     short timeouts: a hang stops that part only), the whole C++ GPU suite with the tile as the
 #     environment's choice (bad inputs, graph replay, batch 1024, 256K tokens, the plans), then
@@ -10,7 +10,7 @@
 #   PARTS=bench: the lab options' bench (lab/h200_lab_options.sh PARTS=bench) with VARIANTS, less
 #     SKIP_VARIANTS and the failed ones of this call; STAMPS=1 adds the small-batch stamps.
 #   Both by default (the bench then gets what is left of LIMIT).
-#   [PARTS=tests|bench] [VARIANTS="trio bnarrow folded late"] [SKIP_VARIANTS=...] [STAMPS=1]
+#   [PARTS=tests|bench] [VARIANTS="trio triosf bnarrow folded late"] [SKIP_VARIANTS=...] [STAMPS=1]
 #   lab/h200_untimed_tiles.sh OUT_DIR      (carry .devbin, .whl, .peers)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -21,7 +21,12 @@ stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 cap() { local left=$(( ${LIMIT:-560} - ($(date +%s) - t0) )); [ "$left" -lt 1 ] && left=1; [ "$1" -lt "$left" ] && echo "$1" || echo "$left"; }
 part() { [[ ",${PARTS:-tests,bench}," == *",$1,"* ]]; }
 failed_variants=""
-fail_variant() { [[ " $failed_variants " == *" $1 "* ]] || failed_variants="$failed_variants $1"; }
+fail_variant() {
+  local v
+  for v in $1 $([ "$1" = trio ] && echo triosf); do  # both orders of the three-consumer tile
+    [[ " $failed_variants " == *" $v "* ]] || failed_variants="$failed_variants $v"
+  done
+}
 # run LOG TIMEOUT VARIANT [NAME=VALUE ...] -- ARGS: the GPU test binary under the settings; a
 # non-zero exit marks VARIANT as failed.
 run() {
@@ -62,6 +67,9 @@ if part tests; then
     --gtest_filter='Shapes/*h128_sq1_w2_*:Shapes/*h64_sq2_w1_*'
   run synccheck_trio.log "${SAN_TIMEOUT:-60}" trio SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_FP8_TILE=3 -- \
     compute-sanitizer --tool synccheck --error-exitcode 9 $bin --gtest_filter='Shapes/*h128_sq1_w2_*'
+  run racecheck_trio_softmax_first.log "${SAN_TIMEOUT:-60}" trio SNAPMLA_TEST_FP8_TILE=3 \
+    SNAPMLA_FP8_TILE=trio SNAPMLA_FP8_TRIO_ORDER=softmax_first -- \
+    compute-sanitizer --tool racecheck --error-exitcode 9 $bin --gtest_filter='Shapes/*h128_sq1_w2_*'
   stamp "memcheck, decode_bf16's narrow tile"
   run memcheck_bf16_narrow.log "${SAN_TIMEOUT:-90}" bnarrow SNAPMLA_TEST_UNTIMED=1 SNAPMLA_BF16_TILE=narrow -- \
     compute-sanitizer --tool memcheck --error-exitcode 9 $bin --gtest_filter="$narrow"
@@ -70,7 +78,7 @@ if part tests; then
 fi
 
 if part bench; then
-  PARTS=bench SKIP_VARIANTS="${SKIP_VARIANTS:-} $failed_variants" VARIANTS="${VARIANTS:-trio bnarrow folded late}" \
+  PARTS=bench SKIP_VARIANTS="${SKIP_VARIANTS:-} $failed_variants" VARIANTS="${VARIANTS:-trio triosf bnarrow folded late}" \
     BENCH_ARGS="${BENCH_ARGS:---rounds 3}" LIMIT=$(cap "${BENCH_LIMIT:-440}") BUDGET=${BUDGET:-380} \
     lab/h200_lab_options.sh "$dest"
   if [ -n "${STAMPS:-}" ]; then

@@ -419,16 +419,19 @@ class Fp8TileModel : public TransposingTileModel<3, 2, 2, 1, 9> {
 // decode_fp8's three-consumer 64-row tile (decode_fp8_trio_kernel): the transposing tile's producer
 // (warp 0 loads, warps 1-3 transpose into three V^T slots) and three consumers on a two-stage page
 // ring (16 warps, 512 threads): consumer c owns pages j = c (mod 3), applies page j - 2 (issuing its
-// PV under its softmax of page j), takes the running max from page j - 1's owner (kMax + owner,
-// 256 threads), applies page j - 1, writes page j's P' and factors into slot j % 2 once the other
+// PV under its softmax of page j; after it in the other order, TrioOrder::kSoftmaxFirst), takes the
+// running max from page j - 1's owner (kMax + owner, 256 threads), applies page j - 1, writes page j's P' and factors into slot j % 2 once the other
 // two consumers' PVs of page j - 2 are done (kFree + c, 384) and publishes them (kP + c, 384), then
 // its own PV and the QK of page j + 3. After the pages the consumers sum their parts of l (kConsumers)
 // and a split with one sequence assembles its rows in the page stages behind the same barrier id.
 class TrioModel : public TransposingTileModel<2, 3, 3, 2, 14> {
  public:
-  using TransposingTileModel::TransposingTileModel;
+  // softmax_first: TrioOrder::kSoftmaxFirst (page j's softmax before page j - 2's PV).
+  TrioModel(std::vector<int> pages, bool softmax_first)
+      : TransposingTileModel(std::move(pages)), softmax_first_(softmax_first) {}
 
  private:
+  bool softmax_first_;
   static constexpr int kStages = 2, kVtSlots = 3, kSlots = 2, kConsumers = 3, kAll = 384;
   enum Id { kConsumerBar = 1, kMax = 2, kP = 5, kFree = 8, kOwnPage = 11 };
 
@@ -469,7 +472,7 @@ class TrioModel : public TransposingTileModel<2, 3, 3, 2, 14> {
       const int prev = (c + 2) % kConsumers, prev2 = (c + 1) % kConsumers;
       jitter(rng);
       expect(stage_[std::min(j, nblk - 1) % kStages], {item, std::min(j, nblk - 1)}, "QK reads its page until it completes");
-      if (before2) apply(j - 2, prev2);
+      if (!softmax_first_ && before2) apply(j - 2, prev2);
       if (mine) {  // page_factors_early
         expect(stage_[j % kStages], {item, j}, "the softmax reads its page's scales");
         mbar_arrive(empty_[j % kStages], kWarpThreads);
@@ -480,6 +483,7 @@ class TrioModel : public TransposingTileModel<2, 3, 3, 2, 14> {
         put(max_[j % 2], {item, j});
         if (j + 1 < nblk) bar(kMax + c, 256, false);
       }
+      if (softmax_first_ && before2) apply(j - 2, prev2);
       jitter(rng);
       if (before2) {
         pv_done(j - 2);
@@ -822,16 +826,18 @@ TEST(Fp8TileSyncModel, EveryReadSeesItsPageAndNothingDeadlocks) {
     }
 }
 
-TEST(Fp8TrioSyncModel, EveryReadSeesItsPageAndNothingDeadlocks) {
+TEST(Fp8TrioSyncModel, EveryReadSeesItsPageAndNothingDeadlocksInEitherOrder) {
   const std::vector<std::vector<int>> workers = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}, {8}, {9}, {1, 1}, {2, 5},
                                                  {3, 0, 4}, {7, 2, 1, 6}, {0, 0}, {16, 1}, {10, 11, 12}};
-  for (const auto& w : workers)
-    for (unsigned seed = 1; seed <= 3; ++seed) {
-      TrioModel m(w);
-      std::string pages;
-      for (int n : w) pages += std::to_string(n) + " ";
-      EXPECT_EQ(m.run(seed), "") << "splits of " << pages << "pages, seed " << seed;
-    }
+  for (const bool softmax_first : {false, true})
+    for (const auto& w : workers)
+      for (unsigned seed = 1; seed <= 3; ++seed) {
+        TrioModel m(w, softmax_first);
+        std::string pages;
+        for (int n : w) pages += std::to_string(n) + " ";
+        EXPECT_EQ(m.run(seed), "") << "splits of " << pages << "pages, seed " << seed
+                                   << (softmax_first ? ", softmax first" : "");
+      }
 }
 
 TEST(Bf16NarrowSyncModel, EveryReadSeesItsPageAndNothingDeadlocks) {

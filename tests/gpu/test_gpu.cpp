@@ -504,12 +504,13 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   }
   // Each tile with the per-page P' scales, and the 64-row tile with the carried ones
   // (Fp8PScale::kCarried, an option) against the reference's carried rule and, under
-  // test_untimed(), it and the three-consumer tile with their base-2 score step against the same
-  // reference, same bounds.
+  // test_untimed(), it and the three-consumer tile with their base-2 score step (and the latter in
+  // its other iteration order) against the same reference, same bounds.
   struct Run {
     Fp8Tile tile;
     Fp8PScale p_scale;
     bool folded = false;
+    bool softmax_first = false;  // the three-consumer tile's other order (SNAPMLA_FP8_TRIO_ORDER)
   };
   std::vector<Run> runs;
   for (const Fp8Tile tile_kind : tiles) runs.push_back({tile_kind, Fp8PScale::kPerPage});
@@ -517,19 +518,23 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
     runs.push_back({Fp8Tile::kRows64, Fp8PScale::kCarried});
     if (test_untimed()) runs.push_back({Fp8Tile::kRows64, Fp8PScale::kPerPage, true});
   }
-  if (test_untimed() && std::find(tiles.begin(), tiles.end(), Fp8Tile::kRows64Trio) != tiles.end())
+  if (test_untimed() && std::find(tiles.begin(), tiles.end(), Fp8Tile::kRows64Trio) != tiles.end()) {
     runs.push_back({Fp8Tile::kRows64Trio, Fp8PScale::kPerPage, true});
+    runs.push_back({Fp8Tile::kRows64Trio, Fp8PScale::kPerPage, false, true});
+  }
   std::optional<ref::DecodeResultF32> want_carried;
   for (const Run& run : runs) {
     const Fp8Tile tile_kind = run.tile;
     const bool carried = run.p_scale == Fp8PScale::kCarried;
     const char* tile = carried       ? "64c"
                        : run.folded  ? (tile_kind == Fp8Tile::kRows64Trio ? "64x3f" : "64f")
+                       : run.softmax_first ? "64x3s"
                        : tile_kind == Fp8Tile::kNarrow16 ? "16"
                        : tile_kind == Fp8Tile::kRows64   ? "64"
                        : tile_kind == Fp8Tile::kRows64Trio ? "64x3"
                                                          : "64v";
     ScopedEnv step("SNAPMLA_SCORE_STEP", run.folded ? "folded" : nullptr);  // else the environment's own
+    ScopedEnv trio_order("SNAPMLA_FP8_TRIO_ORDER", run.softmax_first ? "softmax_first" : nullptr);
     if (carried && !want_carried) {
       DecodeOptions o = cpu_opt;
       o.p_scale = Fp8PScale::kCarried;
@@ -1377,6 +1382,11 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
     ScopedEnv env("SNAPMLA_FP8_TILE", "transposed");
     EXPECT_ARG_ERROR(decode_fp8(G2.qq(), G2.fp8(), G2.pages(), G2.output(), test::options(B2)), "SNAPMLA_FP8_TILE");
     EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), "SNAPMLA_FP8_TILE");
+    // The three-consumer tile's order (a lab option), read where that tile runs (32 rows here).
+    env.set("trio");
+    ScopedEnv order("SNAPMLA_FP8_TRIO_ORDER", "sideways");
+    EXPECT_ARG_ERROR(decode_fp8(G2.qq(), G2.fp8(), G2.pages(), G2.output(), test::options(B2)),
+                     "SNAPMLA_FP8_TRIO_ORDER");
   }
   {
     // The combine's lab options and the partials' store, checked where they are read, before
@@ -1588,12 +1598,13 @@ TEST(GpuErrors, NonFiniteQueryOrTokenGivesNaNInTheRowsTheReferenceDoes) {
       const DecodeOptions gpu_opt = split ? plan.options(B.softmax_scale) : test::options(B);
       // decode_fp8 with each score step of its 64-row tile (SNAPMLA_SCORE_STEP, a lab option, the
       // base-2 one under test_untimed(); the narrow tile at h = 3 has one) and, under
-      // test_untimed(), on its three-consumer tile with either step (SNAPMLA_FP8_TILE=trio;
-      // h >= 16), then decode_bf16, and under test_untimed() decode_bf16 with the base-2 step, with
+      // test_untimed(), on its three-consumer tile with either step and in either order
+      // (SNAPMLA_FP8_TILE=trio, SNAPMLA_FP8_TRIO_ORDER; h >= 16), then decode_bf16, and under test_untimed() decode_bf16 with the base-2 step, with
       // its own-page PV from registers (SNAPMLA_BF16_OWN_PV) and with its narrow tile
       // (SNAPMLA_BF16_TILE; h = 3).
       for (const char* kernel : {"decode_fp8", "decode_fp8 folded", "decode_fp8 trio", "decode_fp8 trio folded",
-                                 "decode_bf16", "decode_bf16 folded", "decode_bf16 own-pv", "decode_bf16 narrow"}) {
+                                 "decode_fp8 trio softmax-first", "decode_bf16", "decode_bf16 folded",
+                                 "decode_bf16 own-pv", "decode_bf16 narrow"}) {
         SCOPED_TRACE(kernel);
         const std::string name = kernel;
         const bool folded = name.find("folded") != std::string::npos, own_pv = name.find("own-pv") != std::string::npos;
@@ -1601,6 +1612,8 @@ TEST(GpuErrors, NonFiniteQueryOrTokenGivesNaNInTheRowsTheReferenceDoes) {
         if ((folded || own_pv || narrow || trio) && !test_untimed()) continue;
         const bool fp8 = name.compare(0, 10, "decode_fp8") == 0;
         ScopedEnv fp8_tile("SNAPMLA_FP8_TILE", trio ? "trio" : nullptr);
+        ScopedEnv trio_order("SNAPMLA_FP8_TRIO_ORDER",
+                             name.find("softmax-first") != std::string::npos ? "softmax_first" : nullptr);
         ScopedEnv step("SNAPMLA_SCORE_STEP", folded ? "folded" : nullptr);
         ScopedEnv own("SNAPMLA_BF16_OWN_PV", own_pv ? "registers" : nullptr);
         ScopedEnv tile("SNAPMLA_BF16_TILE", narrow ? "narrow" : nullptr);

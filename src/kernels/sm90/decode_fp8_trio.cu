@@ -109,9 +109,10 @@ __device__ __forceinline__ void next_score(float (&acc)[8][4], const Smem& sm, u
 }
 
 // One iteration of consumer c over its page j (j = c mod 3; past the last page, j <= nblk + 1, only
-// the other consumers' last pages). The waits are on every path: ptxas serializes every wgmma
-// when it cannot see a group retired before its registers are used.
-template <ScoreStep kStep>
+// the other consumers' last pages), in kOrder (TrioOrder: the PV of page j - 2 before or after the
+// softmax of page j). The waits are on every path: ptxas serializes every wgmma when it cannot see
+// a group retired before its registers are used.
+template <ScoreStep kStep, TrioOrder kOrder>
 __device__ __forceinline__ void trio_iteration(float (&o)[Cfg::kOutTiles][4], float (&acc)[8][4], SoftmaxState& st,
                                                const Smem& sm, const RowView& rv, const Work& w,
                                                uint64_t qr, uint64_t qn, int j, int c, int nblk) {
@@ -119,9 +120,11 @@ __device__ __forceinline__ void trio_iteration(float (&o)[Cfg::kOutTiles][4], fl
   const bool before2 = j >= 2 && j - 2 < nblk, before1 = j >= 1 && j - 1 < nblk;
   const int prev = (c + 2) % kConsumers;   // the owner of page j - 1
   const int prev2 = (c + 1) % kConsumers;  // the owner of page j - 2
-  if (before2) apply_page_pv(o, st, sm, rv, j - 2, prev2, c);
+  constexpr bool kPvFirst = kOrder == TrioOrder::kPvFirst;
+  if (kPvFirst && before2) apply_page_pv(o, st, sm, rv, j - 2, prev2, c);
   EarlyPage e;
   if (mine) e = page_factors_early<kStep>(acc, sm, rv, w, j, prev, c, nblk);
+  if (!kPvFirst && before2) apply_page_pv(o, st, sm, rv, j - 2, prev2, c);
   wg::wait<0>();
   wg::fence_operands(o);
   if (before2) retire_page_pv(sm, j - 2, c, nblk);
@@ -151,7 +154,7 @@ __device__ __forceinline__ void trio_iteration(float (&o)[Cfg::kOutTiles][4], fl
   if (mine) retire_page_pv(sm, j, c, nblk);
 }
 
-template <ScoreStep kStep>
+template <ScoreStep kStep, TrioOrder kOrder>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     decode_fp8_trio_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_latent,
                            const __grid_constant__ CUtensorMap tm_rope, const __grid_constant__ CUtensorMap tm_q,
@@ -236,7 +239,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     for (int j = c; j <= jlast; j += kConsumers) {
       wg::wait<0>();
       wg::fence_operands(acc);
-      trio_iteration<kStep>(o, acc, st, sm, rv, w, qr, qn, j, c, nblk);
+      trio_iteration<kStep, kOrder>(o, acc, st, sm, rv, w, qr, qn, j, c, nblk);
     }
     wg::wait<0>();
     wg::fence_operands(acc);
@@ -259,18 +262,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
 }
 
+// The kernel of the score step and the iteration order (lab options), plus the combine.
+template <ScoreStep kStep>
+void launch_trio(TrioOrder order, const DecodeParams& p, const DecodeOptions& options, const CUtensorMap& tm_latent,
+                 const CUtensorMap& tm_rope, const CUtensorMap& tm_q, const CUtensorMap& tm_q_rope) {
+  constexpr int kSmem = int(sizeof(Fp8TrioSmem));
+  if (order == TrioOrder::kSoftmaxFirst)
+    launch_decode<Fp8TrioConfig, SplitKernels<decode_fp8_trio_kernel<kStep, TrioOrder::kSoftmaxFirst>>>(
+        "decode_fp8", kSmem, p, options, tm_latent, tm_rope, tm_q, tm_q_rope);
+  else
+    launch_decode<Fp8TrioConfig, SplitKernels<decode_fp8_trio_kernel<kStep, TrioOrder::kPvFirst>>>(
+        "decode_fp8", kSmem, p, options, tm_latent, tm_rope, tm_q, tm_q_rope);
+}
+
 }  // namespace
 
 void launch_decode_fp8_trio(ScoreStep step, const DecodeParams& p, const DecodeOptions& options,
                             const CUtensorMap& tm_latent, const CUtensorMap& tm_rope, const CUtensorMap& tm_q,
                             const CUtensorMap& tm_q_rope) {
-  constexpr int kSmem = int(sizeof(Fp8TrioSmem));
+  const TrioOrder order = trio_order("decode_fp8");  // a lab option: read (and checked) on every call
   if (step == ScoreStep::kFolded)
-    launch_decode<Fp8TrioConfig, SplitKernels<decode_fp8_trio_kernel<ScoreStep::kFolded>>>(
-        "decode_fp8", kSmem, p, options, tm_latent, tm_rope, tm_q, tm_q_rope);
+    launch_trio<ScoreStep::kFolded>(order, p, options, tm_latent, tm_rope, tm_q, tm_q_rope);
   else
-    launch_decode<Fp8TrioConfig, SplitKernels<decode_fp8_trio_kernel<ScoreStep::kReference>>>(
-        "decode_fp8", kSmem, p, options, tm_latent, tm_rope, tm_q, tm_q_rope);
+    launch_trio<ScoreStep::kReference>(order, p, options, tm_latent, tm_rope, tm_q, tm_q_rope);
 }
 
 }  // namespace snapmla::cuda

@@ -149,6 +149,12 @@ inline Bf16Tile bf16_tile(const char* op) {
   return detail::env_enum(op, "SNAPMLA_BF16_TILE", {"rows64", "narrow"}, {Bf16Tile::kRows64, Bf16Tile::kNarrow16});
 }
 
+// SNAPMLA_FP8_TRIO_ORDER in the environment (a lab option, read per call): `pv_first` (unset) or
+// `softmax_first`, the three-consumer tile's TrioOrder (params.hpp).
+inline TrioOrder trio_order(const char* op) {
+  return detail::env_enum(op, "SNAPMLA_FP8_TRIO_ORDER", {"pv_first", "softmax_first"},
+                          {TrioOrder::kPvFirst, TrioOrder::kSoftmaxFirst});
+}
 // SNAPMLA_ROLE_INDEX in the environment (read per call): `uniform` (unset: the default since the
 // H200's same-run sweep, docs/kernels.md) or `thread` (the former default, kept for same-run A/B),
 // the decode kernels' RoleIndex (params.hpp).

@@ -51,6 +51,13 @@ enum class Bf16QkOrder { kOnRelease, kPageAFirst };
 // the narrow tile; larger calls run the 64-row tile either way.
 enum class Bf16Tile { kRows64, kNarrow16 };
 
+// The order of the three-consumer tile's iteration over its page j (decode_fp8_trio.cu): kPvFirst
+// issues the PV of page j - 2 before the softmax of page j, so that it runs under the softmax;
+// kSoftmaxFirst takes the softmax first, as the transposing tile does, so that the running max
+// reaches page j + 1's owner sooner. The same arithmetic in the same order per consumer, so the
+// same bits. A lab option (SNAPMLA_FP8_TRIO_ORDER) until the H200 has timed both.
+enum class TrioOrder { kPvFirst, kSoftmaxFirst };
+
 // Where a decode kernel's consumer thread takes its consumer index (which pages it owns, its
 // output half, its named barriers' ids) and its warp's index from: threadIdx as it is (kThread),
 // or those values broadcast from lane 0 of the warp (kUniform), which ptxas then knows to be
