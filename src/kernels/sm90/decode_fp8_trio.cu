@@ -17,7 +17,7 @@
 //   write_page_p          page j's P' into its buffer (once the other two consumers' PVs of page
 //                         j - 2 have left it) and its factors published, under that PV;
 //   own PV, score         page j's PV, then the QK of page j + 3 (its stage refilled by then).
-// Every consumer applies every page in order (its l and sigma follow the reference's chain); the
+// (TrioOrder::kSoftmaxFirst, a lab option, swaps the first two steps.) Every consumer applies every page in order (its l and sigma follow the reference's chain); the
 // parts of l are summed after the pages in consumer order. A sequence with one split assembles its
 // bf16 rows in the page stages and writes them whole; a split sequence writes fp32 partials.
 // Cycle budget and the counts behind the design: docs/kernels.md.

@@ -58,8 +58,8 @@ struct Fp8TrioConfig : WarpgroupRoles<3, 32, 160> {
 // page j's P' and factors in place (P: the owner arrives, the other two wait: 384), and the PVs of
 // page j - 2 by the two consumers other than page j's owner are done, so page j's P' and factors
 // may take that page's slot (Free + page j's owner: they arrive, the owner waits: 384; the owner's
-// own PV of page j - 2 comes before its softmax of page j). Id 0 is __syncthreads', 15 the split
-// boundary's (scheduler.cuh).
+// own PV of page j - 2 retires earlier in the same iteration). Id 0 is __syncthreads', 15 the
+// split boundary's (scheduler.cuh).
 enum class Fp8TrioBarrier : int {
   kConsumers = 1,    // all three consumers: the parts of l after the pages, the output rows assembled
   kMax = 2,          // 2, 3, 4
