@@ -10,7 +10,9 @@
 #   PARTS=bench: the lab options' bench (lab/h200_lab_options.sh PARTS=bench) with VARIANTS, less
 #     SKIP_VARIANTS and the failed ones of this call; STAMPS=1 adds the small-batch stamps.
 #   Both by default (the bench then gets what is left of LIMIT).
-#   [PARTS=tests|bench] [VARIANTS="trio triosf bnarrow folded late"] [SKIP_VARIANTS=...] [STAMPS=1]
+#   [PARTS=tests|bench] [VARIANTS="trio triosf triof bnarrow folded"] [SKIP_VARIANTS=...] [STAMPS=1]
+#   (the bench writes results/h200_sweep.partial.json as it goes: a sweep cut at its timeout keeps
+#   its cases)
 #   lab/h200_untimed_tiles.sh OUT_DIR      (carry .devbin, .whl, .peers)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +25,7 @@ part() { [[ ",${PARTS:-tests,bench}," == *",$1,"* ]]; }
 failed_variants=""
 fail_variant() {
   local v
-  for v in $1 $([ "$1" = trio ] && echo triosf); do  # both orders of the three-consumer tile
+  for v in $1 $([ "$1" = trio ] && echo triosf triof); do  # every variant of the three-consumer tile
     [[ " $failed_variants " == *" $v "* ]] || failed_variants="$failed_variants $v"
   done
 }
@@ -78,7 +80,7 @@ if part tests; then
 fi
 
 if part bench; then
-  PARTS=bench SKIP_VARIANTS="${SKIP_VARIANTS:-} $failed_variants" VARIANTS="${VARIANTS:-trio triosf bnarrow folded late}" \
+  PARTS=bench SKIP_VARIANTS="${SKIP_VARIANTS:-} $failed_variants" VARIANTS="${VARIANTS:-trio triosf triof bnarrow folded}" \
     BENCH_ARGS="${BENCH_ARGS:---rounds 3}" LIMIT=$(cap "${BENCH_LIMIT:-440}") BUDGET=${BUDGET:-380} \
     lab/h200_lab_options.sh "$dest"
   if [ -n "${STAMPS:-}" ]; then

@@ -475,6 +475,13 @@ def commit_of_tree() -> str:
         return "unknown"
 
 
+def write_json(out, filename, meta, rows):
+    """The run's metadata and its rows as out/filename (the file bench --out writes)."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, filename), "w") as f:
+        json.dump({**meta, "results": rows}, f, indent=1)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m snapmla.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--peers", metavar="DIR", help="folder with peers.py (FlashMLA BF16 and FP8 loaders)")
@@ -534,9 +541,12 @@ def main(argv=None):
             "calls": args.calls, "rounds": args.rounds, "peers": peers is not None,
             "floor": {"bw_tb_s": args.bw, "fp8_tflops": args.fp8_tflops, "bf16_tflops": args.bf16_tflops}}
     rows = []
+    name = "h200_sweep" if args.sweep else "h200"
     for case in cases:
         row = run_case(case, args, peers, torch, snapmla, nvml, props.multi_processor_count)
         rows.append(row)
+        if args.out:  # the cases so far, so that a run cut short by a time limit leaves its results
+            write_json(args.out, name + ".partial.json", meta, rows)
         msg = f"b={row['b']} h={row['h']} s_q={row['s_q']} s_k={row['s_k']}: fp8 {row['fp8_us']} us, " \
               f"bf16 {row['bf16_us']}"
         if peers is not None:
@@ -552,15 +562,15 @@ def main(argv=None):
                    f"{row['fp8_fixed_over_default']}x the default plan's time"
         print(msg + f" (floor {row['floor_us']}, {row['sm_mhz']} MHz)", flush=True)
     md = markdown(meta, rows, peers is not None)
-    name = "h200_sweep" if args.sweep else "h200"
     if args.sweep:
         summary = sweep_summary(rows, peers is not None, variants(args), bf16_variants(args))
         md += "\n## Summary\n\n" + "\n".join(summary) + "\n\n![time against batch](h200_sweep.png)\n"
     print(md)
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, name + ".json"), "w") as f:
-            json.dump({**meta, "results": rows}, f, indent=1)
+        write_json(args.out, name + ".json", meta, rows)
+        partial = os.path.join(args.out, name + ".partial.json")
+        if os.path.exists(partial):
+            os.remove(partial)
         with open(os.path.join(args.out, name + ".md"), "w") as f:
             f.write(md)
         if args.sweep:

@@ -144,3 +144,15 @@ def test_fixed_split_plan_cuts_every_sequence_at_multiples_of_split_blocks():
     begins = plan.split_begin.tolist()
     for i, n in enumerate(blocks):
         assert begins[offsets[i]:offsets[i + 1]] == [64 * 3 * j for j in range(max(1, (n + 2) // 3))]
+
+
+def test_write_json_writes_the_metadata_and_rows_a_cut_run_leaves(tmp_path):
+    import json
+    meta = {"gpu": "x", "commit": "abc"}
+    rows = [{"b": 1, "fp8_us": 2.0}]
+    bench.write_json(str(tmp_path / "out"), "h200.partial.json", meta, rows)
+    got = json.loads((tmp_path / "out" / "h200.partial.json").read_text())
+    assert got == {"gpu": "x", "commit": "abc", "results": rows}
+    rows.append({"b": 2, "fp8_us": 3.0})
+    bench.write_json(str(tmp_path / "out"), "h200.partial.json", meta, rows)
+    assert len(json.loads((tmp_path / "out" / "h200.partial.json").read_text())["results"]) == 2
