@@ -3,12 +3,15 @@
 // (128-byte swizzle), ldmatrix.trans with the kernel's lane addresses, the kernel's byte
 // permutes, and the wgmma fragment layouts from the PTX ISA. A wrong index in the header makes
 // the GPU result wrong in ways the decode tests only see as an error; here it names the element.
+// And the three-consumer tile's page bookkeeping (trio_schedule.hpp), which a wrong offset would
+// turn into a hang on the GPU.
 #include <gtest/gtest.h>
 
 #include <array>
 #include <cstdint>
 #include <set>
 
+#include "kernels/sm90/decode/trio_schedule.hpp"
 #include "kernels/sm90/decode/vregs_layout.hpp"
 
 namespace {
@@ -128,6 +131,29 @@ TEST(VRegsLayout, AccumulatorRowsCoverEveryDimOnce) {
       }
   EXPECT_EQ(dims.size(), 512u);
   EXPECT_EQ(*dims.rbegin(), 511);
+}
+
+// The three-consumer tile's page bookkeeping (trio_schedule.hpp) against the direct forms, page
+// mod 3 and page / 3, over every consumer, the first hundred iterations and each page the
+// iteration touches.
+TEST(TrioSchedule, SlotsPhasesAndTakersAreTheDirectForms) {
+  using namespace snapmla::cuda::trio;
+  for (int c = 0; c < 3; ++c)
+    for (int k = 0; k < 100; ++k)
+      for (int d = -2; d <= 1; ++d) {
+        const int page = 3 * k + c + d;
+        if (page < 0) continue;
+        const PageSlot s = page_slot(c, k, d);
+        EXPECT_EQ(s.slot, page % 3) << "c " << c << " k " << k << " d " << d;
+        EXPECT_EQ(s.parity, (page / 3) & 1) << "c " << c << " k " << k << " d " << d;
+        if (d <= 0) {
+          EXPECT_EQ(slot_taker(c, d), (page + 2) % 3) << "c " << c << " d " << d;
+        }
+      }
+  for (int x = -3; x < 6; ++x) {
+    EXPECT_EQ(mod3(x), ((x % 3) + 3) % 3) << x;
+    EXPECT_EQ(floor_div3(x), x < 0 ? -1 : x / 3) << x;
+  }
 }
 
 }  // namespace

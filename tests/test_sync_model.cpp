@@ -438,9 +438,10 @@ class TrioModel : public TransposingTileModel<2, 3, 3, 2, 14> {
   void consume(int item, int c, int wq, std::mt19937& rng) override {
     const int nblk = pages_[item];
     mbar_wait(qbar_, 0);
-    // next_score: page j - 2's V^T first, so that the stage's parity cannot alias page j - 4's.
-    auto score = [&](int j) {
-      if (j >= 2) mbar_wait(vt_full_[(j - 2) % kVtSlots], ((j - 2) / kVtSlots) & 1);
+    // next_score: where `guard`, page j - 2's V^T first, so that the stage's parity cannot alias
+    // page j - 4's (the kernel guards the QK of page j + 3 and consumer 2's first, page 2).
+    auto score = [&](int j, bool guard) {
+      if (guard) mbar_wait(vt_full_[(j - 2) % kVtSlots], ((j - 2) / kVtSlots) & 1);
       ring_wait(j);
       expect(stage_[j % kStages], {item, j}, "QK reads its page");
       expect(q_, {item, -1}, "QK reads its split's Q");
@@ -466,7 +467,7 @@ class TrioModel : public TransposingTileModel<2, 3, 3, 2, 14> {
       if (taker != c && jj + 2 < nblk) bar(kFree + taker, kAll, false);
     };
     const int jlast = nblk > 0 ? nblk + 1 : -1;
-    if (nblk > 0) score(std::min(c, nblk - 1));
+    if (nblk > 0) score(std::min(c, nblk - 1), c == 2 && nblk > 2);
     for (int j = c; j <= jlast && !abort_; j += kConsumers) {
       const bool mine = j < nblk, before2 = j >= 2 && j - 2 < nblk, before1 = j >= 1 && j - 1 < nblk;
       const int prev = (c + 2) % kConsumers, prev2 = (c + 1) % kConsumers;
@@ -506,7 +507,7 @@ class TrioModel : public TransposingTileModel<2, 3, 3, 2, 14> {
         bar(kOwnPage + c, 128, true);
         pv(j);
       }
-      score(std::min(j + 3, nblk - 1));  // past the last page, a repeat of the last one
+      score(std::min(j + 3, nblk - 1), j + 3 < nblk);  // past the last page, a repeat of the last one
       if (mine) {
         pv_done(j);
         retire(j);

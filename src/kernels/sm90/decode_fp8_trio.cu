@@ -38,6 +38,7 @@
 #include "decode/softmax.cuh"
 #include "decode/tile_launches.hpp"
 #include "decode/transposer.cuh"
+#include "decode/trio_schedule.hpp"
 
 namespace snapmla::cuda {
 namespace {
@@ -57,14 +58,14 @@ __device__ __forceinline__ void trio_arrive(int owner) {
   ptx::named_barrier_arrive(int(kBase) + owner, kAllConsumers);
 }
 
-// rescale_accumulate: o = o * r (per row) + P' V^T of page jj for consumer c's slice (issued and
-// committed, not waited for).
+// rescale_accumulate: o = o * r (per row) + P' V^T of page jj (its V^T slot and phase: vs) for
+// consumer c's slice (issued and committed, not waited for).
 __device__ __forceinline__ void rescale_accumulate(float (&o)[Cfg::kOutTiles][4], const float (&r)[2], const Smem& sm,
-                                                   int jj, int c) {
+                                                   int jj, trio::PageSlot vs, int c) {
   scale_rows(o, r);
   const uint8_t* pt = sm.p_tile(jj);
-  const uint8_t* vt = sm.vt_slice(jj, c);
-  mbar::wait(&sm.vt_full[jj % Cfg::kVtStages], (jj / Cfg::kVtStages) & 1);
+  const uint8_t* vt = sm.vt_slice(vs.slot, c);
+  mbar::wait(&sm.vt_full[vs.slot], vs.parity);
   wg::fence_operands(o);
   wg::fence();
   wg::mma_64x176x32_e4m3_ss(o, wg::desc(pt, 128, 512), wg::desc(vt, 128, 512));
@@ -72,63 +73,65 @@ __device__ __forceinline__ void rescale_accumulate(float (&o)[Cfg::kOutTiles][4]
   wg::commit();
 }
 
-// apply_page_pv: another consumer's page jj (owner: its index) applied to this consumer's state
-// and slice: its P' and factors taken (P hand-off), l and sigma moved into its domain, and its PV
-// issued.
+// apply_page_pv: another consumer's page jj (vs: its V^T slot, which is also its owner's index, and
+// phase) applied to this consumer's state and slice: its P' and factors taken (P hand-off), l and
+// sigma moved into its domain, and its PV issued.
 __device__ __forceinline__ void apply_page_pv(float (&o)[Cfg::kOutTiles][4], SoftmaxState& st, const Smem& sm,
-                                              const RowView& rv, int jj, int owner, int c) {
-  trio_sync<Fp8TrioBarrier::kP>(owner);
+                                              const RowView& rv, int jj, trio::PageSlot vs, int c) {
+  trio_sync<Fp8TrioBarrier::kP>(vs.slot);
   float r[2];
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
     const float2 x = sm.factors_of(jj, rv.r0 + 8 * ri);
     r[ri] = apply_page(st, ri, x.x, x.y, 0.f);
   }
-  rescale_accumulate(o, r, sm, jj, c);
+  rescale_accumulate(o, r, sm, jj, vs, c);
 }
 
-// After this consumer's PV of page jj has retired: its V^T slot released, and, unless this consumer
-// takes the page's P' slot next (it owns page jj + 2), the owner of page jj + 2 told that its
-// P' and factors may go there (Free).
-__device__ __forceinline__ void retire_page_pv(const Smem& sm, int jj, int c, int nblk) {
-  mbar::arrive(&sm.vt_empty[jj % Cfg::kVtStages]);
-  const int taker = (jj + 2) % kConsumers;
+// After this consumer's PV of page jj = j + d (its V^T slot: vs) has retired: the slot released,
+// and, unless this consumer takes the page's P' slot next (it owns page jj + 2: d = -2), the owner
+// of page jj + 2 told that its P' and factors may go there (Free).
+__device__ __forceinline__ void retire_page_pv(const Smem& sm, int jj, trio::PageSlot vs, int taker, int c, int nblk) {
+  mbar::arrive(&sm.vt_empty[vs.slot]);
   if (taker != c && jj + 2 < nblk) trio_arrive<Fp8TrioBarrier::kFree>(taker);
 }
 
 // next_score: the QK of page jn (issued and committed). The ring's full barrier of page jn's stage
 // tells phases apart by parity only, and with two stages and pages dealt three ways this consumer
 // may come to it while the stage still holds page jn - 4 (page jn - 2 not landed yet): the wait
-// would then pass on the old phase. So it first waits for page jn - 2's V^T, which is written only
-// after that page landed and cannot move on to page jn + 1 before this consumer's PV of page jn - 2,
-// which comes later (jn - 2 is the next page this consumer applies, or one it has applied where jn
-// is the split's last page and nothing follows it).
-__device__ __forceinline__ void next_score(float (&acc)[8][4], const Smem& sm, uint64_t qr, uint64_t qn, int jn) {
-  if (jn >= 2) mbar::wait(&sm.vt_full[(jn - 2) % Cfg::kVtStages], ((jn - 2) / Cfg::kVtStages) & 1);
+// would then pass on the old phase. So where `guard`, it first waits for page jn - 2's V^T (vs),
+// which is written only after that page landed and cannot move on to page jn + 1 before this
+// consumer's PV of page jn - 2, which comes later (page jn - 2 is the next page it applies). The
+// callers guard the QK of page j + 3 and the first QK of consumer 2 (page 2): the QK past the
+// last page repeats page nblk - 1, whose page nblk - 3 this consumer has applied already.
+__device__ __forceinline__ void next_score(float (&acc)[8][4], const Smem& sm, uint64_t qr, uint64_t qn, int jn,
+                                           bool guard, trio::PageSlot vs) {
+  if (guard) mbar::wait(&sm.vt_full[vs.slot], vs.parity);
   score_rope_smem(acc, sm, qr, qn, jn);
 }
 
-// One iteration of consumer c over its page j (j = c mod 3; past the last page, j <= nblk + 1, only
+// One iteration k of consumer c over its page j = 3 k + c (past the last page, j <= nblk + 1, only
 // the other consumers' last pages), in kOrder (TrioOrder: the PV of page j - 2 before or after the
-// softmax of page j). The waits are on every path: ptxas serializes every wgmma when it cannot see
-// a group retired before its registers are used.
+// softmax of page j). Pages j + d's V^T slots (also their owners) and phases: trio_schedule.hpp.
+// The waits are on every path: ptxas serializes every wgmma when it cannot see a group retired
+// before its registers are used.
 template <ScoreStep kStep, TrioOrder kOrder>
 __device__ __forceinline__ void trio_iteration(float (&o)[Cfg::kOutTiles][4], float (&acc)[8][4], SoftmaxState& st,
                                                const Smem& sm, const RowView& rv, const Work& w,
-                                               uint64_t qr, uint64_t qn, int j, int c, int nblk) {
+                                               uint64_t qr, uint64_t qn, int j, int k, int c, int nblk) {
   const bool mine = j < nblk;
   const bool before2 = j >= 2 && j - 2 < nblk, before1 = j >= 1 && j - 1 < nblk;
-  const int prev = (c + 2) % kConsumers;   // the owner of page j - 1
-  const int prev2 = (c + 1) % kConsumers;  // the owner of page j - 2
+  const trio::PageSlot page2 = trio::page_slot(c, k, -2), page1 = trio::page_slot(c, k, -1);
+  const trio::PageSlot page0 = trio::page_slot(c, k, 0), next1 = trio::page_slot(c, k, 1);
   constexpr bool kPvFirst = kOrder == TrioOrder::kPvFirst;
-  if (kPvFirst && before2) apply_page_pv(o, st, sm, rv, j - 2, prev2, c);
+  if (kPvFirst && before2) apply_page_pv(o, st, sm, rv, j - 2, page2, c);
   EarlyPage e;
-  if (mine) e = page_factors_early<kStep>(acc, sm, rv, w, j, prev, c, nblk);
-  if (!kPvFirst && before2) apply_page_pv(o, st, sm, rv, j - 2, prev2, c);
+  if (mine) e = page_factors_early<kStep>(acc, sm, rv, w, j, page1.slot, c, nblk);
+  if (!kPvFirst && before2) apply_page_pv(o, st, sm, rv, j - 2, page2, c);
   wg::wait<0>();
   wg::fence_operands(o);
-  if (before2) retire_page_pv(sm, j - 2, c, nblk);
-  if (before1) apply_page_pv(o, st, sm, rv, j - 1, prev, c);
+  if (before2) retire_page_pv(sm, j - 2, page2, trio::slot_taker(c, -2), c, nblk);
+  if (before1) apply_page_pv(o, st, sm, rv, j - 1, page1, c);
   float r_own[2] = {1.f, 1.f};
   if (mine) {
     if (j >= 2) trio_sync<Fp8TrioBarrier::kFree>(c);  // the others' PVs of page j - 2 are done
@@ -143,15 +146,15 @@ __device__ __forceinline__ void trio_iteration(float (&o)[Cfg::kOutTiles][4], fl
   }
   wg::wait<0>();
   wg::fence_operands(o);
-  if (before1) retire_page_pv(sm, j - 1, c, nblk);
+  if (before1) retire_page_pv(sm, j - 1, page1, trio::slot_taker(c, -1), c, nblk);
   if (mine) {
     ptx::named_barrier(int(Fp8TrioBarrier::kOwnPage) + c, 128);  // all of this consumer's P'(j) is stored
-    rescale_accumulate(o, r_own, sm, j, c);
+    rescale_accumulate(o, r_own, sm, j, page0, c);
   }
-  next_score(acc, sm, qr, qn, min(j + 3, nblk - 1));
+  next_score(acc, sm, qr, qn, min(j + 3, nblk - 1), j + 3 < nblk, next1);
   wg::wait<1>();
   wg::fence_operands(o);
-  if (mine) retire_page_pv(sm, j, c, nblk);
+  if (mine) retire_page_pv(sm, j, page0, trio::slot_taker(c, 0), c, nblk);
 }
 
 template <ScoreStep kStep, TrioOrder kOrder>
@@ -235,11 +238,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // Every iteration issues exactly one QK and waits for it (past the last page it repeats the
     // last one, whose stage still holds it: no page of the split follows it into the ring).
     const int jlast = nblk > 0 ? nblk + 1 : -1;
-    if (nblk > 0) next_score(acc, sm, qr, qn, min(c, nblk - 1));
-    for (int j = c; j <= jlast; j += kConsumers) {
+    // Consumer 2's first QK (page 2) guards against the stage's page 0 as next_score says (page 0's
+    // V^T: slot 0, phase 0).
+    if (nblk > 0) next_score(acc, sm, qr, qn, min(c, nblk - 1), c == 2 && nblk > 2, trio::PageSlot{0, 0});
+    for (int j = c, k = 0; j <= jlast; j += kConsumers, ++k) {
       wg::wait<0>();
       wg::fence_operands(acc);
-      trio_iteration<kStep, kOrder>(o, acc, st, sm, rv, w, qr, qn, j, c, nblk);
+      trio_iteration<kStep, kOrder>(o, acc, st, sm, rv, w, qr, qn, j, k, c, nblk);
     }
     wg::wait<0>();
     wg::fence_operands(acc);

@@ -130,8 +130,8 @@ struct Fp8TrioView : PageTileView<Fp8TrioSmem, Fp8TrioConfig::kStages, Fp8TrioCo
         vt_empty(reinterpret_cast<uint64_t*>(base + offsetof(L, vt_empty))) {}
   // V^T of page j (512 dims x 64 slots, K-major: dims d .. d + 7 at (d / 8) x 512).
   __device__ uint8_t* vt_page(int j) const { return vt_base + (j % kVtStages) * L::kVtBytes; }
-  // Consumer c's slice of it: dims dim0(c) .. dim0(c) + 175.
-  __device__ uint8_t* vt_slice(int j, int c) const { return vt_page(j) + (C::dim0(c) / 8) * 512; }
+  // Consumer c's slice of V^T slot `slot`: dims dim0(c) .. dim0(c) + 175.
+  __device__ uint8_t* vt_slice(int slot, int c) const { return vt_base + slot * L::kVtBytes + (C::dim0(c) / 8) * 512; }
   // One thread, before a __syncthreads.
   __device__ void init_vt() const {
     for (int v = 0; v < kVtStages; ++v) {
