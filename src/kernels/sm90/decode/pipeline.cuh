@@ -92,6 +92,18 @@ __device__ __forceinline__ void load_fp8_page(const DecodeParams& p, const CUten
   tma::bulk_load(scales, p.k_scale + int64_t(page) * kPageSize, kScaleBytes, bar);
 }
 
+// The same page fetched into L2 only (a page index out of range: nothing), for a ring too short
+// to hide the HBM latency with its own stages: its load, once a stage frees, then comes from L2.
+__device__ __forceinline__ void prefetch_fp8_page(const DecodeParams& p, const CUtensorMap* tm_latent,
+                                                  const CUtensorMap* tm_rope, int32_t page) {
+  if (!page_ok(p, page)) return;
+  const int y = page * kPageSize;
+#pragma unroll
+  for (int b = 0; b < kLatentDim / kTmaBoxBytes; ++b) tma::prefetch_2d(tm_latent, b * kTmaBoxBytes, y);
+  tma::prefetch_2d(tm_rope, 0, y);
+  tma::prefetch_bulk(p.k_scale + int64_t(page) * kPageSize, kPageSize * 4);
+}
+
 // One page of the BF16 cache into a stage by one thread (decode_bf16's narrow tile): kHeadDim x 2 /
 // 128 = 9 TMA boxes of 64 tokens x 64 dims (128-byte swizzle), box b holding dims 64 b .. 64 b + 63
 // (box 8: the rope) at b x kBf16BoxBytes, all completing on `bar` with their byte count. An
@@ -136,6 +148,11 @@ __device__ __forceinline__ bool split_has_bad_page(const DecodeParams& p, const 
   return __any_sync(0xffffffffu, bad);
 }
 
+// stream_pages' default: no prefetch.
+struct NoPrefetch {
+  __device__ void operator()(int32_t) const {}
+};
+
 // The decode_fp8 kernels' and decode_bf16's narrow tile's ring: mbarriers of kStages page stages
 // filled by TMA, plus one for the Q tile, and the split's fault flag (an out-of-range page index
 // met by the loader).
@@ -178,19 +195,37 @@ struct PageRing {
   // first kStages need no wait), the indices read two pages ahead, so that the first requests
   // wait for one global load, not one each. load(page, stage, full barrier) copies one page (an
   // out-of-range index: nothing, the fault flag set, the phase completed by the arrival alone).
-  template <typename LoadPage>
-  __device__ void stream_pages(const DecodeParams& p, const Work& w, int from, int to, LoadPage&& load) const {
+  // prefetch(page): called with page j + 2's index as page j is loaded (a no-op by default; a
+  // two-stage ring fetches that page into L2, stream_prefetched).
+  template <typename LoadPage, typename Prefetch = NoPrefetch>
+  __device__ void stream_pages(const DecodeParams& p, const Work& w, int from, int to, LoadPage&& load,
+                               Prefetch&& prefetch = {}) const {
     if (from >= to) return;
     int32_t page = page_of(p, w, w.begin + from * kPageSize);
     int32_t next = from + 1 < to ? page_of(p, w, w.begin + (from + 1) * kPageSize) : 0;
     for (int j = from; j < to; ++j) {
       const int32_t after = j + 2 < to ? page_of(p, w, w.begin + (j + 2) * kPageSize) : 0;
+      if (j + 2 < to) prefetch(after);
       acquire(j);
       const int s = j % kStages;
       load(page, s, &full[s]);
       page = next;
       next = after;
     }
+  }
+
+  // stream_pages of FP8 cache pages (load_fp8_page) with page j + 2 fetched into L2 as page j's
+  // load is issued (prefetch_fp8_page): for a two-stage ring, whose page j + 2 can load only once
+  // page j's stage frees (the three-consumer tile).
+  template <typename Stages>
+  __device__ void stream_prefetched(const DecodeParams& p, const Work& w, const CUtensorMap* tm_latent,
+                                    const CUtensorMap* tm_rope, Stages& st, int from, int to) const {
+    stream_pages(
+        p, w, from, to,
+        [&](int32_t page, int s, uint64_t* bar) {
+          load_fp8_page(p, tm_latent, tm_rope, page, st.kl(s), st.kr(s), st.scale(s), bar, bad);
+        },
+        [&](int32_t page) { prefetch_fp8_page(p, tm_latent, tm_rope, page); });
   }
 
   // stream_pages of FP8 cache pages (load_fp8_page). Stages: anything with kl(s), kr(s), scale(s)
