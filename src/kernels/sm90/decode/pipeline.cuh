@@ -6,6 +6,8 @@
 
 #include <cuda.h>
 
+#include <type_traits>
+
 #include "kernels/common/mbarrier.cuh"
 #include "kernels/common/tma.cuh"
 #include "kernels/common/wgmma.cuh"
@@ -125,6 +127,15 @@ __device__ __forceinline__ void load_bf16_page(const DecodeParams& p, const CUte
   for (int b = 0; b < kBf16Boxes; ++b) tma::load_2d(stage + b * kBf16BoxBytes, tm_kv, b * (kTmaBoxBytes / 2), y, bar);
 }
 
+// The same page fetched into L2 only (a page index out of range: nothing), for a two-stage ring
+// (decode_bf16's narrow tile), as prefetch_fp8_page.
+__device__ __forceinline__ void prefetch_bf16_page(const DecodeParams& p, const CUtensorMap* tm_kv, int32_t page) {
+  if (!page_ok(p, page)) return;
+  const int y = page * kPageSize;
+#pragma unroll
+  for (int b = 0; b < kBf16Boxes; ++b) tma::prefetch_2d(tm_kv, b * (kTmaBoxBytes / 2), y);
+}
+
 // A 64-row tile's Q latent by one thread: kLatentBytes / 128 TMA boxes of 64 rows x 128 bytes with
 // the 128-byte swizzle (the pages' layout, so the QK reads both operands the same way) from row
 // `row` of the query plane (elements of kElemBytes: e4m3 for decode_fp8, bf16 for decode_bf16),
@@ -195,8 +206,8 @@ struct PageRing {
   // first kStages need no wait), the indices read two pages ahead, so that the first requests
   // wait for one global load, not one each. load(page, stage, full barrier) copies one page (an
   // out-of-range index: nothing, the fault flag set, the phase completed by the arrival alone).
-  // prefetch(page): called with page j + 2's index as page j is loaded (a no-op by default; a
-  // two-stage ring fetches that page into L2, stream_prefetched).
+  // prefetch(page): called with page j + 2's index as page j is loaded, where the split has one
+  // (none by default; a two-stage ring fetches that page into L2: stream_prefetched).
   template <typename LoadPage, typename Prefetch = NoPrefetch>
   __device__ void stream_pages(const DecodeParams& p, const Work& w, int from, int to, LoadPage&& load,
                                Prefetch&& prefetch = {}) const {
@@ -205,7 +216,11 @@ struct PageRing {
     int32_t next = from + 1 < to ? page_of(p, w, w.begin + (from + 1) * kPageSize) : 0;
     for (int j = from; j < to; ++j) {
       const int32_t after = j + 2 < to ? page_of(p, w, w.begin + (j + 2) * kPageSize) : 0;
-      if (j + 2 < to) prefetch(after);
+      if constexpr (!std::is_same_v<std::decay_t<Prefetch>, NoPrefetch>) {
+        // Page j + 2 of the split, also where this call stops short of it (a loader that streams
+        // the first pages apart).
+        if (j + 2 < w.pages()) prefetch(j + 2 < to ? after : page_of(p, w, w.begin + (j + 2) * kPageSize));
+      }
       acquire(j);
       const int s = j % kStages;
       load(page, s, &full[s]);
