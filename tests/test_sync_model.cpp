@@ -422,7 +422,7 @@ class Fp8TileModel : public TransposingTileModel<3, 2, 2, 1, 9> {
 // PV under its softmax of page j; after it in the other order, TrioOrder::kSoftmaxFirst), takes the
 // running max from page j - 1's owner (kMax + owner, 256 threads), applies page j - 1, writes page j's P' and factors into slot j % 2 once the other
 // two consumers' PVs of page j - 2 are done (kFree + c, 384) and publishes them (kP + c, 384), then
-// its own PV and the QK of page j + 3. After the pages the consumers sum their parts of l (kConsumers)
+// its own PV and the QK of page j + 3. After the pages the consumers sum their parts of l (kAllConsumers)
 // and a split with one sequence assembles its rows in the page stages behind the same barrier id.
 class TrioModel : public TransposingTileModel<2, 3, 3, 2, 14> {
  public:
@@ -433,7 +433,7 @@ class TrioModel : public TransposingTileModel<2, 3, 3, 2, 14> {
  private:
   bool softmax_first_;
   static constexpr int kStages = 2, kVtSlots = 3, kSlots = 2, kConsumers = 3, kAll = 384;
-  enum Id { kConsumerBar = 1, kMax = 2, kP = 5, kFree = 8, kOwnPage = 11 };
+  enum Id { kAllConsumers = 1, kMax = 2, kP = 5, kFree = 8, kOwnPage = 11 };
 
   void consume(int item, int c, int wq, std::mt19937& rng) override {
     const int nblk = pages_[item];
@@ -513,13 +513,13 @@ class TrioModel : public TransposingTileModel<2, 3, 3, 2, 14> {
         retire(j);
       }
     }
-    bar(kConsumerBar, kAll, true);  // sum_consumer_parts
+    bar(kAllConsumers, kAll, true);  // sum_consumer_parts
     if (nblk > 0) expect(max_[(nblk - 1) % 2], {item, nblk - 1}, "the lse's running max");
     // Odd splits have one sequence: the rows are assembled in the page stages, then copied out
     // behind the same barrier id.
     if (item % 2 == 1) {
       for (auto& stage : stage_) put(stage, {item, -2});
-      bar(kConsumerBar, kAll, true);
+      bar(kAllConsumers, kAll, true);
     }
   }
 

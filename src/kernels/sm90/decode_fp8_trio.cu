@@ -46,16 +46,16 @@ namespace {
 using Cfg = Fp8TrioConfig;
 using Smem = Fp8TrioView;
 constexpr int kConsumers = Cfg::kConsumers;
-constexpr int kAllConsumers = 128 * kConsumers;
+constexpr int kConsumerThreads = 128 * kConsumers;
 
 // The P and Free hand-offs (`kBase + owner`) over all three consumers.
 template <Fp8TrioBarrier kBase>
 __device__ __forceinline__ void trio_sync(int owner) {
-  ptx::named_barrier(int(kBase) + owner, kAllConsumers);
+  ptx::named_barrier(int(kBase) + owner, kConsumerThreads);
 }
 template <Fp8TrioBarrier kBase>
 __device__ __forceinline__ void trio_arrive(int owner) {
-  ptx::named_barrier_arrive(int(kBase) + owner, kAllConsumers);
+  ptx::named_barrier_arrive(int(kBase) + owner, kConsumerThreads);
 }
 
 // rescale_accumulate: o = o * r (per row) + P' V^T of page jj (its V^T slot and phase: vs) for
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     wg::wait<0>();
     wg::fence_operands(acc);
-    sum_consumer_parts<kConsumers>(st, sm.xl, c, rv.r0, rv.q, int(Fp8TrioBarrier::kConsumers));
+    sum_consumer_parts<kConsumers>(st, sm.xl, c, rv.r0, rv.q, int(Fp8TrioBarrier::kAllConsumers));
     dependents_after_pages(p, range, item);
     // Every page was acquired before that barrier; a bad length faults the whole sequence.
     const bool fault = sm.ring.faulted() || w.bad_len;
@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int n_from = c == kConsumers - 1 ? Cfg::kLastOverlapTiles : 0;
     if (w.single)
       write_rows_assembled(p, w, st, o, sm.stage, row0, rv.r0, Cfg::dim0(c), n_from, rv.q, c == 0, fault,
-                           int(Fp8TrioBarrier::kConsumers), kAllConsumers, threadIdx.x - 128);
+                           int(Fp8TrioBarrier::kAllConsumers), kConsumerThreads, threadIdx.x - 128);
     else
       write_partials(p, w, st, o, row0 + 16 * warp, Cfg::dim0(c), lane, c == 0, fault, n_from);
   }

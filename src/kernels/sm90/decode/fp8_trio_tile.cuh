@@ -61,7 +61,7 @@ struct Fp8TrioConfig : WarpgroupRoles<3, 32, 160> {
 // own PV of page j - 2 retires earlier in the same iteration). Id 0 is __syncthreads', 15 the
 // split boundary's (scheduler.cuh).
 enum class Fp8TrioBarrier : int {
-  kConsumers = 1,    // all three consumers: the parts of l after the pages, the output rows assembled
+  kAllConsumers = 1,  // all three consumers: the parts of l after the pages, the output rows assembled
   kMax = 2,          // 2, 3, 4
   kP = 5,            // 5, 6, 7
   kFree = 8,         // 8, 9, 10
