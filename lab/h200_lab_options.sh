@@ -129,7 +129,8 @@ if part bench; then
     # bnarrow: decode_bf16's narrow tile at h <= 16 (decode_fp8 runs its default there: noise).
     # trio: decode_fp8's three-consumer 64-row tile on the calls of more than 16 rows (decode_bf16
     # runs its default there: noise); triosf: the same in its other iteration order; triof: with the
-    # base-2 score step.
+    # base-2 score step. dpdl: every decode kernel launched as a programmatic dependent of the
+    # kernel before it (the bench's graphs: the call before's combine or decode).
     # VARIANTS="thread fused ...": only those (each variant adds two graphs per case, so all
     # ten may not fit one call's time: split them over two PARTS=bench calls).
     # SKIP_VARIANTS="fused ...": leave those out (one whose tests failed in the PARTS=tests call:
@@ -140,7 +141,7 @@ if part bench; then
              staged:SNAPMLA_PARTIALS=staged qkfirst:SNAPMLA_BF16_QK_ORDER=a_first \
              fstaged:SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged bnarrow:SNAPMLA_BF16_TILE=narrow \
              trio:SNAPMLA_FP8_TILE=trio triosf:SNAPMLA_FP8_TILE=trio,SNAPMLA_FP8_TRIO_ORDER=softmax_first \
-             triof:SNAPMLA_FP8_TILE=trio,SNAPMLA_SCORE_STEP=folded \
+             triof:SNAPMLA_FP8_TILE=trio,SNAPMLA_SCORE_STEP=folded dpdl:SNAPMLA_DECODE_PDL=1 \
              fequal:SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged,SNAPMLA_PLAN_SPLIT=equal; do
       [ -z "${VARIANTS:-}" ] || [[ " $VARIANTS " == *" ${v%%:*} "* ]] || continue
       [[ " ${SKIP_VARIANTS:-} " == *" ${v%%:*} "* ]] || variants="$variants --env $v"

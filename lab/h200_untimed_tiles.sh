@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The tiles not yet run on the H200, for one or two device calls: decode_bf16's narrow tile
-# (SNAPMLA_BF16_TILE=narrow, bench variant `bnarrow`) and decode_fp8's three-consumer 64-row tile
-# (SNAPMLA_FP8_TILE=trio, bench variants `trio` and, in its other iteration order, `triosf`).
+# The kernels not yet run on the H200, for one or two device calls: decode_bf16's narrow tile
+# (SNAPMLA_BF16_TILE=narrow, bench variant `bnarrow`), decode_fp8's three-consumer 64-row tile
+# (SNAPMLA_FP8_TILE=trio, bench variants `trio`, `triosf` in its other iteration order and `triof`
+# with the base-2 score step) and the decodes' programmatic launch (SNAPMLA_DECODE_PDL=1, `dpdl`).
 #   PARTS=tests: each tile on the GPU tests of its shapes beside the default (SNAPMLA_TEST_UNTIMED=1,
 #     short timeouts: a hang stops that part only), the whole C++ GPU suite with the tile as the
 #     environment's choice (bad inputs, graph replay, batch 1024, 256K tokens, the plans), then
@@ -10,7 +11,7 @@
 #   PARTS=bench: the lab options' bench (lab/h200_lab_options.sh PARTS=bench) with VARIANTS, less
 #     SKIP_VARIANTS and the failed ones of this call; STAMPS=1 adds the small-batch stamps.
 #   Both by default (the bench then gets what is left of LIMIT).
-#   [PARTS=tests|bench] [VARIANTS="trio triosf triof bnarrow folded"] [SKIP_VARIANTS=...] [STAMPS=1]
+#   [PARTS=tests|bench] [VARIANTS="trio triosf triof bnarrow dpdl"] [SKIP_VARIANTS=...] [STAMPS=1]
 #   (the bench writes results/h200_sweep.partial.json as it goes: a sweep cut at its timeout keeps
 #   its cases)
 #   lab/h200_untimed_tiles.sh OUT_DIR      (carry .devbin, .whl, .peers)
@@ -56,6 +57,8 @@ if part tests; then
   stamp "decode_fp8's three-consumer tile: the shapes' and non-finite inputs' tests"
   run trio_tests.log 150 trio SNAPMLA_TEST_UNTIMED=1 -- $bin --gtest_filter='Shapes/*:GpuErrors.NonFinite*'
   grep -E "tile 64x3" "$dest/trio_tests.log" | head -12
+  stamp "the decodes' programmatic launch: the same bits after a kernel that rewrites the query"
+  run decode_pdl_tests.log 90 dpdl SNAPMLA_TEST_UNTIMED=1 -- $bin --gtest_filter='GpuDecode.ProgrammaticLaunch*'
   for tile in bnarrow:SNAPMLA_BF16_TILE=narrow trio:SNAPMLA_FP8_TILE=trio; do
     stamp "the C++ GPU suite with ${tile#*:}"
     run "gpu_suite_${tile%%:*}.log" "${SUITE_TIMEOUT:-150}" "${tile%%:*}" "${tile#*:}" -- $bin
@@ -80,7 +83,7 @@ if part tests; then
 fi
 
 if part bench; then
-  PARTS=bench SKIP_VARIANTS="${SKIP_VARIANTS:-} $failed_variants" VARIANTS="${VARIANTS:-trio triosf triof bnarrow folded}" \
+  PARTS=bench SKIP_VARIANTS="${SKIP_VARIANTS:-} $failed_variants" VARIANTS="${VARIANTS:-trio triosf triof bnarrow dpdl}" \
     BENCH_ARGS="${BENCH_ARGS:---rounds 3}" LIMIT=$(cap "${BENCH_LIMIT:-440}") BUDGET=${BUDGET:-380} \
     lab/h200_lab_options.sh "$dest"
   if [ -n "${STAMPS:-}" ]; then

@@ -1229,6 +1229,52 @@ TEST(GpuDecode, BatchInvariantPlanGivesARowTheSameBitsInAnyBatch) {
     }
 }
 
+// The decode launched as a programmatic dependent of the kernel before it (SNAPMLA_DECODE_PDL=1, a
+// lab option not yet run on the H200, hence under test_untimed()): on a stream of its own, the
+// query is first poisoned (0xFF bytes: NaN in e4m3 and bf16) and then written again by
+// quantize_query, the kernel the decode follows, so a decode that read it before that kernel's
+// writes were visible would give NaN rows. Both decodes, planned and not, several times each: the
+// same bits as the ordinary launch.
+TEST(GpuDecode, ProgrammaticLaunchWaitsForTheKernelBefore) {
+  REQUIRE_GPU();
+  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  for (const int h : {16, 128}) {
+    SCOPED_TRACE("h=" + std::to_string(h));
+    Batch B = make_batch(rng, {3000, 9000, 1, 64, 700, 5000}, 1, h);
+    GpuBatch G(B);
+    GpuPlan plan(G.pages(), recommended_num_workers(kGpu, 1, h), 1, h);
+    cudaStream_t stream = nullptr;
+    device_memory::cuda_ok(cudaStreamCreate(&stream), "stream");
+    for (const bool fp8 : {true, false})
+      for (const bool planned : {false, true}) {
+        const std::string label = std::string(fp8 ? "decode_fp8" : "decode_bf16") + (planned ? " planned" : "");
+        DecodeOptions opt = planned ? plan.options(B.softmax_scale) : test::options(B);
+        opt.stream = stream;
+        auto step = [&] {
+          const QuantizedQuery qq = G.qq();
+          const size_t rows = size_t(B.batch) * B.s_q * B.h;
+          device_memory::cuda_ok(cudaMemsetAsync(G.q_nope.get(), 0xFF, rows * kLatentDim, stream), "poison q");
+          device_memory::cuda_ok(cudaMemsetAsync(G.q_rope.get(), 0xFF, rows * kRopeDim * 2, stream), "poison q rope");
+          device_memory::cuda_ok(cudaMemsetAsync(G.q_scale.get(), 0xFF, rows * sizeof(float), stream), "poison q scale");
+          device_memory::cuda_ok(cudaMemsetAsync(G.q.get(), 0xFF, rows * kHeadDim * 2, stream), "poison q bf16");
+          device_memory::cuda_ok(cudaMemcpyAsync(G.q.get(), B.q.data(), rows * kHeadDim * 2, cudaMemcpyHostToDevice,
+                                                 stream), "q");
+          quantize_query(G.query(), qq, stream);  // rewrites q_nope, q_rope, q_scale
+          if (fp8) decode_fp8(qq, G.fp8(), G.pages(), {G.out.get(), G.lse.get(), kGpu}, opt);
+          else decode_bf16(G.query(), G.bf16c(), G.pages(), {G.out.get(), G.lse.get(), kGpu}, opt);
+          device_memory::cuda_ok(cudaStreamSynchronize(stream), label.c_str());
+          return std::make_pair(G.out.download(), G.lse.download());
+        };
+        const auto want = step();
+        ScopedEnv pdl("SNAPMLA_DECODE_PDL", "1");
+        for (int i = 0; i < 8; ++i) expect_same_bits(want, step(), label + " under SNAPMLA_DECODE_PDL=1");
+      }
+    device_memory::cuda_ok(cudaStreamDestroy(stream), "stream");
+  }
+}
+
 // One decode step captured as a CUDA graph on a stream of its own (set into `opt` for the calls
 // beside it): plan_splits on the device's lengths, then decode_fp8 into `out`, under the
 // environment's lab settings at capture. replay() runs it and waits.
@@ -1389,10 +1435,10 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
                      "SNAPMLA_FP8_TRIO_ORDER");
   }
   {
-    // The combine's lab options and the partials' store, checked where they are read, before
-    // anything is launched.
+    // The combine's lab options, the partials' store and the decode's programmatic launch,
+    // checked where they are read, before anything is launched.
     for (const char* name : {"SNAPMLA_COMBINE_PDL", "SNAPMLA_COMBINE_WAVE", "SNAPMLA_COMBINE_TASKS", "SNAPMLA_COMBINE_FUSED",
-                             "SNAPMLA_PARTIALS"}) {
+                             "SNAPMLA_PARTIALS", "SNAPMLA_DECODE_PDL"}) {
       ScopedEnv env(name, "yes");
       EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), name);
       EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), name);

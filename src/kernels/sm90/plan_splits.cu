@@ -12,6 +12,7 @@
 
 #include "core/split_rule.hpp"
 #include "kernels/common/check.cuh"
+#include "kernels/common/ptx.cuh"
 #include "kernels/kernels.hpp"
 
 namespace snapmla::cuda {
@@ -36,6 +37,9 @@ __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __
                                                                int32_t* __restrict__ offsets,
                                                                int32_t* __restrict__ begins,
                                                                int32_t* __restrict__ worker_splits) {
+  // A decode launched as this grid's programmatic dependent (SNAPMLA_DECODE_PDL) may start at once;
+  // it waits for the plan itself.
+  ptx::launch_dependents();
   using Reduce = cub::BlockReduce<detail::PlanTotals, kThreads>;
   using Scan64 = cub::BlockScan<long long, kThreads>;
   using Scan = cub::BlockScan<int, kThreads>;

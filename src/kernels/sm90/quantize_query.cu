@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/common/check.cuh"
+#include "kernels/common/ptx.cuh"
 #include "kernels/common/quantize_row.cuh"
 #include "kernels/kernels.hpp"
 
@@ -13,6 +14,9 @@ constexpr int kWarpsPerBlock = 8;
 __global__ void quantize_query_kernel(const uint16_t* __restrict__ q, int64_t rows,
                                       uint8_t* __restrict__ nope, uint16_t* __restrict__ rope,
                                       float* __restrict__ scale) {
+  // A decode launched as this grid's programmatic dependent (SNAPMLA_DECODE_PDL) may start once
+  // every block is running; it waits for this grid's writes itself.
+  ptx::launch_dependents();
   const int64_t r = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (r >= rows) return;
   const int lane = threadIdx.x % 32;

@@ -67,6 +67,9 @@ __device__ __forceinline__ int warps_per_task(int splits, int tasks, int blocks)
 // Row tasks: block (b, y) merges rows y * 8 + w, + gridDim.y * 8, ... of sequence b, warp w a
 // row (combine_row, combine_rows.cuh).
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_row_kernel(CombineParams p) {
+  // A decode launched as this grid's programmatic dependent (the next step's, SNAPMLA_DECODE_PDL)
+  // may start once every block is running; it waits for this grid's writes itself.
+  ptx::launch_dependents();
   ptx::grid_dependency_wait();  // the decode's partials (launched as its programmatic dependent)
   const int b = blockIdx.x;
   const int lo = p.split_offsets[b], hi = p.split_offsets[b + 1];
@@ -85,6 +88,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_row
 // exits at once, but the GPU still launches it, and one block per 8 tasks (b = 128, h = 128: 8192
 // blocks where no sequence is split) cost ~4 us per call.
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_quarter_kernel(CombineParams p) {
+  // A decode launched as this grid's programmatic dependent (the next step's, SNAPMLA_DECODE_PDL)
+  // may start once every block is running; it waits for this grid's writes itself.
+  ptx::launch_dependents();
   ptx::grid_dependency_wait();  // the decode's partials (launched as its programmatic dependent)
   const int b = blockIdx.x;
   const int lo = p.split_offsets[b], hi = p.split_offsets[b + 1];

@@ -179,6 +179,14 @@ inline PartialStore partial_store(const char* op) {
                           {PartialStore::kFragments, PartialStore::kStaged});
 }
 
+// SNAPMLA_DECODE_PDL in the environment (a lab option, read per call like the others): `1` launches
+// the decode kernel as a programmatic dependent of the kernel before it on the stream (an engine's
+// quantize_query or append, the planner, the previous step's combine): its CTAs are scheduled as
+// that kernel drains and wait in their first instruction for its writes
+// (DecodeParams::wait_previous_grid), so the launch's latency overlaps the kernel before instead of
+// following it. Unset or 0: the ordinary launch. The same bits either way.
+inline bool decode_pdl(const char* op) { return detail::env_flag(op, "SNAPMLA_DECODE_PDL"); }
+
 // Whether a SplitKernels slot holds a kernel (not nullptr).
 template <auto Kernel>
 inline constexpr bool kInstantiated = !std::is_same_v<decltype(Kernel), std::nullptr_t>;
@@ -195,19 +203,21 @@ template <auto Plain, auto Tail = nullptr, auto Staged = nullptr, auto StagedTai
 struct SplitKernels {
   static constexpr bool kHasTail = kInstantiated<Tail>;
 
-  // Launches the instantiation of the settings; returns whether it was one with the combine tail.
+  // Launches the instantiation of the settings (`programmatic`: as a programmatic dependent of the
+  // kernel before it, SNAPMLA_DECODE_PDL; not with the combine tail, a cooperative launch); returns
+  // whether it was one with the combine tail.
   template <typename... Args>
-  static bool launch(bool fused, PartialStore store, dim3 grid, int threads, int smem, cudaStream_t stream,
-                     const Args&... args) {
+  static bool launch(bool fused, PartialStore store, bool programmatic, dim3 grid, int threads, int smem,
+                     cudaStream_t stream, const Args&... args) {
     const bool staged = store == PartialStore::kStaged;
     if (fused && launch_tail(staged, grid, threads, smem, stream, args...)) return true;
     if constexpr (kInstantiated<Staged>) {
       if (staged) {
-        run<Staged>(grid, threads, smem, stream, args...);
+        run<Staged>(programmatic, grid, threads, smem, stream, args...);
         return false;
       }
     }
-    run<Plain>(grid, threads, smem, stream, args...);
+    run<Plain>(programmatic, grid, threads, smem, stream, args...);
     return false;
   }
 
@@ -220,9 +230,23 @@ struct SplitKernels {
     return false;
   }
   template <auto Kernel, typename... Args>
-  static void run(dim3 grid, int threads, int smem, cudaStream_t stream, const Args&... args) {
+  static void run(bool programmatic, dim3 grid, int threads, int smem, cudaStream_t stream, const Args&... args) {
     allow_dynamic_smem<Kernel>(smem);
-    Kernel<<<grid, threads, smem, stream>>>(args...);
+    if (!programmatic) {
+      Kernel<<<grid, threads, smem, stream>>>(args...);
+      return;
+    }
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = dim3(unsigned(threads));
+    config.dynamicSmemBytes = size_t(smem);
+    config.stream = stream;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    check(cudaLaunchKernelEx(&config, Kernel, args...), "cudaLaunchKernelEx (decode kernel)");
   }
   // A cooperative launch of Kernel; false (the error cleared) where the runtime refuses it.
   template <auto Kernel, typename... Args>
@@ -258,17 +282,22 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
   const bool wave_over_workers = combine_wave_over_workers(op);
   const CombineTasks tasks = combine_tasks(op);
   const PartialStore store = partial_store(op);
+  const bool programmatic = decode_pdl(op);
   // (A failed SM-count query gives 0: the combine kernel then.)
   const bool fused =
       combine_fused(op) && Kernels::kHasTail && options.plan && int64_t(grid.x) <= current_sm_count();
   DecodeParams kp = p;
   kp.dependents_late = launch == CombineLaunch::kProgrammaticLate;
+  // (Not where the combine tail asks for a cooperative launch: if that is refused, the kernel
+  // without the tail goes out the ordinary way, its params saying so.)
+  kp.wait_previous_grid = programmatic && !fused;
   if (fused) {
     kp.combine_counters = combine_counters_of(p, options);
     check(cudaMemsetAsync(kp.combine_counters, 0, combine_counter_count(p, options) * sizeof(int), stream),
           "cudaMemsetAsync (combine counters)");
   }
-  const bool tail = Kernels::launch(fused, store, grid, Config::kThreads, smem, stream, kp, extra...);
+  const bool tail =
+      Kernels::launch(fused, store, kp.wait_previous_grid, grid, Config::kThreads, smem, stream, kp, extra...);
   check_launch(op);
   if (options.plan && !tail)
     combine(combine_params(kp, wave_over_workers), stream, launch != CombineLaunch::kOrdinary, tasks);

@@ -112,6 +112,11 @@ struct DecodeParams {
   // ordinary launch): false, at its start; true, once its last split's pages are done, before its
   // stores (SNAPMLA_COMBINE_PDL=late, launch.hpp).
   bool dependents_late = false;
+  // The decode was launched as a programmatic dependent of the kernel before it on the stream
+  // (SNAPMLA_DECODE_PDL=1, a lab option, launch.hpp): its CTAs may start before that kernel's
+  // writes (the query, the cache, the plan) are visible, so each waits for them before its first
+  // read (grid_start).
+  bool wait_previous_grid = false;
   // Outputs.
   uint16_t* out = nullptr;  // bf16 [batch, s_q, h, 512] = [batch, rows, 512]
   float* lse = nullptr;     // [batch, h, s_q]

@@ -62,8 +62,11 @@ __device__ __forceinline__ SplitRange splits_of_worker(const DecodeParams& p, in
 // The decode kernels' two places to let a programmatic combine start (DecodeParams::dependents_late):
 // at the CTA's start, or after its last split's pages, before its stores (FlashMLA's place: the
 // combine's launch then overlaps the stores, and its blocks do not wait through the whole decode).
+// dependents_at_start also waits for the previous kernel's writes where the decode was launched as
+// its programmatic dependent (DecodeParams::wait_previous_grid): every decode kernel calls it first.
 __device__ __forceinline__ void dependents_at_start(const DecodeParams& p) {
   if (!p.dependents_late) ptx::launch_dependents();
+  if (p.wait_previous_grid) ptx::grid_dependency_wait();
 }
 __device__ __forceinline__ void dependents_after_pages(const DecodeParams& p, const SplitRange& range, int item) {
   if (p.dependents_late && item + 1 == range.last) ptx::launch_dependents();
