@@ -239,6 +239,36 @@ struct SplitKernels {
     cudaLaunchAttribute attribute{};
     attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attribute.val.programmaticStreamSerializationAllowed = 1;
+    check(launch_with<Kernel>(attribute, grid, threads, smem, stream, args...), "cudaLaunchKernelEx (decode kernel)");
+  }
+  // A cooperative launch of Kernel; false (the error cleared) where the runtime refuses it.
+  template <auto Kernel, typename... Args>
+  static bool cooperative(dim3 grid, int threads, int smem, cudaStream_t stream, const Args&... args) {
+    allow_dynamic_smem<Kernel>(smem);
+    cudaLaunchAttribute attribute{};
+    attribute.id = cudaLaunchAttributeCooperative;
+    attribute.val.cooperative = 1;
+    if (launch_with<Kernel>(attribute, grid, threads, smem, stream, args...) == cudaSuccess) return true;
+    cudaGetLastError();
+    return false;
+  }
+  // Kernel launched with one launch attribute.
+  template <auto Kernel, typename... Args>
+  static cudaError_t launch_with(const cudaLaunchAttribute& attribute, dim3 grid, int threads, int smem,
+                                 cudaStream_t stream, const Args&... args) {
+    cudaLaunchAttribute attr = attribute;
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = dim3(unsigned(threads));
+    config.dynamicSmemBytes = size_t(smem);
+    config.stream = stream;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    return cudaLaunchKernelEx(&config, Kernel, args...);
+  }
+};
+    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attribute.val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t config{};
     config.gridDim = grid;
     config.blockDim = dim3(unsigned(threads));
