@@ -254,47 +254,16 @@ struct SplitKernels {
   }
   // Kernel launched with one launch attribute.
   template <auto Kernel, typename... Args>
-  static cudaError_t launch_with(const cudaLaunchAttribute& attribute, dim3 grid, int threads, int smem,
-                                 cudaStream_t stream, const Args&... args) {
-    cudaLaunchAttribute attr = attribute;
+  static cudaError_t launch_with(cudaLaunchAttribute attribute, dim3 grid, int threads, int smem, cudaStream_t stream,
+                                 const Args&... args) {
     cudaLaunchConfig_t config{};
     config.gridDim = grid;
     config.blockDim = dim3(unsigned(threads));
     config.dynamicSmemBytes = size_t(smem);
     config.stream = stream;
-    config.attrs = &attr;
+    config.attrs = &attribute;
     config.numAttrs = 1;
     return cudaLaunchKernelEx(&config, Kernel, args...);
-  }
-};
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = grid;
-    config.blockDim = dim3(unsigned(threads));
-    config.dynamicSmemBytes = size_t(smem);
-    config.stream = stream;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    check(cudaLaunchKernelEx(&config, Kernel, args...), "cudaLaunchKernelEx (decode kernel)");
-  }
-  // A cooperative launch of Kernel; false (the error cleared) where the runtime refuses it.
-  template <auto Kernel, typename... Args>
-  static bool cooperative(dim3 grid, int threads, int smem, cudaStream_t stream, const Args&... args) {
-    allow_dynamic_smem<Kernel>(smem);
-    cudaLaunchAttribute attribute{};
-    attribute.id = cudaLaunchAttributeCooperative;
-    attribute.val.cooperative = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = grid;
-    config.blockDim = dim3(unsigned(threads));
-    config.dynamicSmemBytes = size_t(smem);
-    config.stream = stream;
-    config.attrs = &attribute;
-    config.numAttrs = 1;
-    if (cudaLaunchKernelEx(&config, Kernel, args...) == cudaSuccess) return true;
-    cudaGetLastError();
-    return false;
   }
 };
 
