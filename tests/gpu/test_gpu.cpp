@@ -15,6 +15,7 @@
 
 #include "../test_util.hpp"
 #include "../../tools/common/device_buffer.hpp"
+#include "late_writer.hpp"
 #include "reference/attention_core.hpp"
 #include "study/accuracy.hpp"
 #include "study/synthetic.hpp"
@@ -1230,47 +1231,106 @@ TEST(GpuDecode, BatchInvariantPlanGivesARowTheSameBitsInAnyBatch) {
 }
 
 // The decode launched as a programmatic dependent of the kernel before it (SNAPMLA_DECODE_PDL=1, a
-// lab option not yet run on the H200, hence under test_untimed()): on a stream of its own, the
-// query is first poisoned (0xFF bytes: NaN in e4m3 and bf16) and then written again by
-// quantize_query, the kernel the decode follows, so a decode that read it before that kernel's
-// writes were visible would give NaN rows. Both decodes, planned and not, several times each: the
-// same bits as the ordinary launch.
+// lab option not yet run on the H200, hence under test_untimed()). On a stream of its own the
+// outputs, the query and (planned) the plan's tables are poisoned (0xFF bytes: NaN in e4m3, bf16
+// and fp32, -1 in the tables), then the kernel before the decode writes them again:
+//   - quantize_query (decode_fp8 only), the producer an engine has before it, which lets its
+//     dependents start at its own start;
+//   - a late writer (late_writer.hpp), which lets them start at once and writes the query and the
+//     plan only after 40 us, so a decode that read anything before the wait for that grid would read
+//     poison - every time, not only when the timing happens to race.
+// Each tile that can run the call (DecodeOptions::fp8_tile, SNAPMLA_BF16_TILE for decode_bf16),
+// planned and not, several times: the ordinary launch's bits.
 TEST(GpuDecode, ProgrammaticLaunchWaitsForTheKernelBefore) {
   REQUIRE_GPU();
   if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
+  // The fused combine's cooperative launch is never programmatic: it would make this test vacuous.
+  ScopedEnv unfused("SNAPMLA_COMBINE_FUSED", "0");
   for (const int h : {16, 128}) {
     SCOPED_TRACE("h=" + std::to_string(h));
     Batch B = make_batch(rng, {3000, 9000, 1, 64, 700, 5000}, 1, h);
     GpuBatch G(B);
     GpuPlan plan(G.pages(), recommended_num_workers(kGpu, 1, h), 1, h);
+    const size_t rows = size_t(B.batch) * B.s_q * B.h;
+    // What the late writer writes back: the query as made on the host, the plan as plan_splits made it.
+    const DeviceBuffer<e4m3> q_nope0(B.q_nope);
+    const DeviceBuffer<bf16> q_rope0(B.q_rope), q0(B.q);
+    const DeviceBuffer<float> q_scale0(B.q_scale);
+    DeviceBuffer<int32_t> offsets0(plan.offsets.size()), begins0(plan.begins.size()), workers0(plan.worker_splits.size());
+    for (auto [to, from] : {std::pair{&offsets0, &plan.offsets}, std::pair{&begins0, &plan.begins},
+                            std::pair{&workers0, &plan.worker_splits}})
+      device_memory::cuda_ok(cudaMemcpy(to->get(), from->get(), from->size() * 4, cudaMemcpyDeviceToDevice), "plan copy");
     cudaStream_t stream = nullptr;
     device_memory::cuda_ok(cudaStreamCreate(&stream), "stream");
-    for (const bool fp8 : {true, false})
-      for (const bool planned : {false, true}) {
-        const std::string label = std::string(fp8 ? "decode_fp8" : "decode_bf16") + (planned ? " planned" : "");
-        DecodeOptions opt = planned ? plan.options(B.softmax_scale) : test::options(B);
-        opt.stream = stream;
-        auto step = [&] {
-          const QuantizedQuery qq = G.qq();
-          const size_t rows = size_t(B.batch) * B.s_q * B.h;
-          device_memory::cuda_ok(cudaMemsetAsync(G.q_nope.get(), 0xFF, rows * kLatentDim, stream), "poison q");
-          device_memory::cuda_ok(cudaMemsetAsync(G.q_rope.get(), 0xFF, rows * kRopeDim * 2, stream), "poison q rope");
-          device_memory::cuda_ok(cudaMemsetAsync(G.q_scale.get(), 0xFF, rows * sizeof(float), stream), "poison q scale");
-          device_memory::cuda_ok(cudaMemsetAsync(G.q.get(), 0xFF, rows * kHeadDim * 2, stream), "poison q bf16");
-          device_memory::cuda_ok(cudaMemcpyAsync(G.q.get(), B.q.data(), rows * kHeadDim * 2, cudaMemcpyHostToDevice,
-                                                 stream), "q");
-          quantize_query(G.query(), qq, stream);  // rewrites q_nope, q_rope, q_scale
-          if (fp8) decode_fp8(qq, G.fp8(), G.pages(), {G.out.get(), G.lse.get(), kGpu}, opt);
-          else decode_bf16(G.query(), G.bf16c(), G.pages(), {G.out.get(), G.lse.get(), kGpu}, opt);
-          device_memory::cuda_ok(cudaStreamSynchronize(stream), label.c_str());
-          return std::make_pair(G.out.download(), G.lse.download());
-        };
-        const auto want = step();
-        ScopedEnv pdl("SNAPMLA_DECODE_PDL", "1");
-        for (int i = 0; i < 8; ++i) expect_same_bits(want, step(), label + " under SNAPMLA_DECODE_PDL=1");
-      }
+    auto poison = [&](void* p, size_t bytes) {
+      device_memory::cuda_ok(cudaMemsetAsync(p, 0xFF, bytes, stream), "poison");
+    };
+    struct Call {
+      bool fp8;
+      Fp8Tile tile;      // decode_fp8's
+      const char* bf16;  // decode_bf16's SNAPMLA_BF16_TILE
+      std::string label;
+    };
+    std::vector<Call> calls;
+    std::vector<Fp8Tile> fp8_tiles = {Fp8Tile::kRows64, Fp8Tile::kRows64VRegs, Fp8Tile::kRows64Trio};
+    if (h <= 16) fp8_tiles.insert(fp8_tiles.begin(), Fp8Tile::kNarrow16);
+    const auto tile_name = [](Fp8Tile t) {
+      return t == Fp8Tile::kNarrow16 ? "narrow" : t == Fp8Tile::kRows64 ? "64-row" : t == Fp8Tile::kRows64VRegs ? "V^T-register" : "three-consumer";
+    };
+    for (const Fp8Tile t : fp8_tiles) calls.push_back({true, t, "rows64", std::string("decode_fp8 ") + tile_name(t) + " tile"});
+    calls.push_back({false, Fp8Tile::kAuto, "rows64", "decode_bf16"});
+    if (h <= 16) calls.push_back({false, Fp8Tile::kAuto, "narrow", "decode_bf16 narrow tile"});
+    for (const Call& call : calls)
+      for (const bool planned : {false, true})
+        for (const bool late : {false, true}) {
+          if (!call.fp8 && !late) continue;  // decode_bf16 reads the bf16 query, which quantize_query only reads
+          const std::string label = call.label + (planned ? " planned" : "") + (late ? " after the late writer" : " after quantize_query");
+          DecodeOptions opt = planned ? plan.options(B.softmax_scale) : test::options(B);
+          opt.stream = stream;
+          opt.fp8_tile = call.tile;
+          ScopedEnv bf16_tile("SNAPMLA_BF16_TILE", call.bf16);
+          auto step = [&] {
+            const QuantizedQuery qq = G.qq();
+            poison(G.out.get(), G.out.size() * sizeof(bf16));
+            poison(G.lse.get(), G.lse.size() * sizeof(float));
+            poison(G.q_nope.get(), rows * kLatentDim);
+            poison(G.q_rope.get(), rows * kRopeDim * 2);
+            poison(G.q_scale.get(), rows * sizeof(float));
+            poison(G.q.get(), rows * kHeadDim * 2);
+            if (late) {
+              if (planned) {
+                poison(plan.offsets.get(), plan.offsets.size() * 4);
+                poison(plan.begins.get(), plan.begins.size() * 4);
+                poison(plan.worker_splits.get(), plan.worker_splits.size() * 4);
+              }
+              std::vector<test::LateCopy> copies = {{G.q_nope.get(), q_nope0.get(), rows * kLatentDim},
+                                                    {G.q_rope.get(), q_rope0.get(), rows * kRopeDim * 2},
+                                                    {G.q_scale.get(), q_scale0.get(), rows * sizeof(float)},
+                                                    {G.q.get(), q0.get(), rows * kHeadDim * 2}};
+              if (planned) {
+                copies.push_back({plan.offsets.get(), offsets0.get(), plan.offsets.size() * 4});
+                copies.push_back({plan.begins.get(), begins0.get(), plan.begins.size() * 4});
+                copies.push_back({plan.worker_splits.get(), workers0.get(), plan.worker_splits.size() * 4});
+              }
+              test::late_copies_async(copies.data(), int(copies.size()), 40, stream);
+            } else {
+              device_memory::cuda_ok(cudaMemcpyAsync(G.q.get(), q0.get(), rows * kHeadDim * 2, cudaMemcpyDeviceToDevice,
+                                                     stream), "q");
+              quantize_query(G.query(), qq, stream);  // rewrites q_nope, q_rope, q_scale
+            }
+            if (call.fp8) decode_fp8(qq, G.fp8(), G.pages(), {G.out.get(), G.lse.get(), kGpu}, opt);
+            else decode_bf16(G.query(), G.bf16c(), G.pages(), {G.out.get(), G.lse.get(), kGpu}, opt);
+            device_memory::cuda_ok(cudaStreamSynchronize(stream), label.c_str());
+            return std::make_pair(G.out.download(), G.lse.download());
+          };
+          const auto want = step();
+          // The ordinary launch's result is a real decode, not poison passed through.
+          ASSERT_TRUE(std::isfinite(to_float(want.first[0])) && std::isfinite(want.second[0])) << label;
+          ScopedEnv pdl("SNAPMLA_DECODE_PDL", "1");
+          for (int i = 0; i < 4; ++i) expect_same_bits(want, step(), label + " under SNAPMLA_DECODE_PDL=1");
+        }
     device_memory::cuda_ok(cudaStreamDestroy(stream), "stream");
   }
 }

@@ -213,6 +213,9 @@ __global__ void __launch_bounds__(Bf16NarrowConfig::kThreads, 1)
 #pragma unroll
       for (int n = 0; n < 2; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
     mbar::wait(sm.ring.qbar, 0);
+    // The Q tile came by cp.async and st.shared (the generic proxy) and wgmma reads it through the
+    // async proxy: the proxy fence orders the writes this thread has now seen before its wgmmas.
+    wg::fence_proxy_async();
     const uint64_t qd = wg::desc(sm.q, 128, 8 * kQRowBytes);
     const int band = band_start(p, w);  // tokens from here on are not seen by every query row
 

@@ -238,6 +238,9 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
 #pragma unroll
       for (int n = 0; n < 2; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
     mbar::wait(sm.ring.qbar, 0);
+    // The Q tile came by cp.async and st.shared (the generic proxy) and wgmma reads it through the
+    // async proxy: the proxy fence orders the writes this thread has now seen before its wgmmas.
+    wg::fence_proxy_async();
     const bool stamps = threadIdx.x == 128 && item == range.first;  // consumer 0's thread 0, first split
     if (stamps) SNAPMLA_MARK(kQLanded);
     const uint64_t qn = wg::desc(sm.qn, 128, 8 * kLatentDim), qr = wg::desc(sm.qr, 128, 8 * kRopeDim * 2);

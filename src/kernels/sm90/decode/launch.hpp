@@ -180,11 +180,13 @@ inline PartialStore partial_store(const char* op) {
 }
 
 // SNAPMLA_DECODE_PDL in the environment (a lab option, read per call like the others): `1` launches
-// the decode kernel as a programmatic dependent of the kernel before it on the stream (an engine's
-// quantize_query or append, the planner, the previous step's combine): its CTAs are scheduled as
-// that kernel drains and wait in their first instruction for its writes
-// (DecodeParams::wait_previous_grid), so the launch's latency overlaps the kernel before instead of
-// following it. Unset or 0: the ordinary launch. The same bits either way.
+// the decode kernel as a programmatic dependent of the kernel before it on the stream: after
+// quantize_query, the planner or the previous step's combine or decode (each lets its dependents
+// start at its own start) its CTAs are scheduled as that kernel drains and wait in their first
+// instructions for its writes (DecodeParams::wait_previous_grid), so the launch's latency overlaps
+// the kernel before instead of following it; after any other kernel (append, say) it starts when
+// that kernel ends, as an ordinary launch does. Unset or 0: the ordinary launch. The same bits
+// either way.
 inline bool decode_pdl(const char* op) { return detail::env_flag(op, "SNAPMLA_DECODE_PDL"); }
 
 // Whether a SplitKernels slot holds a kernel (not nullptr).
