@@ -50,15 +50,18 @@ bin=.devbin/snapmla_gpu_tests
 if part tests; then
   narrow='Shapes/*h1_*:Shapes/*h3_*:Shapes/*h8_*:Shapes/*h9_*:Shapes/*h16_sq1*:GpuErrors.NonFinite*'
   stamp "decode_bf16's narrow tile: its shapes' tests"
-  run bf16_narrow_tests.log 120 bnarrow SNAPMLA_TEST_UNTIMED=1 -- $bin --gtest_filter="$narrow"
+  run bf16_narrow_tests.log 120 bnarrow SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_PDL_TILES=bnarrow -- $bin \
+    --gtest_filter="$narrow:GpuDecode.ProgrammaticLaunch*"
   grep -E "narrow tile" "$dest/bf16_narrow_tests.log" | head -8
   # The three-consumer tile on every shape beside the default tiles (tile "64x3" in the log), and
   # on the non-finite inputs; then alone (SNAPMLA_TEST_FP8_TILE=3) under the sanitizers.
   stamp "decode_fp8's three-consumer tile: the shapes' and non-finite inputs' tests"
-  run trio_tests.log 150 trio SNAPMLA_TEST_UNTIMED=1 -- $bin --gtest_filter='Shapes/*:GpuErrors.NonFinite*'
+  run trio_tests.log 150 trio SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_PDL_TILES=trio -- $bin \
+    --gtest_filter='Shapes/*:GpuErrors.NonFinite*:GpuDecode.ProgrammaticLaunch*'
   grep -E "tile 64x3" "$dest/trio_tests.log" | head -12
   stamp "the decodes' programmatic launch: the same bits after a kernel that rewrites the query"
-  run decode_pdl_tests.log 90 dpdl SNAPMLA_TEST_UNTIMED=1 -- $bin --gtest_filter='GpuDecode.ProgrammaticLaunch*'
+  run decode_pdl_tests.log 90 dpdl SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_PDL_TILES=verified -- $bin \
+    --gtest_filter='GpuDecode.ProgrammaticLaunch*'
   for tile in bnarrow:SNAPMLA_BF16_TILE=narrow trio:SNAPMLA_FP8_TILE=trio; do
     stamp "the C++ GPU suite with ${tile#*:}"
     run "gpu_suite_${tile%%:*}.log" "${SUITE_TIMEOUT:-150}" "${tile%%:*}" "${tile#*:}" -- $bin
