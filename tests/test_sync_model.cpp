@@ -10,7 +10,7 @@
 // kSplitBoundaryBarrier). The models: decode_fp8's transposing 64-row tile (decode_fp8_kernel,
 // per-page P' scales), its V^T-register tile (decode_fp8_vregs_kernel) and its three-consumer tile
 // (decode_fp8_trio_kernel), decode_bf16 (decode_bf16.cu) under both orders of its next QKs
-// (Bf16QkOrder), and decode_bf16's narrow tile (decode_bf16_narrow.cu).
+// (Bf16QkOrder) and with the early max hand-off (Bf16MaxHandOff), and decode_bf16's narrow tile (decode_bf16_narrow.cu).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -532,14 +532,17 @@ class TrioModel : public TransposingTileModel<2, 3, 3, 2, 14> {
 // V half h) with their own full / empty mbarriers; consumer c owns page 2 k + c of pair k, hands
 // its P and running max over (kHandOff + 2 c, then kOwnerWarps + 2 c among its own warps), and
 // both take PV of both pages for their output half. `a_first`: Bf16QkOrder::kPageAFirst's hand-off
-// (consumer 1's QK after consumer 0's, kQkIssued).
+// (consumer 1's QK after consumer 0's, kQkIssued). `early_max`: Bf16MaxHandOff::kEarly (consumer 0
+// hands page A's running max over on kEarlyMax before its P; consumer 1 stores page B's P, waits for
+// page A's, then hands its own over).
 class Bf16Model : public Sim {
  public:
   using Split = PagesOfSplit;
-  Bf16Model(std::vector<Split> splits, bool a_first) : splits_(std::move(splits)), a_first_(a_first) {}
+  Bf16Model(std::vector<Split> splits, bool a_first, bool early_max = false)
+      : splits_(std::move(splits)), a_first_(a_first), early_max_(early_max) {}
 
  private:
-  enum Id { kHandOff = 1, kOwnerWarps = 2, kTailZero = 5, kAddSums = 1, kQkIssued = 6 };
+  enum Id { kHandOff = 1, kOwnerWarps = 2, kTailZero = 5, kAddSums = 1, kQkIssued = 6, kEarlyMax = 7 };
   static constexpr int kGroups = 3;
   static constexpr int kP = 1000;  // a rope box quarter's tag once it holds page j's P: page kP + j
   static constexpr int kWgmma = 12;  // 12, 13: the model's stand-in for a warpgroup's wgmma (not the kernel's)
@@ -643,18 +646,39 @@ class Bf16Model : public Sim {
         auto hand_off = [&](int owner) {
           if (c == owner) {
             put(rope_[j % 2][wq], {item, kP + j});  // its rows of P (zeros past the last page) over the rope box
-            put(xmax_[c], {item, j});
+            put(xmax_[c][wq], {item, j});  // its rows' running max
             bar(kHandOff + 2 * owner, 256, false);
             bar(kOwnerWarps + 2 * owner, 128, true);
           } else {
             bar(kHandOff + 2 * owner, 256, true);
-            expect(xmax_[owner], {item, ja + owner}, "the running max of the other's page");
+            expect(xmax_[owner][wq], {item, ja + owner}, "the running max of the other's page");
           }
         };
-        hand_off(0);
+        if (!early_max_) {
+          hand_off(0);
+        } else if (c == 0) {
+          put(xmax_[0][wq], {item, ja});
+          bar(kEarlyMax, 256, false);
+          put(rope_[j % 2][wq], {item, kP + j});
+          bar(kHandOff, 256, false);
+          bar(kOwnerWarps, 128, true);
+        } else {
+          bar(kEarlyMax, 256, true);
+          expect(xmax_[0][wq], {item, ja}, "page A's running max, handed over before its P");
+          put(rope_[j % 2][wq], {item, kP + j});
+          put(xmax_[1][wq], {item, jb});
+          bar(kHandOff, 256, true);
+          bar(kHandOff + 2, 256, false);
+          bar(kOwnerWarps + 2, 128, true);
+        }
         if (partial_last && 2 * k + 2 >= nblk) mbar_wait(tail_, 0);
         pv(ja, ja);
-        hand_off(1);
+        if (!early_max_) {
+          hand_off(1);
+        } else if (c == 0) {
+          bar(kHandOff + 2, 256, true);
+          expect(xmax_[1][wq], {item, jb}, "the running max of the other's page");
+        }
         jitter(rng);
         pv_done(ja, ja);
         mbar_arrive(empty_[ja % 2][1 + c], kWarpThreads);
@@ -677,11 +701,12 @@ class Bf16Model : public Sim {
   }
 
   std::vector<Split> splits_;
-  bool a_first_;
+  bool a_first_, early_max_;
   std::array<std::array<MBar, kGroups>, 2> full_{}, empty_{};
   std::atomic<bool> zeroed_[2][kGroups] = {};  // the page in the group has its tail zeroed
   MBar qbar_{}, tail_{};
-  Tag q_, group_[2][kGroups], xmax_[2];
+  Tag q_, group_[2][kGroups];
+  Tag xmax_[2][4];  // each consumer's running max after its page, by warp (its 16 rows: the same rows in both)
   Tag rope_[2][4];  // each stage's rope box by the consumer warp whose rows of P it takes
 };
 
@@ -813,6 +838,14 @@ TEST(Bf16SyncModel, EveryReadSeesItsPageAndNothingDeadlocksInEitherQkOrder) {
         EXPECT_EQ(m.run(seed), "") << "splits of " << splits_label(w) << "pages, seed " << seed
                                    << (a_first ? ", page A's QK first" : "");
       }
+}
+
+TEST(Bf16SyncModel, EveryReadSeesItsPageAndNothingDeadlocksWithTheEarlyMaxHandOff) {
+  for (const auto& w : kBf16Workers)
+    for (unsigned seed = 1; seed <= 3; ++seed) {
+      Bf16Model m(w, false, true);
+      EXPECT_EQ(m.run(seed), "") << "splits of " << splits_label(w) << "pages, seed " << seed;
+    }
 }
 
 TEST(Fp8TileSyncModel, EveryReadSeesItsPageAndNothingDeadlocks) {

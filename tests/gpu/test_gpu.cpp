@@ -572,30 +572,34 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   const auto want16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), cpu_opt);
   const auto want16_bf = bf16_rounded(want16.out);
   // With each score step (SNAPMLA_SCORE_STEP), each source of the owner's P (SNAPMLA_BF16_OWN_PV),
-  // page A's QK first (SNAPMLA_BF16_QK_ORDER) and, for calls of at most 16 rows, the narrow tile
-  // (SNAPMLA_BF16_TILE), lab options (the untimed ones under test_untimed()), the same bounds (the
-  // narrow tile runs the reference's chain too: only the sums' order differs); and the own PV from
-  // registers and the QK order give the first run's bits (the same products: P from registers
-  // holding the P tile's words, or the same wgmmas issued in another order).
+  // page A's QK first (SNAPMLA_BF16_QK_ORDER), the early max hand-off (SNAPMLA_BF16_MAX_HANDOFF) and,
+  // for calls of at most 16 rows, the narrow tile (SNAPMLA_BF16_TILE), lab options (the untimed ones
+  // under test_untimed()), the same bounds (the narrow tile runs the reference's chain too: only the
+  // sums' order differs); and the own PV from registers, the QK order and the max hand-off give the
+  // first run's bits (the same products: P from registers holding the P tile's words, or the same
+  // values computed in another order).
   struct Bf16Run {
     const char* label;
     const char* step;  // null: the environment's own
     const char* own_pv;
     const char* qk_order;
     const char* tile = nullptr;
+    const char* max_handoff = nullptr;
   };
   std::vector<bf16> first_out;
   std::vector<float> first_lse;
   for (const Bf16Run run : {Bf16Run{"", nullptr, nullptr, nullptr}, Bf16Run{" (folded)", "folded", nullptr, nullptr},
                             Bf16Run{" (own PV from registers)", nullptr, "registers", nullptr},
                             Bf16Run{" (page A's QK first)", nullptr, nullptr, "a_first"},
-                            Bf16Run{" (narrow tile)", nullptr, nullptr, nullptr, "narrow"}}) {
-    if ((run.step || run.own_pv || run.qk_order || run.tile) && !test_untimed()) continue;
+                            Bf16Run{" (narrow tile)", nullptr, nullptr, nullptr, "narrow"},
+                            Bf16Run{" (early max hand-off)", nullptr, nullptr, nullptr, nullptr, "early"}}) {
+    if ((run.step || run.own_pv || run.qk_order || run.tile || run.max_handoff) && !test_untimed()) continue;
     if (run.tile && c.h * c.s_q > 16) continue;
     ScopedEnv step("SNAPMLA_SCORE_STEP", run.step);
     ScopedEnv own_pv("SNAPMLA_BF16_OWN_PV", run.own_pv);
     ScopedEnv qk_order("SNAPMLA_BF16_QK_ORDER", run.qk_order);
     ScopedEnv tile("SNAPMLA_BF16_TILE", run.tile);
+    ScopedEnv max_handoff("SNAPMLA_BF16_MAX_HANDOFF", run.max_handoff);
     G.out.poison();
     G.lse.poison();
     decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), gpu_opt);
@@ -603,7 +607,7 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
     if (first_out.empty()) {
       first_out = G.out.download();
       first_lse = G.lse.download();
-    } else if (run.own_pv || run.qk_order) {
+    } else if (run.own_pv || run.qk_order || run.max_handoff) {
       const auto out = G.out.download();
       const auto lse = G.lse.download();
       for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i].bits, first_out[i].bits) << run.label << " out " << i;
@@ -1135,6 +1139,29 @@ TEST(GpuDecode, Bf16QkOrderGivesTheSameBits) {
   });
 }
 
+// decode_bf16 with page A's running max handed over before its P (SNAPMLA_BF16_MAX_HANDOFF=early, a
+// lab option not yet run on the H200, hence under test_untimed()): the same maxima, exponentials
+// and products, only consumer 1's softmax moves, so out and lse keep the default's bits, with each
+// score step, on for_each_bits_case's cases (multi-split CTAs, odd page counts: a pair without page
+// B, 0- and 1-token sequences).
+TEST(GpuDecode, Bf16MaxHandOffGivesTheSameBits) {
+  REQUIRE_GPU();
+  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  for (const char* step : {"reference", "folded"}) {
+    ScopedEnv score_step("SNAPMLA_SCORE_STEP", step);
+    for_each_bits_case(rng, [&](GpuBatch& G, const DecodeOptions& options) {
+      auto decode = [&](const char* handoff) {
+        ScopedEnv env("SNAPMLA_BF16_MAX_HANDOFF", handoff);
+        return G.decode(false, options);
+      };
+      const auto with_p = decode("with_p");
+      expect_same_bits(with_p, decode("early"), std::string("decode_bf16 SNAPMLA_BF16_MAX_HANDOFF=early, score step ") + step);
+    });
+  }
+}
+
 // plan_splits(split_blocks = L) on the GPU: a row gives the same bits decoded alone, in a batch,
 // and in the batch with another row's length gone bad (which changes the default plan: the
 // bad row has no splits), for both decodes and the narrow and 64-row tiles. The default plan
@@ -1518,7 +1545,7 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
       ScopedEnv env("SNAPMLA_SCORE_STEP", "fast");
       EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), "SNAPMLA_SCORE_STEP");
     }
-    // decode_bf16's own-page PV source and QK order.
+    // decode_bf16's own-page PV source, QK order and max hand-off.
     {
       ScopedEnv env("SNAPMLA_BF16_OWN_PV", "tmem");
       EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), "SNAPMLA_BF16_OWN_PV");
@@ -1526,6 +1553,11 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
     {
       ScopedEnv env("SNAPMLA_BF16_QK_ORDER", "b_first");
       EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), "SNAPMLA_BF16_QK_ORDER");
+    }
+    {
+      ScopedEnv env("SNAPMLA_BF16_MAX_HANDOFF", "late");
+      EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)),
+                       "SNAPMLA_BF16_MAX_HANDOFF");
     }
     // decode_bf16's tile for narrow calls, read on every call whatever its rows.
     {

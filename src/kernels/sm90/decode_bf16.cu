@@ -19,7 +19,8 @@
 //          P_B and m_b over; both rescale by exp(m_a - m_b) and add PV(B).
 //        So consumer 1's softmax runs under consumer 0's first PV and the two hand-offs are
 //        one-way (bar.arrive / bar.sync). P goes into the rope box of its page (the QK has read
-//        it; the box is released after both PVs).
+//        it; the box is released after both PVs). (Under Bf16MaxHandOff::kEarly, a lab option,
+//        consumer 0 hands m_a over before its exponentials and the two softmaxes run together.)
 // Why the groups: Q (64 KB) and two 72 KB stages fill shared memory, so there is no third stage
 // to load into while a pair is computed; a group is loaded again as soon as its last reader is
 // done (page A's halves after the first PVs), and the QK takes the rope and its own half first.
@@ -70,6 +71,7 @@ enum class Bf16Barrier : int {
   kTailZero = 5,
   kAddSums = 1,
   kQkIssued = 6,  // Bf16QkOrder::kPageAFirst: consumer 0 has issued its next QK (both consumers)
+  kEarlyMax = 7,  // Bf16MaxHandOff::kEarly: page A's running max is written (both consumers)
 };
 constexpr int kBoxBytes = kBf16BoxBytes;             // 8 KB: 64 tokens x 64 dims (pipeline.cuh)
 constexpr int kBoxes = kBf16Boxes;                   // 9: latent dims 64 b .. 64 b + 63, then rope
@@ -196,9 +198,11 @@ __device__ __forceinline__ void zero_nonfinite_tokens(const Smem& sm, int j, int
 // where the consumers' indices come from (RoleIndex, a lab option; params.hpp). kTail: the split
 // sequences merged by the kernel's own combine tail (SNAPMLA_COMBINE_FUSED, a lab option). kStore:
 // how a split's fp32 partials are stored (PartialStore, a lab option; params.hpp). kQkOrder: the
-// order of the next pair's QKs (Bf16QkOrder, a lab option; params.hpp).
+// order of the next pair's QKs (Bf16QkOrder, a lab option; params.hpp). kMaxHandOff: when page A's
+// running max goes to consumer 1 (Bf16MaxHandOff, a lab option; params.hpp).
 template <ScoreStep kStep, OwnPagePv kOwnPv, RoleIndex kRole, bool kTail = false,
-          PartialStore kStore = PartialStore::kFragments, Bf16QkOrder kQkOrder = Bf16QkOrder::kOnRelease>
+          PartialStore kStore = PartialStore::kFragments, Bf16QkOrder kQkOrder = Bf16QkOrder::kOnRelease,
+          Bf16MaxHandOff kMaxHandOff = Bf16MaxHandOff::kWithP>
 __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     decode_bf16_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_kv,
                        const __grid_constant__ CUtensorMap tm_q) {
@@ -368,8 +372,10 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
       }
       // P of page j as bf16 into the rope box of its stage (the QK has read it), K-major: row r's
       // tokens 8 n + 2 q, + 1 are one word; zeros without a page. Under kOwnRegs the same words
-      // go to pr too. Returns whether V tokens were zeroed (the same in every thread of the CTA).
-      auto write_p = [&](const float (&m)[2]) {
+      // go to pr too. `publish`: m goes to this consumer's xmax slot after them (not where it went
+      // there before, Bf16MaxHandOff::kEarly). Returns whether V tokens were zeroed (the same in
+      // every thread of the CTA).
+      auto write_p = [&](const float (&m)[2], bool publish) {
         if (live) {
           if (full && kBase2) page_probs_by<false, false>(acc, m, factor, nullptr, q, sum, unused);
           else if (kBase2) page_probs_by<true, false>(acc, m, {1.f, 1.f}, nullptr, q, sum, unused);
@@ -392,7 +398,7 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
         const bool zeroed = mine && from < to;
         if (zeroed) zero_nonfinite_tokens(sm, j, from, to, t);
         wg::fence_proxy_async();  // P written with st.shared, read by wgmma
-        if (q == 0) {
+        if (publish && q == 0) {
           sm.xmax[c * kRows + r0] = m[0];
           sm.xmax[c * kRows + r0 + 8] = m[1];
         }
@@ -407,7 +413,7 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
         if (c == owner) {
 #pragma unroll
           for (int ri = 0; ri < 2; ++ri) m[ri] = kBase2 && mx[ri] != mx[ri] ? mx[ri] : fmaxf(st.m[ri], mx[ri]);
-          const bool zeroed = write_p(m);
+          const bool zeroed = write_p(m, true);
           ptx::named_barrier_arrive(int(Bf16Barrier::kHandOff) + 2 * owner, 256);
           if (!kOwnRegs || zeroed) ptx::named_barrier(int(Bf16Barrier::kOwnerWarps) + 2 * owner, 128);
         } else {
@@ -416,15 +422,56 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
           for (int ri = 0; ri < 2; ++ri) m[ri] = sm.xmax[owner * kRows + r0 + 8 * ri];
         }
       };
-      hand_off(0, m_a);
+      if constexpr (kMaxHandOff == Bf16MaxHandOff::kEarly) {
+        // Page A's running max first (kEarlyMax), then both pages' P at once: consumer 0 stores P_A
+        // and hands it over (kHandOff) as in hand_off(0); consumer 1 takes m_a, stores P_B at m_b,
+        // and hands P_B over (kHandOff + 2) once P_A is there, so that each one-way barrier's next
+        // arrival always follows its last wait. m_b is max(m_a, max S_B) as consumer 1's state
+        // would give it after page A (row_alpha keeps the max where m_a is -inf).
+        if (c == 0) {
+#pragma unroll
+          for (int ri = 0; ri < 2; ++ri) m_a[ri] = kBase2 && mx[ri] != mx[ri] ? mx[ri] : fmaxf(st.m[ri], mx[ri]);
+          if (q == 0) {
+            sm.xmax[r0] = m_a[0];
+            sm.xmax[r0 + 8] = m_a[1];
+          }
+          ptx::named_barrier_arrive(int(Bf16Barrier::kEarlyMax), 256);
+          const bool zeroed = write_p(m_a, false);
+          ptx::named_barrier_arrive(int(Bf16Barrier::kHandOff), 256);
+          if (!kOwnRegs || zeroed) ptx::named_barrier(int(Bf16Barrier::kOwnerWarps), 128);
+        } else {
+          ptx::named_barrier(int(Bf16Barrier::kEarlyMax), 256);
+#pragma unroll
+          for (int ri = 0; ri < 2; ++ri) {
+            m_a[ri] = sm.xmax[r0 + 8 * ri];
+            const float m_after_a = m_a[ri] == -INFINITY ? st.m[ri] : m_a[ri];
+            m_b[ri] = kBase2 && mx[ri] != mx[ri] ? mx[ri] : fmaxf(m_after_a, mx[ri]);
+          }
+          const bool zeroed = write_p(m_b, true);
+          ptx::named_barrier(int(Bf16Barrier::kHandOff), 256);  // page A's P is written
+          ptx::named_barrier_arrive(int(Bf16Barrier::kHandOff) + 2, 256);
+          if (!kOwnRegs || zeroed) ptx::named_barrier(int(Bf16Barrier::kOwnerWarps) + 2, 128);
+        }
+      } else {
+        hand_off(0, m_a);
+      }
 #pragma unroll
       for (int ri = 0; ri < 2; ++ri) f[ri] = pair_alpha(st, ri, m_a[ri], c == 0 ? sum[ri] : 0.f, kUnit);
       scale_rows(o, f);
       if (partial_last && 2 * k + 2 >= nblk) mbar::wait(sm.tail, 0);
       if (kOwnRegs && c == 0) pv_page_regs(o, pr, sm, ja, c);
       else pv_page(o, sm.box(ja, kRopeBox), sm, ja, c);
-      // Page B under page A's PV (st.m is m_a now, so m_b = max(m_a, max S_B)).
-      hand_off(1, m_b);
+      // Page B under page A's PV (st.m is m_a now, so m_b = max(m_a, max S_B)); under kEarly
+      // consumer 1 has handed it over already and consumer 0 takes it.
+      if constexpr (kMaxHandOff == Bf16MaxHandOff::kEarly) {
+        if (c == 0) {
+          ptx::named_barrier(int(Bf16Barrier::kHandOff) + 2, 256);
+#pragma unroll
+          for (int ri = 0; ri < 2; ++ri) m_b[ri] = sm.xmax[kRows + r0 + 8 * ri];
+        }
+      } else {
+        hand_off(1, m_b);
+      }
       wg::wait<0>();
       wg::fence_operands(o);
       if (lane == 0) {  // page A: this half and this consumer's share of the rope box are read
@@ -481,13 +528,20 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
 }
 
 // The kernel of the call's lab options (Bf16QkOrder::kPageAFirst: with the other options' defaults
-// only; elsewhere the default order).
+// only; Bf16MaxHandOff::kEarly: with the broadcast role index, either score step and the other
+// options' defaults only; elsewhere the defaults).
 template <ScoreStep kStep, RoleIndex kRole>
-void launch_bf16(OwnPagePv own_pv, Bf16QkOrder qk_order, const DecodeParams& p, const DecodeOptions& options,
-                 const CUtensorMap& tm_kv, const CUtensorMap& tm_q) {
+void launch_bf16(OwnPagePv own_pv, Bf16QkOrder qk_order, Bf16MaxHandOff max_handoff, const DecodeParams& p,
+                 const DecodeOptions& options, const CUtensorMap& tm_kv, const CUtensorMap& tm_q) {
   constexpr auto kRegs = OwnPagePv::kRegisters, kShared = OwnPagePv::kShared;
   constexpr bool kDefault = kStep == ScoreStep::kReference && kRole == RoleIndex::kUniform;
   constexpr auto kStaged = PartialStore::kStaged, kFragments = PartialStore::kFragments;
+  if constexpr (kRole == RoleIndex::kUniform) {
+    if (own_pv == kShared && qk_order == Bf16QkOrder::kOnRelease && max_handoff == Bf16MaxHandOff::kEarly)
+      return launch_decode<Bf16Config, SplitKernels<decode_bf16_kernel<kStep, kShared, kRole, false, kFragments,
+                                                                       Bf16QkOrder::kOnRelease, Bf16MaxHandOff::kEarly>>>(
+          "decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
+  }
   if constexpr (kDefault) {
     if (own_pv == kShared && qk_order == Bf16QkOrder::kPageAFirst)
       return launch_decode<Bf16Config, SplitKernels<decode_bf16_kernel<kStep, kShared, kRole, false, kFragments,
@@ -509,10 +563,11 @@ void launch_bf16(OwnPagePv own_pv, Bf16QkOrder qk_order, const DecodeParams& p, 
 }
 
 template <ScoreStep kStep>
-void launch_bf16(RoleIndex role, OwnPagePv own_pv, Bf16QkOrder qk_order, const DecodeParams& p,
-                 const DecodeOptions& options, const CUtensorMap& tm_kv, const CUtensorMap& tm_q) {
-  if (role == RoleIndex::kUniform) launch_bf16<kStep, RoleIndex::kUniform>(own_pv, qk_order, p, options, tm_kv, tm_q);
-  else launch_bf16<kStep, RoleIndex::kThread>(own_pv, qk_order, p, options, tm_kv, tm_q);
+void launch_bf16(RoleIndex role, OwnPagePv own_pv, Bf16QkOrder qk_order, Bf16MaxHandOff max_handoff,
+                 const DecodeParams& p, const DecodeOptions& options, const CUtensorMap& tm_kv, const CUtensorMap& tm_q) {
+  if (role == RoleIndex::kUniform)
+    launch_bf16<kStep, RoleIndex::kUniform>(own_pv, qk_order, max_handoff, p, options, tm_kv, tm_q);
+  else launch_bf16<kStep, RoleIndex::kThread>(own_pv, qk_order, max_handoff, p, options, tm_kv, tm_q);
 }
 
 }  // namespace
@@ -524,6 +579,7 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
   const OwnPagePv own_pv = own_page_pv("decode_bf16");
   const RoleIndex role = role_index("decode_bf16");
   const Bf16QkOrder qk_order = bf16_qk_order("decode_bf16");
+  const Bf16MaxHandOff max_handoff = bf16_max_handoff("decode_bf16");
   const Bf16Tile tile = bf16_tile("decode_bf16");
   if (q.batch == 0) return;
   p.q_bf16 = reinterpret_cast<const uint16_t*>(q.data);
@@ -532,8 +588,9 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
       plane_map(cache.data, cache.num_pages * kPageSize, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
   if (tile == Bf16Tile::kNarrow16 && p.rows <= kNarrowTileRows) return launch_decode_bf16_narrow(p, tm_kv, options);
   const CUtensorMap tm_q = plane_map(q.data, int64_t(q.batch) * p.rows, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
-  if (step == ScoreStep::kFolded) launch_bf16<ScoreStep::kFolded>(role, own_pv, qk_order, p, options, tm_kv, tm_q);
-  else launch_bf16<ScoreStep::kReference>(role, own_pv, qk_order, p, options, tm_kv, tm_q);
+  if (step == ScoreStep::kFolded)
+    launch_bf16<ScoreStep::kFolded>(role, own_pv, qk_order, max_handoff, p, options, tm_kv, tm_q);
+  else launch_bf16<ScoreStep::kReference>(role, own_pv, qk_order, max_handoff, p, options, tm_kv, tm_q);
 }
 
 }  // namespace snapmla::cuda

@@ -143,6 +143,13 @@ inline Bf16QkOrder bf16_qk_order(const char* op) {
                           {Bf16QkOrder::kOnRelease, Bf16QkOrder::kPageAFirst});
 }
 
+// SNAPMLA_BF16_MAX_HANDOFF in the environment (a lab option, read per call): `with_p` (unset) or
+// `early`, decode_bf16's Bf16MaxHandOff (params.hpp).
+inline Bf16MaxHandOff bf16_max_handoff(const char* op) {
+  return detail::env_enum(op, "SNAPMLA_BF16_MAX_HANDOFF", {"with_p", "early"},
+                          {Bf16MaxHandOff::kWithP, Bf16MaxHandOff::kEarly});
+}
+
 // SNAPMLA_BF16_TILE in the environment (a lab option, read per call): `rows64` (unset) or `narrow`,
 // decode_bf16's Bf16Tile for calls of at most 16 query rows (params.hpp).
 inline Bf16Tile bf16_tile(const char* op) {

@@ -45,6 +45,16 @@ enum class OwnPagePv { kShared, kRegisters };
 // (same-run sweep at fc4dfc1, median 1.000x, 0.93-1.05x), so not the default.
 enum class Bf16QkOrder { kOnRelease, kPageAFirst };
 
+// When decode_bf16's consumer 0 hands page A's running max m_a to consumer 1. kWithP: with page
+// A's P, once its exponentials are taken and stored, so consumer 1 takes page B's exponentials
+// (at m_b = max(m_a, max S_B)) only after consumer 0's: the pair's two softmaxes run one after
+// the other. kEarly: on a barrier of its own as soon as m_a is known, before consumer 0's
+// exponentials, so the two consumers take their pages' exponentials at the same time; consumer 1
+// then waits for page A's P (for its PV of A) only after storing page B's. The same values in
+// the same order (m_b is what consumer 1's state would give after page A), so the same bits. A
+// lab option (SNAPMLA_BF16_MAX_HANDOFF) until the H200 has timed it.
+enum class Bf16MaxHandOff { kWithP, kEarly };
+
 // decode_bf16's tile for calls of at most 16 query rows (h * s_q <= 16): the 64-row tile, which
 // pads them to 64, or the narrow tile (decode_bf16_narrow.cu: S^T / O^T with the rows as the wgmma
 // N, one consumer warpgroup). A lab option (SNAPMLA_BF16_TILE) until the H200 has checked and timed
