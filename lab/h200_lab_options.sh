@@ -71,7 +71,7 @@ if part tests; then
   # The GPU suite's Gaussian test (FlashMLA's per-element bounds on decode_bf16) under each option.
   # (The two role indices' bits are compared on many shapes above.)
   for opt in SNAPMLA_SCORE_STEP=folded SNAPMLA_BF16_OWN_PV=registers SNAPMLA_ROLE_INDEX=thread \
-             SNAPMLA_BF16_QK_ORDER=a_first; do
+             SNAPMLA_BF16_QK_ORDER=a_first SNAPMLA_BF16_MAX_HANDOFF=early; do
     env "$opt" timeout $(cap 60) .devbin/snapmla_gpu_tests --gtest_filter='GpuDecodeGaussian*' \
       > "$out/gpu_tests_gaussian_${opt%%=*}.log" 2>&1 || failed=$((failed + 1))
     echo "Gaussian under $opt:"; grep -E "^\[  (PASSED|FAILED) " "$out/gpu_tests_gaussian_${opt%%=*}.log"
@@ -130,7 +130,8 @@ if part bench; then
     # trio: decode_fp8's three-consumer 64-row tile on the calls of more than 16 rows (decode_bf16
     # runs its default there: noise); triosf: the same in its other iteration order; triof: with the
     # base-2 score step. dpdl: every decode kernel launched as a programmatic dependent of the
-    # kernel before it (the bench's graphs: the call before's combine or decode).
+    # kernel before it (the bench's graphs: the call before's combine or decode). bmax: decode_bf16's
+    # early max hand-off (decode_fp8 runs its default there: noise); bmaxf: with the base-2 step.
     # VARIANTS="thread fused ...": only those (each variant adds two graphs per case, so all
     # ten may not fit one call's time: split them over two PARTS=bench calls).
     # SKIP_VARIANTS="fused ...": leave those out (one whose tests failed in the PARTS=tests call:
@@ -142,6 +143,7 @@ if part bench; then
              fstaged:SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged bnarrow:SNAPMLA_BF16_TILE=narrow \
              trio:SNAPMLA_FP8_TILE=trio triosf:SNAPMLA_FP8_TILE=trio,SNAPMLA_FP8_TRIO_ORDER=softmax_first \
              triof:SNAPMLA_FP8_TILE=trio,SNAPMLA_SCORE_STEP=folded dpdl:SNAPMLA_DECODE_PDL=1 \
+             bmax:SNAPMLA_BF16_MAX_HANDOFF=early bmaxf:SNAPMLA_BF16_MAX_HANDOFF=early,SNAPMLA_SCORE_STEP=folded \
              fequal:SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged,SNAPMLA_PLAN_SPLIT=equal; do
       [ -z "${VARIANTS:-}" ] || [[ " $VARIANTS " == *" ${v%%:*} "* ]] || continue
       [[ " ${SKIP_VARIANTS:-} " == *" ${v%%:*} "* ]] || variants="$variants --env $v"

@@ -2,7 +2,9 @@
 # The kernels not yet run on the H200, for one or two device calls: decode_bf16's narrow tile
 # (SNAPMLA_BF16_TILE=narrow, bench variant `bnarrow`), decode_fp8's three-consumer 64-row tile
 # (SNAPMLA_FP8_TILE=trio, bench variants `trio`, `triosf` in its other iteration order and `triof`
-# with the base-2 score step) and the decodes' programmatic launch (SNAPMLA_DECODE_PDL=1, `dpdl`).
+# with the base-2 score step), the decodes' programmatic launch (SNAPMLA_DECODE_PDL=1, `dpdl`) and
+# decode_bf16's early max hand-off (SNAPMLA_BF16_MAX_HANDOFF=early, `bmax`; `bmaxf` with the base-2
+# score step).
 #   PARTS=tests: each tile on the GPU tests of its shapes beside the default (SNAPMLA_TEST_UNTIMED=1,
 #     short timeouts: a hang stops that part only), the whole C++ GPU suite with the tile as the
 #     environment's choice (bad inputs, graph replay, batch 1024, 256K tokens, the plans), then
@@ -11,7 +13,7 @@
 #   PARTS=bench: the lab options' bench (lab/h200_lab_options.sh PARTS=bench) with VARIANTS, less
 #     SKIP_VARIANTS and the failed ones of this call; STAMPS=1 adds the small-batch stamps.
 #   Both by default (the bench then gets what is left of LIMIT).
-#   [PARTS=tests|bench] [VARIANTS="trio triosf triof bnarrow dpdl"] [SKIP_VARIANTS=...] [STAMPS=1]
+#   [PARTS=tests|bench] [VARIANTS="trio triosf triof bnarrow dpdl bmax"] [SKIP_VARIANTS=...] [STAMPS=1]
 #   (the bench writes results/h200_sweep.partial.json as it goes: a sweep cut at its timeout keeps
 #   its cases)
 #   lab/h200_untimed_tiles.sh OUT_DIR      (carry .devbin, .whl, .peers)
@@ -26,7 +28,7 @@ part() { [[ ",${PARTS:-tests,bench}," == *",$1,"* ]]; }
 failed_variants=""
 fail_variant() {
   local v
-  for v in $1 $([ "$1" = trio ] && echo triosf triof); do  # every variant of the three-consumer tile
+  for v in $1 $([ "$1" = trio ] && echo triosf triof) $([ "$1" = bmax ] && echo bmaxf); do  # and its other variants
     [[ " $failed_variants " == *" $v "* ]] || failed_variants="$failed_variants $v"
   done
 }
@@ -59,6 +61,12 @@ if part tests; then
   run trio_tests.log 150 trio SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_PDL_TILES=trio -- $bin \
     --gtest_filter='Shapes/*:GpuErrors.NonFinite*:GpuDecode.ProgrammaticLaunch*'
   grep -E "tile 64x3" "$dest/trio_tests.log" | head -12
+  stamp "decode_bf16's early max hand-off: the default's bits, then racecheck and synccheck on it"
+  run bf16_max_tests.log 90 bmax SNAPMLA_TEST_UNTIMED=1 -- $bin --gtest_filter='GpuDecode.Bf16MaxHandOff*'
+  run racecheck_bf16_max.log "${SAN_TIMEOUT:-60}" bmax SNAPMLA_BF16_MAX_HANDOFF=early SNAPMLA_TEST_FP8_TILE=16 -- \
+    compute-sanitizer --tool racecheck --error-exitcode 9 $bin --gtest_filter='Shapes/*h128_sq1_w2_*:Shapes/*h64_sq2_w1_*'
+  run synccheck_bf16_max.log "${SAN_TIMEOUT:-60}" bmax SNAPMLA_BF16_MAX_HANDOFF=early SNAPMLA_TEST_FP8_TILE=16 -- \
+    compute-sanitizer --tool synccheck --error-exitcode 9 $bin --gtest_filter='Shapes/*h128_sq1_w2_*'
   stamp "the decodes' programmatic launch: the same bits after a kernel that rewrites the query"
   run decode_pdl_tests.log 90 dpdl SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_PDL_TILES=verified -- $bin \
     --gtest_filter='GpuDecode.ProgrammaticLaunch*'
@@ -86,7 +94,7 @@ if part tests; then
 fi
 
 if part bench; then
-  PARTS=bench SKIP_VARIANTS="${SKIP_VARIANTS:-} $failed_variants" VARIANTS="${VARIANTS:-trio triosf triof bnarrow dpdl}" \
+  PARTS=bench SKIP_VARIANTS="${SKIP_VARIANTS:-} $failed_variants" VARIANTS="${VARIANTS:-trio triosf triof bnarrow dpdl bmax}" \
     BENCH_ARGS="${BENCH_ARGS:---rounds 3}" LIMIT=$(cap "${BENCH_LIMIT:-440}") BUDGET=${BUDGET:-380} \
     lab/h200_lab_options.sh "$dest"
   if [ -n "${STAMPS:-}" ]; then
