@@ -28,7 +28,7 @@ part() { [[ ",${PARTS:-tests,bench}," == *",$1,"* ]]; }
 failed_variants=""
 fail_variant() {
   local v
-  for v in $1 $([ "$1" = trio ] && echo triosf triof) $([ "$1" = bmax ] && echo bmaxf); do  # and its other variants
+  for v in $1 $([ "$1" = trio ] && echo triosf triof) $([ "$1" = bmax ] && echo bmaxf bmaxr); do  # and its other variants
     [[ " $failed_variants " == *" $v "* ]] || failed_variants="$failed_variants $v"
   done
 }

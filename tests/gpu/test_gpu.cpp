@@ -1142,24 +1142,27 @@ TEST(GpuDecode, Bf16QkOrderGivesTheSameBits) {
 // decode_bf16 with page A's running max handed over before its P (SNAPMLA_BF16_MAX_HANDOFF=early, a
 // lab option not yet run on the H200, hence under test_untimed()): the same maxima, exponentials
 // and products, only consumer 1's softmax moves, so out and lse keep the default's bits, with each
-// score step, on for_each_bits_case's cases (multi-split CTAs, odd page counts: a pair without page
-// B, 0- and 1-token sequences).
+// score step and each source of the owner's P (SNAPMLA_BF16_OWN_PV), on for_each_bits_case's cases
+// (multi-split CTAs, odd page counts: a pair without page B, 0- and 1-token sequences).
 TEST(GpuDecode, Bf16MaxHandOffGivesTheSameBits) {
   REQUIRE_GPU();
   if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
-  for (const char* step : {"reference", "folded"}) {
-    ScopedEnv score_step("SNAPMLA_SCORE_STEP", step);
-    for_each_bits_case(rng, [&](GpuBatch& G, const DecodeOptions& options) {
-      auto decode = [&](const char* handoff) {
-        ScopedEnv env("SNAPMLA_BF16_MAX_HANDOFF", handoff);
-        return G.decode(false, options);
-      };
-      const auto with_p = decode("with_p");
-      expect_same_bits(with_p, decode("early"), std::string("decode_bf16 SNAPMLA_BF16_MAX_HANDOFF=early, score step ") + step);
-    });
-  }
+  for (const char* step : {"reference", "folded"})
+    for (const char* own_pv : {"shared", "registers"}) {
+      ScopedEnv score_step("SNAPMLA_SCORE_STEP", step);
+      ScopedEnv own("SNAPMLA_BF16_OWN_PV", own_pv);
+      for_each_bits_case(rng, [&](GpuBatch& G, const DecodeOptions& options) {
+        auto decode = [&](const char* handoff) {
+          ScopedEnv env("SNAPMLA_BF16_MAX_HANDOFF", handoff);
+          return G.decode(false, options);
+        };
+        const auto with_p = decode("with_p");
+        expect_same_bits(with_p, decode("early"),
+                         std::string("decode_bf16 SNAPMLA_BF16_MAX_HANDOFF=early, score step ") + step + ", own PV " + own_pv);
+      });
+    }
 }
 
 // plan_splits(split_blocks = L) on the GPU: a row gives the same bits decoded alone, in a batch,

@@ -528,8 +528,8 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
 }
 
 // The kernel of the call's lab options (Bf16QkOrder::kPageAFirst: with the other options' defaults
-// only; Bf16MaxHandOff::kEarly: with the broadcast role index, either score step and the other
-// options' defaults only; elsewhere the defaults).
+// only; Bf16MaxHandOff::kEarly: with the broadcast role index, either score step, either source of
+// the owner's P and the other options' defaults only; elsewhere the defaults).
 template <ScoreStep kStep, RoleIndex kRole>
 void launch_bf16(OwnPagePv own_pv, Bf16QkOrder qk_order, Bf16MaxHandOff max_handoff, const DecodeParams& p,
                  const DecodeOptions& options, const CUtensorMap& tm_kv, const CUtensorMap& tm_q) {
@@ -546,6 +546,13 @@ void launch_bf16(OwnPagePv own_pv, Bf16QkOrder qk_order, Bf16MaxHandOff max_hand
     if (own_pv == kShared && qk_order == Bf16QkOrder::kPageAFirst)
       return launch_decode<Bf16Config, SplitKernels<decode_bf16_kernel<kStep, kShared, kRole, false, kFragments,
                                                                        Bf16QkOrder::kPageAFirst>>>(
+          "decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
+  }
+  if constexpr (kRole == RoleIndex::kUniform) {
+    if (own_pv == kRegs && qk_order == Bf16QkOrder::kOnRelease && max_handoff == Bf16MaxHandOff::kEarly)
+      return launch_decode<Bf16ConfigOf<kRegs>, SplitKernels<decode_bf16_kernel<kStep, kRegs, kRole, false, kFragments,
+                                                                                Bf16QkOrder::kOnRelease,
+                                                                                Bf16MaxHandOff::kEarly>>>(
           "decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
   }
   if (own_pv == kRegs)
