@@ -216,11 +216,7 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
   const int row0 = grid_row0(p);
   // Again before each further split of the worker (split_boundary).
   const auto init_barriers = [&] { sm.init(); };
-  if (threadIdx.x == 0) {
-    if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
-    init_barriers();
-  }
-  __syncthreads();
+  start_cta(smem_raw, init_barriers);
 
   if (wg == 0) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();

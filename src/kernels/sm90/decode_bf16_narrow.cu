@@ -163,12 +163,7 @@ __global__ void __launch_bounds__(Bf16NarrowConfig::kThreads, 1)
   // A stage is read by the consumer's 128 threads; the Q tile comes with 128 cp.async arrivals.
   // Again before each further split of the worker (split_boundary).
   const auto init_barriers = [&] { sm.ring.init(128, 128); };
-  if (threadIdx.x == 0) {
-    if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
-    tma::prefetch_map(&tm_kv);
-    init_barriers();
-  }
-  __syncthreads();
+  start_cta(smem_raw, init_barriers, &tm_kv);
 
   if (wg == 0) {
     const auto load = [&](int32_t page, int s, uint64_t* bar) {
@@ -212,10 +207,7 @@ __global__ void __launch_bounds__(Bf16NarrowConfig::kThreads, 1)
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int n = 0; n < 2; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
-    mbar::wait(sm.ring.qbar, 0);
-    // The Q tile came by cp.async and st.shared (the generic proxy) and wgmma reads it through the
-    // async proxy: the proxy fence orders the writes this thread has now seen before its wgmmas.
-    wg::fence_proxy_async();
+    sm.ring.wait_q_copied();
     const uint64_t qd = wg::desc(sm.q, 128, 8 * kQRowBytes);
     const int band = band_start(p, w);  // tokens from here on are not seen by every query row
 

@@ -344,14 +344,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     sm.ring.init(128 + Cfg::kTransposers, 1);
     sm.init_vt();
   };
-  if (threadIdx.x == 0) {
-    if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
-    tma::prefetch_map(&tm_latent);
-    tma::prefetch_map(&tm_rope);
-    tma::prefetch_map(&tm_q);
-    init_barriers();
-  }
-  __syncthreads();
+  start_cta(smem_raw, init_barriers, &tm_latent, &tm_rope, &tm_q);
 
   // Each role looks its work up after its register reallocation (values live across setmaxnreg
   // have to fit the producer's budget), and runs the worker's splits in turn.
@@ -524,15 +517,7 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
   // Every consumer thread reads every stage (V^T); the Q tiles come with two TMA arrivals (latent,
   // rope), each with its bytes.
   const auto init_barriers = [&] { sm.ring.init(VCfg::kStageReaders, 2); };
-  if (threadIdx.x == 0) {
-    if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
-    tma::prefetch_map(&tm_latent);
-    tma::prefetch_map(&tm_rope);
-    tma::prefetch_map(&tm_q);
-    tma::prefetch_map(&tm_q_rope);
-    init_barriers();
-  }
-  __syncthreads();
+  start_cta(smem_raw, init_barriers, &tm_latent, &tm_rope, &tm_q, &tm_q_rope);
 
   if (wg == 0) {
     ptx::setmaxnreg_dec<VCfg::kProducerRegs>();

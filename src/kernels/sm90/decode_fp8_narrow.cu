@@ -177,13 +177,7 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
   // A stage is read by the consumer that owns it; the Q tiles come with 128 cp.async arrivals.
   // Again before each further split of the worker (split_boundary).
   const auto init_barriers = [&] { sm.ring.init(128, 128); };
-  if (threadIdx.x == 0) {
-    if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
-    tma::prefetch_map(&tm_latent);
-    tma::prefetch_map(&tm_rope);
-    init_barriers();
-  }
-  __syncthreads();
+  start_cta(smem_raw, init_barriers, &tm_latent, &tm_rope);
 
   if (wg == 0) {
     // The launch gives every thread 168 registers: producer P and consumers C need P + 2 C <= 504.
@@ -237,10 +231,7 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int n = 0; n < 2; ++n) o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.f;
-    mbar::wait(sm.ring.qbar, 0);
-    // The Q tile came by cp.async and st.shared (the generic proxy) and wgmma reads it through the
-    // async proxy: the proxy fence orders the writes this thread has now seen before its wgmmas.
-    wg::fence_proxy_async();
+    sm.ring.wait_q_copied();
     const bool stamps = threadIdx.x == 128 && item == range.first;  // consumer 0's thread 0, first split
     if (stamps) SNAPMLA_MARK(kQLanded);
     const uint64_t qn = wg::desc(sm.qn, 128, 8 * kLatentDim), qr = wg::desc(sm.qr, 128, 8 * kRopeDim * 2);

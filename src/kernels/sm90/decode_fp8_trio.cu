@@ -176,15 +176,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     sm.ring.init(128 + Cfg::kTransposers, 2);
     sm.init_vt();
   };
-  if (threadIdx.x == 0) {
-    if (ptx::smem_addr(smem_raw) % 1024 != 0) __trap();  // the swizzled tiles need it
-    tma::prefetch_map(&tm_latent);
-    tma::prefetch_map(&tm_rope);
-    tma::prefetch_map(&tm_q);
-    tma::prefetch_map(&tm_q_rope);
-    init_barriers();
-  }
-  __syncthreads();
+  start_cta(smem_raw, init_barriers, &tm_latent, &tm_rope, &tm_q, &tm_q_rope);
 
   if (wg == 0) {
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();

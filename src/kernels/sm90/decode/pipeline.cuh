@@ -199,6 +199,13 @@ struct PageRing {
   }
   // Consumers: wait until page j is in its stage.
   __device__ void wait(int j) const { mbar::wait(&full[j % kStages], (j / kStages) & 1); }
+  // Consumers of a Q tile loaded by load_q_latent (cp.async and st.shared: the generic proxy):
+  // wait for it, then order those writes, now seen by this thread, before its wgmmas, which read
+  // the tile through the async proxy. (A Q tile that came by TMA needs only the wait.)
+  __device__ void wait_q_copied() const {
+    mbar::wait(qbar, 0);
+    wg::fence_proxy_async();
+  }
   // Readers: done reading page j's stage.
   __device__ void release(int j) const { mbar::arrive(&empty[j % kStages]); }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "kernels/common/ptx.cuh"
+#include "kernels/common/tma.cuh"
 #include "kernels/common/wgmma.cuh"
 #include "params.hpp"
 #include "snapmla/types.hpp"
@@ -97,6 +98,20 @@ __device__ __forceinline__ void split_boundary(const Init& init) {
     wg::fence_proxy_async();  // the new barriers before the next split's TMA completes on them
   }
   ptx::barrier_sync_unaligned<kSplitBoundaryBarrier, kThreads>();
+}
+
+// The CTA's start, after its worker's splits were found non-empty (every decode kernel): thread 0
+// checks that the dynamic shared memory is 1024-byte aligned (the swizzled tiles need it),
+// prefetches the kernel's tensor-map descriptors and initializes the barriers (`init`, as
+// split_boundary does again before each further split); then the whole CTA goes on together.
+template <typename Init, typename... Maps>
+__device__ __forceinline__ void start_cta(const uint8_t* smem, const Init& init, const Maps*... maps) {
+  if (threadIdx.x == 0) {
+    if (ptx::smem_addr(smem) % 1024 != 0) __trap();
+    (tma::prefetch_map(maps), ...);
+    init();
+  }
+  __syncthreads();
 }
 
 // The last sequence seq in [0, batch) with offsets[seq] <= item (offsets non-decreasing,
