@@ -830,22 +830,20 @@ std::string splits_label(const std::vector<PagesOfSplit>& w) {
   return pages;
 }
 
-TEST(Bf16SyncModel, EveryReadSeesItsPageAndNothingDeadlocksInEitherQkOrder) {
-  for (const bool a_first : {false, true})
+// Each order of decode_bf16's pairs: the default, page A's QK first (Bf16QkOrder::kPageAFirst) and
+// the early max hand-off (Bf16MaxHandOff::kEarly).
+TEST(Bf16SyncModel, EveryReadSeesItsPageAndNothingDeadlocksInEachOrder) {
+  struct Order {
+    bool a_first, early_max;
+    const char* label;
+  };
+  for (const Order order : {Order{false, false, ""}, Order{true, false, ", page A's QK first"},
+                            Order{false, true, ", the early max hand-off"}})
     for (const auto& w : kBf16Workers)
       for (unsigned seed = 1; seed <= 3; ++seed) {
-        Bf16Model m(w, a_first);
-        EXPECT_EQ(m.run(seed), "") << "splits of " << splits_label(w) << "pages, seed " << seed
-                                   << (a_first ? ", page A's QK first" : "");
+        Bf16Model m(w, order.a_first, order.early_max);
+        EXPECT_EQ(m.run(seed), "") << "splits of " << splits_label(w) << "pages, seed " << seed << order.label;
       }
-}
-
-TEST(Bf16SyncModel, EveryReadSeesItsPageAndNothingDeadlocksWithTheEarlyMaxHandOff) {
-  for (const auto& w : kBf16Workers)
-    for (unsigned seed = 1; seed <= 3; ++seed) {
-      Bf16Model m(w, false, true);
-      EXPECT_EQ(m.run(seed), "") << "splits of " << splits_label(w) << "pages, seed " << seed;
-    }
 }
 
 TEST(Fp8TileSyncModel, EveryReadSeesItsPageAndNothingDeadlocks) {

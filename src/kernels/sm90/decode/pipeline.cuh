@@ -214,7 +214,7 @@ struct PageRing {
   // wait for one global load, not one each. load(page, stage, full barrier) copies one page (an
   // out-of-range index: nothing, the fault flag set, the phase completed by the arrival alone).
   // prefetch(page): called with page j + 2's index as page j is loaded, where the split has one
-  // (none by default; a two-stage ring fetches that page into L2: stream_prefetched).
+  // (none by default; a two-stage ring fetches that page into L2: stream<true>).
   template <typename LoadPage, typename Prefetch = NoPrefetch>
   __device__ void stream_pages(const DecodeParams& p, const Work& w, int from, int to, LoadPage&& load,
                                Prefetch&& prefetch = {}) const {
@@ -236,28 +236,20 @@ struct PageRing {
     }
   }
 
-  // stream_pages of FP8 cache pages (load_fp8_page) with page j + 2 fetched into L2 as page j's
-  // load is issued (prefetch_fp8_page): for a two-stage ring, whose page j + 2 can load only once
-  // page j's stage frees (the three-consumer tile).
-  template <typename Stages>
-  __device__ void stream_prefetched(const DecodeParams& p, const Work& w, const CUtensorMap* tm_latent,
-                                    const CUtensorMap* tm_rope, Stages& st, int from, int to) const {
-    stream_pages(
-        p, w, from, to,
-        [&](int32_t page, int s, uint64_t* bar) {
-          load_fp8_page(p, tm_latent, tm_rope, page, st.kl(s), st.kr(s), st.scale(s), bar, bad);
-        },
-        [&](int32_t page) { prefetch_fp8_page(p, tm_latent, tm_rope, page); });
-  }
-
   // stream_pages of FP8 cache pages (load_fp8_page). Stages: anything with kl(s), kr(s), scale(s)
-  // (the kernels' shared-memory layouts).
-  template <typename Stages>
+  // (the kernels' shared-memory layouts). kL2Ahead: page j + 2 fetched into L2 as page j's load is
+  // issued (prefetch_fp8_page), for a two-stage ring, whose page j + 2 can load only once page j's
+  // stage frees (the three-consumer tile).
+  template <bool kL2Ahead = false, typename Stages>
   __device__ void stream(const DecodeParams& p, const Work& w, const CUtensorMap* tm_latent, const CUtensorMap* tm_rope,
                          Stages& st, int from, int to) const {
-    stream_pages(p, w, from, to, [&](int32_t page, int s, uint64_t* bar) {
+    const auto load = [&](int32_t page, int s, uint64_t* bar) {
       load_fp8_page(p, tm_latent, tm_rope, page, st.kl(s), st.kr(s), st.scale(s), bar, bad);
-    });
+    };
+    if constexpr (kL2Ahead)
+      stream_pages(p, w, from, to, load, [&](int32_t page) { prefetch_fp8_page(p, tm_latent, tm_rope, page); });
+    else
+      stream_pages(p, w, from, to, load);
   }
 };
 
