@@ -25,7 +25,9 @@
 // to load into while a pair is computed; a group is loaded again as soon as its last reader is
 // done (page A's halves after the first PVs), and the QK takes the rope and its own half first.
 // Page B's cycle (load, QK, softmax, PVs) sets the pace, so consumer 0 issues its next QK only
-// once B is released, leaving the tensor cores to PV(B).
+// once B is released, leaving the tensor cores to PV(B). (Under kL2Ahead, a lab option, the
+// producer also fetches page j + 2 into L2 as it starts page j's loads: a group that loads only as
+// its stage frees then waits on L2's latency, not HBM's.)
 // Design: docs/design.md; measurements: docs/kernels.md.
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -199,10 +201,12 @@ __device__ __forceinline__ void zero_nonfinite_tokens(const Smem& sm, int j, int
 // sequences merged by the kernel's own combine tail (SNAPMLA_COMBINE_FUSED, a lab option). kStore:
 // how a split's fp32 partials are stored (PartialStore, a lab option; params.hpp). kQkOrder: the
 // order of the next pair's QKs (Bf16QkOrder, a lab option; params.hpp). kMaxHandOff: when page A's
-// running max goes to consumer 1 (Bf16MaxHandOff, a lab option; params.hpp).
+// running max goes to consumer 1 (Bf16MaxHandOff, a lab option; params.hpp). kL2Ahead: the producer
+// fetches page j + 2 into L2 as it starts page j's loads (SNAPMLA_BF16_L2_AHEAD, a lab option;
+// launch.hpp).
 template <ScoreStep kStep, OwnPagePv kOwnPv, RoleIndex kRole, bool kTail = false,
           PartialStore kStore = PartialStore::kFragments, Bf16QkOrder kQkOrder = Bf16QkOrder::kOnRelease,
-          Bf16MaxHandOff kMaxHandOff = Bf16MaxHandOff::kWithP>
+          Bf16MaxHandOff kMaxHandOff = Bf16MaxHandOff::kWithP, bool kL2Ahead = false>
 __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     decode_bf16_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_kv,
                        const __grid_constant__ CUtensorMap tm_q) {
@@ -233,11 +237,18 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
           const int32_t pa = page_of(p, w, w.begin + a * kPageSize);
           const int32_t pb = b < nblk ? page_of(p, w, w.begin + b * kPageSize) : 0;
           const bool oka = page_ok(p, pa), okb = page_ok(p, pb);
+          // kL2Ahead: page j + 2 into L2 before page j's loads wait for their stage. The next pair
+          // loads only as this pair's groups free, right before its QKs need it, so from HBM that
+          // latency would stand in the consumers' chain once per pair.
+          if constexpr (kL2Ahead)
+            if (a + 2 < nblk) prefetch_bf16_page(p, &tm_kv, page_of(p, w, w.begin + (a + 2) * kPageSize));
           // In the order the groups come free: page A's after both PVs of A, then page B's.
           load_group(&tm_kv, sm, a, 1, pa, oka);
           load_group(&tm_kv, sm, a, 2, pa, oka);
           load_group(&tm_kv, sm, a, 0, pa, oka);
           if (b < nblk) {
+            if constexpr (kL2Ahead)
+              if (b + 2 < nblk) prefetch_bf16_page(p, &tm_kv, page_of(p, w, w.begin + (b + 2) * kPageSize));
             load_group(&tm_kv, sm, b, 2, pb, okb);
             load_group(&tm_kv, sm, b, 0, pb, okb);
             load_group(&tm_kv, sm, b, 1, pb, okb);
@@ -523,35 +534,56 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
   if constexpr (kTail) combine_tail<128 * Cfg::kConsumers>(p, kRows, threadIdx.x - 128, reinterpret_cast<float4*>(sm.qn));
 }
 
+// The call's lab options (launch.hpp), read once per call.
+struct Bf16LabOptions {
+  OwnPagePv own_pv = OwnPagePv::kShared;
+  Bf16QkOrder qk_order = Bf16QkOrder::kOnRelease;
+  Bf16MaxHandOff max_handoff = Bf16MaxHandOff::kWithP;
+  bool l2_ahead = false;
+};
+
 // The kernel of the call's lab options (Bf16QkOrder::kPageAFirst: with the other options' defaults
 // only; Bf16MaxHandOff::kEarly: with the broadcast role index, either score step, either source of
-// the owner's P and the other options' defaults only; elsewhere the defaults).
+// the owner's P and the other options' defaults only; the L2 look-ahead: with the broadcast role
+// index, either score step, either max hand-off and the other options' defaults only; elsewhere the
+// defaults).
 template <ScoreStep kStep, RoleIndex kRole>
-void launch_bf16(OwnPagePv own_pv, Bf16QkOrder qk_order, Bf16MaxHandOff max_handoff, const DecodeParams& p,
-                 const DecodeOptions& options, const CUtensorMap& tm_kv, const CUtensorMap& tm_q) {
+void launch_bf16(const Bf16LabOptions& lab, const DecodeParams& p, const DecodeOptions& options,
+                 const CUtensorMap& tm_kv, const CUtensorMap& tm_q) {
   constexpr auto kRegs = OwnPagePv::kRegisters, kShared = OwnPagePv::kShared;
   constexpr bool kDefault = kStep == ScoreStep::kReference && kRole == RoleIndex::kUniform;
   constexpr auto kStaged = PartialStore::kStaged, kFragments = PartialStore::kFragments;
+  constexpr auto kOnRelease = Bf16QkOrder::kOnRelease;
+  constexpr auto kEarly = Bf16MaxHandOff::kEarly;
+  const bool others_default = lab.own_pv == kShared && lab.qk_order == kOnRelease;
   if constexpr (kRole == RoleIndex::kUniform) {
-    if (own_pv == kShared && qk_order == Bf16QkOrder::kOnRelease && max_handoff == Bf16MaxHandOff::kEarly)
+    if (others_default && lab.l2_ahead) {
+      if (lab.max_handoff == kEarly)
+        return launch_decode<Bf16Config, SplitKernels<decode_bf16_kernel<kStep, kShared, kRole, false, kFragments,
+                                                                         kOnRelease, kEarly, true>>>(
+            "decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
       return launch_decode<Bf16Config, SplitKernels<decode_bf16_kernel<kStep, kShared, kRole, false, kFragments,
-                                                                       Bf16QkOrder::kOnRelease, Bf16MaxHandOff::kEarly>>>(
+                                                                       kOnRelease, Bf16MaxHandOff::kWithP, true>>>(
+          "decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
+    }
+    if (others_default && lab.max_handoff == kEarly)
+      return launch_decode<Bf16Config,
+                           SplitKernels<decode_bf16_kernel<kStep, kShared, kRole, false, kFragments, kOnRelease, kEarly>>>(
           "decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
   }
   if constexpr (kDefault) {
-    if (own_pv == kShared && qk_order == Bf16QkOrder::kPageAFirst)
+    if (lab.own_pv == kShared && lab.qk_order == Bf16QkOrder::kPageAFirst)
       return launch_decode<Bf16Config, SplitKernels<decode_bf16_kernel<kStep, kShared, kRole, false, kFragments,
                                                                        Bf16QkOrder::kPageAFirst>>>(
           "decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
   }
   if constexpr (kRole == RoleIndex::kUniform) {
-    if (own_pv == kRegs && qk_order == Bf16QkOrder::kOnRelease && max_handoff == Bf16MaxHandOff::kEarly)
-      return launch_decode<Bf16ConfigOf<kRegs>, SplitKernels<decode_bf16_kernel<kStep, kRegs, kRole, false, kFragments,
-                                                                                Bf16QkOrder::kOnRelease,
-                                                                                Bf16MaxHandOff::kEarly>>>(
+    if (lab.own_pv == kRegs && lab.qk_order == kOnRelease && lab.max_handoff == kEarly)
+      return launch_decode<Bf16ConfigOf<kRegs>,
+                           SplitKernels<decode_bf16_kernel<kStep, kRegs, kRole, false, kFragments, kOnRelease, kEarly>>>(
           "decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
   }
-  if (own_pv == kRegs)
+  if (lab.own_pv == kRegs)
     launch_decode<Bf16ConfigOf<kRegs>, SplitKernels<decode_bf16_kernel<kStep, kRegs, kRole>>>(
         "decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
   else if constexpr (kDefault)  // the default kernel: with its split-epilogue twins
@@ -566,11 +598,10 @@ void launch_bf16(OwnPagePv own_pv, Bf16QkOrder qk_order, Bf16MaxHandOff max_hand
 }
 
 template <ScoreStep kStep>
-void launch_bf16(RoleIndex role, OwnPagePv own_pv, Bf16QkOrder qk_order, Bf16MaxHandOff max_handoff,
-                 const DecodeParams& p, const DecodeOptions& options, const CUtensorMap& tm_kv, const CUtensorMap& tm_q) {
-  if (role == RoleIndex::kUniform)
-    launch_bf16<kStep, RoleIndex::kUniform>(own_pv, qk_order, max_handoff, p, options, tm_kv, tm_q);
-  else launch_bf16<kStep, RoleIndex::kThread>(own_pv, qk_order, max_handoff, p, options, tm_kv, tm_q);
+void launch_bf16(RoleIndex role, const Bf16LabOptions& lab, const DecodeParams& p, const DecodeOptions& options,
+                 const CUtensorMap& tm_kv, const CUtensorMap& tm_q) {
+  if (role == RoleIndex::kUniform) launch_bf16<kStep, RoleIndex::kUniform>(lab, p, options, tm_kv, tm_q);
+  else launch_bf16<kStep, RoleIndex::kThread>(lab, p, options, tm_kv, tm_q);
 }
 
 }  // namespace
@@ -579,10 +610,9 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
                  const DecodeOutput& out, const DecodeOptions& options) {
   DecodeParams p = make_params(q.batch, q.seqlen_q, q.num_heads, pages, out, options);
   const ScoreStep step = score_step("decode_bf16");  // the lab options: read (and checked) on every call
-  const OwnPagePv own_pv = own_page_pv("decode_bf16");
   const RoleIndex role = role_index("decode_bf16");
-  const Bf16QkOrder qk_order = bf16_qk_order("decode_bf16");
-  const Bf16MaxHandOff max_handoff = bf16_max_handoff("decode_bf16");
+  const Bf16LabOptions lab{own_page_pv("decode_bf16"), bf16_qk_order("decode_bf16"), bf16_max_handoff("decode_bf16"),
+                           bf16_l2_ahead("decode_bf16")};
   const Bf16Tile tile = bf16_tile("decode_bf16");
   if (q.batch == 0) return;
   p.q_bf16 = reinterpret_cast<const uint16_t*>(q.data);
@@ -591,9 +621,8 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
       plane_map(cache.data, cache.num_pages * kPageSize, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
   if (tile == Bf16Tile::kNarrow16 && p.rows <= kNarrowTileRows) return launch_decode_bf16_narrow(p, tm_kv, options);
   const CUtensorMap tm_q = plane_map(q.data, int64_t(q.batch) * p.rows, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
-  if (step == ScoreStep::kFolded)
-    launch_bf16<ScoreStep::kFolded>(role, own_pv, qk_order, max_handoff, p, options, tm_kv, tm_q);
-  else launch_bf16<ScoreStep::kReference>(role, own_pv, qk_order, max_handoff, p, options, tm_kv, tm_q);
+  if (step == ScoreStep::kFolded) launch_bf16<ScoreStep::kFolded>(role, lab, p, options, tm_kv, tm_q);
+  else launch_bf16<ScoreStep::kReference>(role, lab, p, options, tm_kv, tm_q);
 }
 
 }  // namespace snapmla::cuda

@@ -128,7 +128,8 @@ __device__ __forceinline__ void load_bf16_page(const DecodeParams& p, const CUte
 }
 
 // The same page fetched into L2 only (a page index out of range: nothing), for a two-stage ring
-// (decode_bf16's narrow tile), as prefetch_fp8_page.
+// (decode_bf16's narrow tile, and its 64-row tile under SNAPMLA_BF16_L2_AHEAD), as
+// prefetch_fp8_page.
 __device__ __forceinline__ void prefetch_bf16_page(const DecodeParams& p, const CUtensorMap* tm_kv, int32_t page) {
   if (!page_ok(p, page)) return;
   const int y = page * kPageSize;
