@@ -26,7 +26,7 @@ grep -m1 "profiling build" "$dest/pip_install_profile.log" || echo "the build lo
 cd /tmp  # the installed package
 stamp "stamps per case"
 cases="1,128,1,8192 2,128,1,8192 4,128,1,8192 8,128,1,8192 1,64,1,8192 4,64,1,8192 128,128,1,8192"
-cases="$cases 4,16,1,8192 16,16,1,8192"
+cases="$cases 4,16,1,8192 16,16,1,8192 16,16,1,32768"
 for c in ${CASES:-$cases}; do
   for k in ${SCALES:-1 0.5}; do
     SNAPMLA_PROFILE_CALL=4 timeout 60 python3 "$repo/lab/launch_profile.py" --peers "$repo/.peers" \

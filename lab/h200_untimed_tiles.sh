@@ -117,7 +117,7 @@ if part bench; then
     BENCH_ARGS="${BENCH_ARGS:---rounds 3}" LIMIT=$(cap "${BENCH_LIMIT:-440}") BUDGET=${BUDGET:-380} \
     lab/h200_lab_options.sh "$dest"
   if [ -n "${STAMPS:-}" ]; then
-    CASES=${CASES:-"1,128,1,8192 4,64,1,8192 2,16,1,8192 128,128,1,8192"} SCALES=${SCALES:-1} \
+    CASES=${CASES:-"1,128,1,8192 4,64,1,8192 2,16,1,8192 16,16,1,32768 128,128,1,8192"} SCALES=${SCALES:-1} \
       timeout "$(cap "${STAMPS_TIMEOUT:-110}")" lab/h200_profile_small.sh "$dest" > "$dest/profile_small.log" 2>&1
     echo "stamps exit: $? (124: cut at the timeout)"
     tail -40 "$dest/profile_small.log"
