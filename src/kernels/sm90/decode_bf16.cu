@@ -26,8 +26,8 @@
 // done (page A's halves after the first PVs), and the QK takes the rope and its own half first.
 // Page B's cycle (load, QK, softmax, PVs) sets the pace, so consumer 0 issues its next QK only
 // once B is released, leaving the tensor cores to PV(B). (Under kL2Ahead, a lab option, the
-// producer also fetches page j + 2 into L2 as it starts page j's loads: a group that loads only as
-// its stage frees then waits on L2's latency, not HBM's.)
+// producer also fetches page j + 2 into L2 once page j's loads are issued: a group that loads only
+// as its stage frees then waits on L2's latency, not HBM's.)
 // Design: docs/design.md; measurements: docs/kernels.md.
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -202,7 +202,7 @@ __device__ __forceinline__ void zero_nonfinite_tokens(const Smem& sm, int j, int
 // how a split's fp32 partials are stored (PartialStore, a lab option; params.hpp). kQkOrder: the
 // order of the next pair's QKs (Bf16QkOrder, a lab option; params.hpp). kMaxHandOff: when page A's
 // running max goes to consumer 1 (Bf16MaxHandOff, a lab option; params.hpp). kL2Ahead: the producer
-// fetches page j + 2 into L2 as it starts page j's loads (SNAPMLA_BF16_L2_AHEAD, a lab option;
+// fetches page j + 2 into L2 once page j's loads are issued (SNAPMLA_BF16_L2_AHEAD, a lab option;
 // launch.hpp).
 template <ScoreStep kStep, OwnPagePv kOwnPv, RoleIndex kRole, bool kTail = false,
           PartialStore kStore = PartialStore::kFragments, Bf16QkOrder kQkOrder = Bf16QkOrder::kOnRelease,
@@ -237,21 +237,22 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
           const int32_t pa = page_of(p, w, w.begin + a * kPageSize);
           const int32_t pb = b < nblk ? page_of(p, w, w.begin + b * kPageSize) : 0;
           const bool oka = page_ok(p, pa), okb = page_ok(p, pb);
-          // kL2Ahead: page j + 2 into L2 before page j's loads wait for their stage. The next pair
-          // loads only as this pair's groups free, right before its QKs need it, so from HBM that
-          // latency would stand in the consumers' chain once per pair.
-          if constexpr (kL2Ahead)
-            if (a + 2 < nblk) prefetch_bf16_page(p, &tm_kv, page_of(p, w, w.begin + (a + 2) * kPageSize));
           // In the order the groups come free: page A's after both PVs of A, then page B's.
+          // kL2Ahead: page j + 2 into L2 once page j's loads are issued (after them, so that at a
+          // split's start its first pages go first). The next pair loads only as this pair's
+          // groups free, right before its QKs need it, so from HBM that latency would stand in
+          // the consumers' chain once per pair.
           load_group(&tm_kv, sm, a, 1, pa, oka);
           load_group(&tm_kv, sm, a, 2, pa, oka);
           load_group(&tm_kv, sm, a, 0, pa, oka);
+          if constexpr (kL2Ahead)
+            if (a + 2 < nblk) prefetch_bf16_page(p, &tm_kv, page_of(p, w, w.begin + (a + 2) * kPageSize));
           if (b < nblk) {
-            if constexpr (kL2Ahead)
-              if (b + 2 < nblk) prefetch_bf16_page(p, &tm_kv, page_of(p, w, w.begin + (b + 2) * kPageSize));
             load_group(&tm_kv, sm, b, 2, pb, okb);
             load_group(&tm_kv, sm, b, 0, pb, okb);
             load_group(&tm_kv, sm, b, 1, pb, okb);
+            if constexpr (kL2Ahead)
+              if (b + 2 < nblk) prefetch_bf16_page(p, &tm_kv, page_of(p, w, w.begin + (b + 2) * kPageSize));
           }
         }
       }

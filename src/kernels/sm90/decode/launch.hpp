@@ -151,7 +151,7 @@ inline Bf16MaxHandOff bf16_max_handoff(const char* op) {
 }
 
 // SNAPMLA_BF16_L2_AHEAD in the environment (a lab option, read per call): `1` has decode_bf16's
-// 64-row tile fetch page j + 2 into L2 as it starts page j's loads (decode_bf16.cu, kL2Ahead);
+// 64-row tile fetch page j + 2 into L2 once page j's loads are issued (decode_bf16.cu, kL2Ahead);
 // unset or 0: not. The same bits either way (a prefetch puts nothing in the kernel's view).
 inline bool bf16_l2_ahead(const char* op) { return detail::env_flag(op, "SNAPMLA_BF16_L2_AHEAD"); }
 

@@ -214,8 +214,9 @@ struct PageRing {
   // first kStages need no wait), the indices read two pages ahead, so that the first requests
   // wait for one global load, not one each. load(page, stage, full barrier) copies one page (an
   // out-of-range index: nothing, the fault flag set, the phase completed by the arrival alone).
-  // prefetch(page): called with page j + 2's index as page j is loaded, where the split has one
-  // (none by default; a two-stage ring fetches that page into L2: stream<true>).
+  // prefetch(page): called with page j + 2's index once page j's load is issued (after it, so
+  // that at a split's start its first pages go first), where the split has one (none by default;
+  // a two-stage ring fetches that page into L2: stream<true>).
   template <typename LoadPage, typename Prefetch = NoPrefetch>
   __device__ void stream_pages(const DecodeParams& p, const Work& w, int from, int to, LoadPage&& load,
                                Prefetch&& prefetch = {}) const {
@@ -224,14 +225,14 @@ struct PageRing {
     int32_t next = from + 1 < to ? page_of(p, w, w.begin + (from + 1) * kPageSize) : 0;
     for (int j = from; j < to; ++j) {
       const int32_t after = j + 2 < to ? page_of(p, w, w.begin + (j + 2) * kPageSize) : 0;
+      acquire(j);
+      const int s = j % kStages;
+      load(page, s, &full[s]);
       if constexpr (!std::is_same_v<std::decay_t<Prefetch>, NoPrefetch>) {
         // Page j + 2 of the split, also where this call stops short of it (a loader that streams
         // the first pages apart).
         if (j + 2 < w.pages()) prefetch(j + 2 < to ? after : page_of(p, w, w.begin + (j + 2) * kPageSize));
       }
-      acquire(j);
-      const int s = j % kStages;
-      load(page, s, &full[s]);
       page = next;
       next = after;
     }
