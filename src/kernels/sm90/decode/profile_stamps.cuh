@@ -117,13 +117,15 @@ inline void after_launch(const char* op) {
   // Per CTA with work, each milestone's time after the CTA's start (us); CTAs without work are
   // only counted.
   std::vector<std::vector<double>> after(kMarks);
-  std::vector<double> mhz;
-  unsigned long long t0 = ~0ull, t1 = 0;
+  std::vector<double> mhz, starts;  // starts: each CTA's kStart (ns), with or without work
+  unsigned long long t0 = ~0ull, t1 = 0, first_start = ~0ull;
   int idle = 0, longest = -1;
   double longest_us = -1;
   for (int i = 0; i < kMaxCtas; ++i) {
     const CtaRecord& r = h[size_t(i)];
     if (r.ns[0] == 0) continue;
+    starts.push_back(double(r.ns[0]));
+    first_start = std::min(first_start, r.ns[0]);
     const unsigned long long end = r.ns[int(Mark::kStored)];
     if (end == 0) {
       ++idle;
@@ -146,6 +148,12 @@ inline void after_launch(const char* op) {
   }
   std::fprintf(stderr, "%s profile (launch %d): %zu CTAs with work, %d without; span %.2f us; SM MHz p50 %.0f\n", op,
                at, after[size_t(kMarks) - 1].size(), idle, double(t1 - t0) / 1e3, percentile(mhz, 0.5));
+  // The launch's ramp: when the CTAs (all of them, those without work too) started after the
+  // grid's first, so that a late start (an SM still held by the kernel before) is told apart from
+  // a CTA's own fixed cost.
+  for (double& v : starts) v = (v - double(first_start)) / 1e3;
+  std::fprintf(stderr, "%s profile: CTA start after the grid's first (us), p10 / p50 / p90 / max: %.2f %.2f %.2f %.2f\n",
+               op, percentile(starts, 0.1), percentile(starts, 0.5), percentile(starts, 0.9), percentile(starts, 1.0));
   std::fprintf(stderr, "%s profile: us after the CTA's start, p10 / p50 / p90 / max over CTAs\n", op);
   for (int m = 1; m < kMarks; ++m) {
     const std::vector<double>& v = after[size_t(m)];
