@@ -232,27 +232,29 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
         // The Q latent tile first: eight boxes of the [batch * rows, 576] query plane (the rope part
         // goes to the consumers' registers).
         load_q_tile<kLatentDim * 2, 2>(&tm_q, sm.qn, int(int64_t(w.seq) * p.rows + row0), sm.qbar);
+        // kL2Ahead: page j + 2 into L2 once page j's loads are issued (after them, so that at a
+        // split's start its first pages go first). The next pair loads only as this pair's groups
+        // free, right before its QKs need it, so from HBM that latency would stand in the
+        // consumers' chain once per pair.
+        const auto l2_ahead = [&](int j) {
+          if constexpr (kL2Ahead)
+            if (j + 2 < nblk) prefetch_bf16_page(p, &tm_kv, page_of(p, w, w.begin + (j + 2) * kPageSize));
+        };
         for (int a = 0; a < nblk; a += 2) {
           const int b = a + 1;
           const int32_t pa = page_of(p, w, w.begin + a * kPageSize);
           const int32_t pb = b < nblk ? page_of(p, w, w.begin + b * kPageSize) : 0;
           const bool oka = page_ok(p, pa), okb = page_ok(p, pb);
           // In the order the groups come free: page A's after both PVs of A, then page B's.
-          // kL2Ahead: page j + 2 into L2 once page j's loads are issued (after them, so that at a
-          // split's start its first pages go first). The next pair loads only as this pair's
-          // groups free, right before its QKs need it, so from HBM that latency would stand in
-          // the consumers' chain once per pair.
           load_group(&tm_kv, sm, a, 1, pa, oka);
           load_group(&tm_kv, sm, a, 2, pa, oka);
           load_group(&tm_kv, sm, a, 0, pa, oka);
-          if constexpr (kL2Ahead)
-            if (a + 2 < nblk) prefetch_bf16_page(p, &tm_kv, page_of(p, w, w.begin + (a + 2) * kPageSize));
+          l2_ahead(a);
           if (b < nblk) {
             load_group(&tm_kv, sm, b, 2, pb, okb);
             load_group(&tm_kv, sm, b, 0, pb, okb);
             load_group(&tm_kv, sm, b, 1, pb, okb);
-            if constexpr (kL2Ahead)
-              if (b + 2 < nblk) prefetch_bf16_page(p, &tm_kv, page_of(p, w, w.begin + (b + 2) * kPageSize));
+            l2_ahead(b);
           }
         }
       }

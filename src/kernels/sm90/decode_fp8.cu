@@ -428,11 +428,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const bool fault = sm.ring.faulted() || w.bad_len;
     // l was kept over sigma; the running max after the last page (lse) is in its xmax slot (the
     // barrier in add_other_sums made it visible to every thread).
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      st.l[ri] *= st.sigma[ri];
-      if (nblk > 0) st.m[ri] = sm.max_after(nblk - 1, rv.r0 + 8 * ri) * (kBase2 ? kLn2 : 1.f);
-    }
+    finish_rows<kBase2>(st, sm, rv, nblk);
     // Past add_other_sums' barrier no wgmma is in flight and every page was consumed: each warp
     // stages its 8 KB of bf16 in the page stages (its 16.5 KB of fp32 partials, where staged, from
     // the Q tile on).
@@ -550,6 +546,7 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
     const int c = wg - 1;
     const int warp = t / 32, lane = t % 32, g = lane / 4;
     const int band = band_start(p, w);
+    // row_view's rows, written out here: through the helper ptxas spills 8 bytes in this kernel.
     RowView rv;
     rv.q = lane % 4;
     rv.r0 = 16 * warp + g;

@@ -207,18 +207,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int nblk = w.pages();
     const int c = uniform_in_warp<RoleIndex::kUniform>(wg) - 1;  // owns pages j = c (mod 3); output slice c
     const int warp = uniform_in_warp<RoleIndex::kUniform>(t / 32), lane = t % 32;
-    RowView rv;
-    rv.q = lane % 4;
-    rv.r0 = 16 * warp + lane / 4;  // the thread's first row in the tile (and r0 + 8)
     // Score factors; in log2 units under the base-2 step (page_factors_early), back at the end.
     constexpr bool kBase2 = kStep == ScoreStep::kFolded;
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      const int r = row0 + rv.r0 + 8 * ri;
-      const bool ok = r < p.rows;
-      rv.vis[ri] = ok ? visible_end(p, w, r) : 0;
-      rv.factor[ri] = p.softmax_scale * p.q_scale[int64_t(w.seq) * p.rows + (ok ? r : 0)] * (kBase2 ? kLog2e : 1.f);
-    }
+    const RowView rv = row_view<kBase2>(p, w, row0, warp, lane);
     SoftmaxState st;
     float o[Cfg::kOutTiles][4];
 #pragma unroll
@@ -244,11 +235,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     dependents_after_pages(p, range, item);
     // Every page was acquired before that barrier; a bad length faults the whole sequence.
     const bool fault = sm.ring.faulted() || w.bad_len;
-#pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
-      st.l[ri] *= st.sigma[ri];
-      if (nblk > 0) st.m[ri] = sm.max_after(nblk - 1, rv.r0 + 8 * ri) * (kBase2 ? kLn2 : 1.f);
-    }
+    finish_rows<kBase2>(st, sm, rv, nblk);
     // Past that barrier no wgmma is in flight and every page was consumed: the page stages are free.
     const int n_from = c == kConsumers - 1 ? Cfg::kLastOverlapTiles : 0;
     if (w.single)

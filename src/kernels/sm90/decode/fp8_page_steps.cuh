@@ -87,6 +87,38 @@ struct RowView {
   float factor[2];
 };
 
+// A consumer thread's RowView from the query scales in global memory (the tiles that do not load
+// Q's rope into registers with load_q_rows): rows 16 warp + lane / 4 and + 8 of the tile at row0,
+// padding rows past the query rows seeing nothing and taking row 0's scale. kBase2: the factors
+// times log2e (the base-2 score step's log2 units).
+template <bool kBase2 = false>
+__device__ __forceinline__ RowView row_view(const DecodeParams& p, const Work& w, int row0, int warp, int lane) {
+  RowView rv;
+  rv.q = lane % 4;
+  rv.r0 = 16 * warp + lane / 4;
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    const int r = row0 + rv.r0 + 8 * ri;
+    const bool ok = r < p.rows;
+    rv.vis[ri] = ok ? visible_end(p, w, r) : 0;
+    rv.factor[ri] = p.softmax_scale * p.q_scale[int64_t(w.seq) * p.rows + (ok ? r : 0)];
+    if constexpr (kBase2) rv.factor[ri] *= kLog2e;
+  }
+  return rv;
+}
+
+// After a split's last page: l, kept over sigma, back in the plain domain, and m the running max
+// after the last page (the lse's; from its slot, visible past the barrier that summed the
+// consumers' l), back from log2 units under the base-2 step (kBase2).
+template <bool kBase2, typename View>
+__device__ __forceinline__ void finish_rows(SoftmaxState& st, const View& sm, const RowView& rv, int nblk) {
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    st.l[ri] *= st.sigma[ri];
+    if (nblk > 0) st.m[ri] = sm.max_after(nblk - 1, rv.r0 + 8 * ri) * (kBase2 ? kLn2 : 1.f);
+  }
+}
+
 // The running max after page j (the chain of the reference): page j - 1's from its owner (`prev`;
 // -inf before the first page), max'd with the page's own row max mx, put in its slot and handed to
 // page j + 1's owner.
