@@ -139,7 +139,12 @@ if part bench; then
     # ten may not fit one call's time: split them over two PARTS=bench calls).
     # SKIP_VARIANTS="fused ...": leave those out (one whose tests failed in the PARTS=tests call:
     # a kernel that gives up waiting takes a second a call, which would eat the bench's time).
-    variants="--env-bf16"
+    # A variant of one decode's own option is timed on that decode alone (--env: decode_fp8,
+    # --bf16-env: decode_bf16); one that reaches both (the score step, the launches, the combine,
+    # the partials, the role index) on both.
+    fp8_only=" wide16 trio triosf triof "
+    bf16_only=" ownpv qkfirst bnarrow bmax bmaxf bmaxr bl2 bl2max "
+    variants=""
     for v in folded:SNAPMLA_SCORE_STEP=folded late:SNAPMLA_COMBINE_PDL=late wide16:SNAPMLA_FP8_TILE=rows64_all \
              ownpv:SNAPMLA_BF16_OWN_PV=registers thread:SNAPMLA_ROLE_INDEX=thread fused:SNAPMLA_COMBINE_FUSED=1 \
              staged:SNAPMLA_PARTIALS=staged qkfirst:SNAPMLA_BF16_QK_ORDER=a_first \
@@ -151,7 +156,9 @@ if part bench; then
              bl2:SNAPMLA_BF16_L2_AHEAD=1 bl2max:SNAPMLA_BF16_L2_AHEAD=1,SNAPMLA_BF16_MAX_HANDOFF=early \
              fequal:SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged,SNAPMLA_PLAN_SPLIT=equal; do
       [ -z "${VARIANTS:-}" ] || [[ " $VARIANTS " == *" ${v%%:*} "* ]] || continue
-      [[ " ${SKIP_VARIANTS:-} " == *" ${v%%:*} "* ]] || variants="$variants --env $v"
+      [[ " ${SKIP_VARIANTS:-} " == *" ${v%%:*} "* ]] && continue
+      [[ "$bf16_only" == *" ${v%%:*} "* ]] || variants="$variants --env $v"
+      [[ "$fp8_only" == *" ${v%%:*} "* ]] || variants="$variants --bf16-env $v"
     done
     echo "bench variants: $variants"
     for what in sweep grid; do

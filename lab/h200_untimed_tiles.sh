@@ -13,8 +13,10 @@
 #     to OUT_DIR/failed_variants.
 #   PARTS=bench: the lab options' bench (lab/h200_lab_options.sh PARTS=bench) with VARIANTS, less
 #     SKIP_VARIANTS and the failed ones of this call; STAMPS=1 adds the small-batch stamps.
-#   Both by default (the bench then gets what is left of LIMIT).
-#   [PARTS=tests|bench] [VARIANTS="trio triosf triof bnarrow dpdl bmax bl2 bl2max"] [SKIP_VARIANTS=...] [STAMPS=1]
+#   PARTS=gate: the variants' bits tests alone, run at once (a couple of minutes), for a call
+#     that gates the bench in the same call (PARTS=gate,bench).
+#   tests and bench by default (the bench then gets what is left of LIMIT).
+#   [PARTS=gate|tests|bench] [VARIANTS="trio triosf triof bnarrow dpdl bmax bl2 bl2max"] [SKIP_VARIANTS=...] [STAMPS=1]
 #   (the bench writes results/h200_sweep.partial.json as it goes: a sweep cut at its timeout keeps
 #   its cases)
 #   lab/h200_untimed_tiles.sh OUT_DIR      (carry .devbin, .whl, .peers)
@@ -25,7 +27,7 @@ mkdir -p "$dest"
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 cap() { local left=$(( ${LIMIT:-560} - ($(date +%s) - t0) )); [ "$left" -lt 1 ] && left=1; [ "$1" -lt "$left" ] && echo "$1" || echo "$left"; }
-part() { [[ ",${PARTS:-tests,bench}," == *",$1,"* ]]; }
+part() { [[ ",${PARTS:-tests,bench}," == *",$1,"* ]]; }  # gate runs only when named
 failed_variants=""
 fail_variant() {
   local v
@@ -62,6 +64,44 @@ run() {
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$dest/gpu.txt"
 bin=.devbin/snapmla_gpu_tests
+
+# PARTS=gate: each variant's bits tests only (no sanitizers, no whole suite), all at once on the
+# one GPU (they check bits, not time; the CPU reference runs on the host's cores), so that a
+# bench in the same call leaves out a variant that fails or hangs. A variant that passes here
+# still needs the tests part (the whole suite under it, the sanitizers) before it is a default.
+if part gate; then
+  narrow_gate='Shapes/*h1_*:Shapes/*h3_*:Shapes/*h8_*:Shapes/*h9_*:Shapes/*h16_sq1*:GpuErrors.NonFinite*'
+  stamp "the variants' bits tests, at once (each under ${GATE_TIMEOUT:-150} s)"
+  gate_job() {  # VARIANT LOG [NAME=VALUE ...] -- ARGS: writes LOG and LOG.rc
+    local variant=$1 log=$2
+    shift 2
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    env "${envs[@]}" timeout "$(cap "${GATE_TIMEOUT:-150}")" "$@" > "$dest/$log" 2>&1
+    echo "$? $variant" > "$dest/$log.rc"
+  }
+  gate_job bnarrow gate_bnarrow.log SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_PDL_TILES=bnarrow -- $bin \
+    --gtest_filter="$narrow_gate:GpuDecode.ProgrammaticLaunch*" &
+  gate_job trio gate_trio.log SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_PDL_TILES=trio -- $bin \
+    --gtest_filter='Shapes/*:GpuErrors.NonFinite*:GpuDecode.ProgrammaticLaunch*' &
+  gate_job bmax gate_bmax.log SNAPMLA_TEST_UNTIMED=1 -- $bin --gtest_filter='GpuDecode.Bf16MaxHandOff*' &
+  gate_job bl2 gate_bl2.log SNAPMLA_TEST_UNTIMED=1 -- $bin --gtest_filter='GpuDecode.Bf16L2Ahead*' &
+  gate_job dpdl gate_dpdl.log SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_PDL_TILES=verified -- $bin \
+    --gtest_filter='GpuDecode.ProgrammaticLaunch*' &
+  wait
+  for rc_file in "$dest"/gate_*.log.rc; do
+    read -r rc variant < "$rc_file"
+    log=${rc_file%.rc}
+    echo "$(basename "$log") exit: $rc (124: timed out)"
+    grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$log" | tail -6
+    rm -f "$rc_file"
+    [ "$rc" -eq 0 ] || fail_variant "$variant"
+  done
+  grep -hE "tile 64x3|narrow tile" "$dest"/gate_trio.log "$dest"/gate_bnarrow.log | head -12
+  stamp "gate done; failed variants:${failed_variants:- none}"
+  echo "$failed_variants" > "$dest/failed_variants"
+fi
 
 if part tests; then
   narrow='Shapes/*h1_*:Shapes/*h3_*:Shapes/*h8_*:Shapes/*h9_*:Shapes/*h16_sq1*:GpuErrors.NonFinite*'

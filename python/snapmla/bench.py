@@ -279,11 +279,20 @@ def variants(args):
     return [label for label, _ in env_variants(args)]
 
 
+def bf16_env_variants(args):
+    """The lab variants of decode_bf16 timed beside its default, as (label, settings): every --env
+    under --env-bf16, then every --bf16-env (decode_bf16's alone: decode_fp8 is not timed there)."""
+    texts = list(getattr(args, "env", None) or []) if getattr(args, "env_bf16", False) else []
+    out = [parse_env_variant(t) for t in texts + list(getattr(args, "bf16_env", None) or [])]
+    labels = [label for label, _ in out]
+    if len(set(labels)) != len(labels):
+        raise SystemExit(f"--bf16-env: a label given twice among the decode_bf16 variants {labels}")
+    return out
+
+
 def bf16_variants(args):
-    """The labels of the lab variants timed on decode_bf16 too (--env-bf16: every --env)."""
-    if not getattr(args, "env_bf16", False):
-        return []
-    return [parse_env_variant(t)[0] for t in (getattr(args, "env", None) or [])]
+    """The labels of the lab variants timed on decode_bf16 (bf16_env_variants)."""
+    return [label for label, _ in bf16_env_variants(args)]
 
 
 def run_case(case, args, peers, torch, snapmla, nvml, sms):
@@ -298,15 +307,18 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
         "fp8": lambda t: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=plan),
         "bf16": lambda t: snapmla.decode_bf16(q, bf_cache, t, seqlens, softmax_scale=scale, plan=plan),
     }
-    on_bf16 = bf16_variants(args)
+    def variant_plan(settings):  # the variant's own plan (SNAPMLA_PLAN_FILL changes it)
+        with env_settings(settings):
+            return snapmla.plan_splits(seqlens, workers, query_rows=s_q * h)
+
     for label, settings in env_variants(args):
-        with env_settings(settings):  # the variant's own plan (SNAPMLA_PLAN_FILL changes it)
-            vplan = snapmla.plan_splits(seqlens, workers, query_rows=s_q * h)
         kernels[f"fp8_{label}"] = with_env_settings(
-            lambda t, p=vplan: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=p), settings)
-        if label in on_bf16:
-            kernels[f"bf16_{label}"] = with_env_settings(
-                lambda t, p=vplan: snapmla.decode_bf16(q, bf_cache, t, seqlens, softmax_scale=scale, plan=p), settings)
+            lambda t, p=variant_plan(settings): snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale,
+                                                                   plan=p), settings)
+    for label, settings in bf16_env_variants(args):
+        kernels[f"bf16_{label}"] = with_env_settings(
+            lambda t, p=variant_plan(settings): snapmla.decode_bf16(q, bf_cache, t, seqlens, softmax_scale=scale,
+                                                                    plan=p), settings)
     if args.split_blocks:
         fixed = fixed_split_plan(snapmla, lens, seqlens, workers, s_q * h, args.split_blocks)
         kernels["fp8_fixed"] = lambda t: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=fixed)
@@ -506,6 +518,9 @@ def main(argv=None):
                          "joined by commas); repeatable")
     ap.add_argument("--env-bf16", action="store_true",
                     help="time decode_bf16 under every --env variant too (bf16_LABEL_us, bf16_LABEL_over_bf16)")
+    ap.add_argument("--bf16-env", action="append", metavar="LABEL:NAME=VALUE[,NAME=VALUE...]",
+                    help="also time decode_bf16 (alone) with the environment's NAME = VALUE: a lab option of "
+                         "decode_bf16's only, so decode_fp8 is not timed under it; repeatable")
     ap.add_argument("--q-gain", type=float, default=1.0, metavar="G",
                     help="the query is randn / 10 x G (default 1; larger: peakier attention, scores spread "
                          "G x ~0.1; the carried P' scales' gain depends on it)")

@@ -119,6 +119,19 @@ def test_bf16_variants_are_the_env_variants_when_asked():
     assert bench.variants(args) == ["vregs", "folded"]
 
 
+def test_bf16_env_variants_time_decode_bf16_alone():
+    args = bench.argparse.Namespace(vregs=False, env=["folded:SNAPMLA_SCORE_STEP=folded"], env_bf16=True,
+                                    bf16_env=["bl2:SNAPMLA_BF16_L2_AHEAD=1"])
+    assert bench.variants(args) == ["folded"]  # decode_fp8 is not timed under a --bf16-env variant
+    assert bench.bf16_env_variants(args) == [("folded", (("SNAPMLA_SCORE_STEP", "folded"),)),
+                                             ("bl2", (("SNAPMLA_BF16_L2_AHEAD", "1"),))]
+    args.env_bf16 = False
+    assert bench.bf16_variants(args) == ["bl2"]
+    args.env_bf16, args.bf16_env = True, ["folded:SNAPMLA_BF16_L2_AHEAD=1"]
+    with __import__("pytest").raises(SystemExit, match="given twice"):
+        bench.bf16_variants(args)
+
+
 def test_sweep_summary_reports_a_bf16_variant_against_decode_bf16_and_flashmla():
     rows = [{"b": b, "h": 128, "s_q": 1, "s_k": 8192, "fp8_us": 10.0 * b, "fp8_speedup_vs_flashmla_bf16": 1.05,
              "fp8_speedup_vs_pr54_fp8": 1.1, "bf16_over_flashmla_bf16": 1.3, "bf16_folded_over_bf16": 0.9,
