@@ -169,9 +169,6 @@ __global__ void __launch_bounds__(Bf16NarrowConfig::kThreads, 1)
     const auto load = [&](int32_t page, int s, uint64_t* bar) {
       load_bf16_page(p, &tm_kv, page, sm.page(s), bar, sm.ring.bad);
     };
-    // Page j + 2 into L2 as page j's load is issued: the two-stage ring can start its load only
-    // once page j's stage frees, and it then reads L2.
-    const auto prefetch = [&](int32_t page) { prefetch_bf16_page(p, &tm_kv, page); };
     for (int item = range.first; item < range.last; ++item) {
       if (item > range.first) split_boundary<Bf16NarrowConfig::kThreads>(init_barriers);
       const Work w = work_of(p, item);
@@ -179,10 +176,10 @@ __global__ void __launch_bounds__(Bf16NarrowConfig::kThreads, 1)
       // The first pages are requested before anything else, then the whole warpgroup loads the Q
       // tile: both stand between the split's start and its first QK.
       const int first = min(kStages, nblk);
-      if (t == 0) sm.ring.stream_pages(p, w, 0, first, load, prefetch);
+      if (t == 0) sm.ring.stream_pages(p, w, 0, first, load);
       load_q_latent<kQRowBytes, kN>(sm.q, reinterpret_cast<const uint8_t*>(p.q_bf16), kQRowBytes, p, w, 0, t, 128);
       mbar::arrive_on_cp_async(sm.ring.qbar);
-      if (t == 0) sm.ring.stream_pages(p, w, first, nblk, load, prefetch);
+      if (t == 0) sm.ring.stream_pages(p, w, first, nblk, load);
     }
     return;
   }

@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         load_q_tile<kLatentDim, 1>(&tm_q, sm.q_latent, row, sm.ring.qbar);
         mbar::arrive_expect_tx(sm.ring.qbar, Cfg::kRows * kRopeDim * 2);
         tma::load_2d(sm.q_rope, &tm_q_rope, 0, row, sm.ring.qbar);
-        sm.ring.stream<true>(p, w, &tm_latent, &tm_rope, sm, 0, w.pages());
+        sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, 0, w.pages());
       }
     }
     return;
