@@ -132,9 +132,7 @@ if part bench; then
     # base-2 score step. dpdl: every decode kernel launched as a programmatic dependent of the
     # kernel before it (the bench's graphs: the call before's combine or decode). bmax: decode_bf16's
     # early max hand-off (decode_fp8 runs its default there: noise); bmaxf: with the base-2 step;
-    # bmaxr: with the owner's P from registers. bl2: decode_bf16's 64-row tile fetching the next
-    # pair's pages into L2 (decode_fp8 runs its default there: noise); bl2max: with the early max
-    # hand-off too.
+    # bmaxr: with the owner's P from registers.
     # VARIANTS="thread fused ...": only those (each variant adds two graphs per case, so all
     # ten may not fit one call's time: split them over two PARTS=bench calls).
     # SKIP_VARIANTS="fused ...": leave those out (one whose tests failed in the PARTS=tests call:
@@ -143,7 +141,7 @@ if part bench; then
     # --bf16-env: decode_bf16); one that reaches both (the score step, the launches, the combine,
     # the partials, the role index) on both.
     fp8_only=" wide16 trio triosf triof "
-    bf16_only=" ownpv qkfirst bnarrow bmax bmaxf bmaxr bl2 bl2max "
+    bf16_only=" ownpv qkfirst bnarrow bmax bmaxf bmaxr "
     variants=""
     for v in folded:SNAPMLA_SCORE_STEP=folded late:SNAPMLA_COMBINE_PDL=late wide16:SNAPMLA_FP8_TILE=rows64_all \
              ownpv:SNAPMLA_BF16_OWN_PV=registers thread:SNAPMLA_ROLE_INDEX=thread fused:SNAPMLA_COMBINE_FUSED=1 \
@@ -153,7 +151,6 @@ if part bench; then
              triof:SNAPMLA_FP8_TILE=trio,SNAPMLA_SCORE_STEP=folded dpdl:SNAPMLA_DECODE_PDL=1 \
              bmax:SNAPMLA_BF16_MAX_HANDOFF=early bmaxf:SNAPMLA_BF16_MAX_HANDOFF=early,SNAPMLA_SCORE_STEP=folded \
              bmaxr:SNAPMLA_BF16_MAX_HANDOFF=early,SNAPMLA_BF16_OWN_PV=registers \
-             bl2:SNAPMLA_BF16_L2_AHEAD=1 bl2max:SNAPMLA_BF16_L2_AHEAD=1,SNAPMLA_BF16_MAX_HANDOFF=early \
              fequal:SNAPMLA_COMBINE_FUSED=1,SNAPMLA_PARTIALS=staged,SNAPMLA_PLAN_SPLIT=equal; do
       [ -z "${VARIANTS:-}" ] || [[ " $VARIANTS " == *" ${v%%:*} "* ]] || continue
       [[ " ${SKIP_VARIANTS:-} " == *" ${v%%:*} "* ]] && continue

@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# The kernels not yet run on the H200, for one or two device calls: decode_bf16's narrow tile
-# (SNAPMLA_BF16_TILE=narrow, bench variant `bnarrow`), decode_fp8's three-consumer 64-row tile
+# The kernels not yet run on the H200 (run on an H100 at 80f852a-93ccb35), for one or two device
+# calls: decode_bf16's narrow tile (SNAPMLA_BF16_TILE=narrow, bench variant `bnarrow`), the decodes'
+# programmatic launch (SNAPMLA_DECODE_PDL=1, `dpdl`), decode_fp8's three-consumer 64-row tile
 # (SNAPMLA_FP8_TILE=trio, bench variants `trio`, `triosf` in its other iteration order and `triof`
-# with the base-2 score step), the decodes' programmatic launch (SNAPMLA_DECODE_PDL=1, `dpdl`) and
-# decode_bf16's early max hand-off (SNAPMLA_BF16_MAX_HANDOFF=early, `bmax`; `bmaxf` with the base-2
-# score step) and its 64-row tile's L2 look-ahead (SNAPMLA_BF16_L2_AHEAD=1, `bl2`; `bl2max` with the
-# early max hand-off).
+# with the base-2 score step) and decode_bf16's early max hand-off (SNAPMLA_BF16_MAX_HANDOFF=early,
+# `bmax`; `bmaxf` with the base-2 score step).
 #   PARTS=tests: each tile on the GPU tests of its shapes beside the default (SNAPMLA_TEST_UNTIMED=1,
 #     short timeouts: a hang stops that part only), the whole C++ GPU suite with the tile as the
 #     environment's choice (bad inputs, graph replay, batch 1024, 256K tokens, the plans), then
@@ -16,7 +15,7 @@
 #   PARTS=gate: the variants' bits tests alone, run at once (a couple of minutes), for a call
 #     that gates the bench in the same call (PARTS=gate,bench).
 #   tests and bench by default (the bench then gets what is left of LIMIT).
-#   [PARTS=gate|tests|bench] [VARIANTS="trio triosf triof bnarrow dpdl bmax bl2 bl2max"] [SKIP_VARIANTS=...] [STAMPS=1]
+#   [PARTS=gate|tests|bench] [VARIANTS="bnarrow dpdl trio"] [SKIP_VARIANTS=...] [STAMPS=1]
 #   (the bench writes results/h200_sweep.partial.json as it goes: a sweep cut at its timeout keeps
 #   its cases)
 #   lab/h200_untimed_tiles.sh OUT_DIR      (carry .devbin, .whl, .peers)
@@ -31,8 +30,7 @@ part() { [[ ",${PARTS:-tests,bench}," == *",$1,"* ]]; }  # gate runs only when n
 failed_variants=""
 fail_variant() {
   local v
-  for v in $1 $([ "$1" = trio ] && echo triosf triof) $([ "$1" = bmax ] && echo bmaxf bmaxr bl2max) \
-      $([ "$1" = bl2 ] && echo bl2max); do  # and its other variants
+  for v in $1 $([ "$1" = trio ] && echo triosf triof) $([ "$1" = bmax ] && echo bmaxf bmaxr); do  # and its other variants
     [[ " $failed_variants " == *" $v "* ]] || failed_variants="$failed_variants $v"
   done
 }
@@ -86,7 +84,6 @@ if part gate; then
   gate_job trio gate_trio.log SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_PDL_TILES=trio -- $bin \
     --gtest_filter='Shapes/*:GpuErrors.NonFinite*:GpuDecode.ProgrammaticLaunch*' &
   gate_job bmax gate_bmax.log SNAPMLA_TEST_UNTIMED=1 -- $bin --gtest_filter='GpuDecode.Bf16MaxHandOff*' &
-  gate_job bl2 gate_bl2.log SNAPMLA_TEST_UNTIMED=1 -- $bin --gtest_filter='GpuDecode.Bf16L2Ahead*' &
   gate_job dpdl gate_dpdl.log SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_PDL_TILES=verified -- $bin \
     --gtest_filter='GpuDecode.ProgrammaticLaunch*' &
   wait
@@ -121,11 +118,6 @@ if part tests; then
     compute-sanitizer --tool racecheck --error-exitcode 9 $bin --gtest_filter='Shapes/*h128_sq1_w2_*:Shapes/*h64_sq2_w1_*'
   run synccheck_bf16_max.log "${SAN_TIMEOUT:-60}" bmax SNAPMLA_BF16_MAX_HANDOFF=early SNAPMLA_TEST_FP8_TILE=16 -- \
     compute-sanitizer --tool synccheck --error-exitcode 9 $bin --gtest_filter='Shapes/*h128_sq1_w2_*'
-  stamp "decode_bf16's L2 look-ahead: the default's bits, bad page indices among the prefetched ones"
-  run bf16_l2_tests.log 90 bl2 SNAPMLA_TEST_UNTIMED=1 -- $bin --gtest_filter='GpuDecode.Bf16L2Ahead*'
-  run memcheck_bf16_l2.log "${SAN_TIMEOUT:-60}" bl2 SNAPMLA_BF16_L2_AHEAD=1 SNAPMLA_TEST_FP8_TILE=16 -- \
-    compute-sanitizer --tool memcheck --error-exitcode 9 $bin \
-    --gtest_filter='Shapes/*h128_sq1_w2_*:Shapes/*h64_sq2_w1_*:GpuErrors.BadPageInTheMiddle*'
   stamp "the decodes' programmatic launch: the same bits after a kernel that rewrites the query"
   run decode_pdl_tests.log 90 dpdl SNAPMLA_TEST_UNTIMED=1 SNAPMLA_TEST_PDL_TILES=verified -- $bin \
     --gtest_filter='GpuDecode.ProgrammaticLaunch*'
@@ -153,7 +145,7 @@ if part tests; then
 fi
 
 if part bench; then
-  PARTS=bench SKIP_VARIANTS="${SKIP_VARIANTS:-} $failed_variants" VARIANTS="${VARIANTS:-trio triosf triof bnarrow dpdl bmax bl2 bl2max}" \
+  PARTS=bench SKIP_VARIANTS="${SKIP_VARIANTS:-} $failed_variants" VARIANTS="${VARIANTS:-bnarrow dpdl trio}" \
     BENCH_ARGS="${BENCH_ARGS:---rounds 3}" LIMIT=$(cap "${BENCH_LIMIT:-440}") BUDGET=${BUDGET:-380} \
     lab/h200_lab_options.sh "$dest"
   if [ -n "${STAMPS:-}" ]; then

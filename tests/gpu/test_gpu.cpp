@@ -572,13 +572,12 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   const auto want16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), cpu_opt);
   const auto want16_bf = bf16_rounded(want16.out);
   // With each score step (SNAPMLA_SCORE_STEP), each source of the owner's P (SNAPMLA_BF16_OWN_PV),
-  // page A's QK first (SNAPMLA_BF16_QK_ORDER), the early max hand-off (SNAPMLA_BF16_MAX_HANDOFF), the
-  // L2 look-ahead (SNAPMLA_BF16_L2_AHEAD) and, for calls of at most 16 rows, the narrow tile
-  // (SNAPMLA_BF16_TILE), lab options (the untimed ones under test_untimed()), the same bounds (the
-  // narrow tile runs the reference's chain too: only the sums' order differs); and the own PV from
-  // registers, the QK order, the max hand-off and the look-ahead give the first run's bits (the same
-  // products: P from registers holding the P tile's words, or the same values computed in another
-  // order, or a prefetch that loads nothing the kernel sees).
+  // page A's QK first (SNAPMLA_BF16_QK_ORDER), the early max hand-off (SNAPMLA_BF16_MAX_HANDOFF)
+  // and, for calls of at most 16 rows, the narrow tile (SNAPMLA_BF16_TILE), lab options (the
+  // untimed ones under test_untimed()), the same bounds (the narrow tile runs the reference's chain
+  // too: only the sums' order differs); and the own PV from registers, the QK order and the max
+  // hand-off give the first run's bits (the same products: P from registers holding the P tile's
+  // words, or the same values computed in another order).
   struct Bf16Run {
     const char* label;
     const char* step;  // null: the environment's own
@@ -586,7 +585,6 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
     const char* qk_order;
     const char* tile = nullptr;
     const char* max_handoff = nullptr;
-    const char* l2_ahead = nullptr;
   };
   std::vector<bf16> first_out;
   std::vector<float> first_lse;
@@ -594,9 +592,8 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
                             Bf16Run{" (own PV from registers)", nullptr, "registers", nullptr},
                             Bf16Run{" (page A's QK first)", nullptr, nullptr, "a_first"},
                             Bf16Run{" (narrow tile)", nullptr, nullptr, nullptr, "narrow"},
-                            Bf16Run{" (early max hand-off)", nullptr, nullptr, nullptr, nullptr, "early"},
-                            Bf16Run{" (L2 look-ahead)", nullptr, nullptr, nullptr, nullptr, nullptr, "1"}}) {
-    if ((run.step || run.own_pv || run.qk_order || run.tile || run.max_handoff || run.l2_ahead) && !test_untimed())
+                            Bf16Run{" (early max hand-off)", nullptr, nullptr, nullptr, nullptr, "early"}}) {
+    if ((run.step || run.own_pv || run.qk_order || run.tile || run.max_handoff) && !test_untimed())
       continue;
     if (run.tile && c.h * c.s_q > 16) continue;
     ScopedEnv step("SNAPMLA_SCORE_STEP", run.step);
@@ -604,7 +601,6 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
     ScopedEnv qk_order("SNAPMLA_BF16_QK_ORDER", run.qk_order);
     ScopedEnv tile("SNAPMLA_BF16_TILE", run.tile);
     ScopedEnv max_handoff("SNAPMLA_BF16_MAX_HANDOFF", run.max_handoff);
-    ScopedEnv l2_ahead("SNAPMLA_BF16_L2_AHEAD", run.l2_ahead);
     G.out.poison();
     G.lse.poison();
     decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), gpu_opt);
@@ -612,7 +608,7 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
     if (first_out.empty()) {
       first_out = G.out.download();
       first_lse = G.lse.download();
-    } else if (run.own_pv || run.qk_order || run.max_handoff || run.l2_ahead) {
+    } else if (run.own_pv || run.qk_order || run.max_handoff) {
       const auto out = G.out.download();
       const auto lse = G.lse.download();
       for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i].bits, first_out[i].bits) << run.label << " out " << i;
@@ -1170,52 +1166,6 @@ TEST(GpuDecode, Bf16MaxHandOffGivesTheSameBits) {
     }
 }
 
-// decode_bf16's 64-row tile with the next pair's pages fetched into L2 (SNAPMLA_BF16_L2_AHEAD=1, a
-// lab option not yet run on the H200, hence under test_untimed()): a prefetch puts nothing in the
-// kernel's view, so out and lse keep the default's bits on for_each_bits_case's cases, with each
-// score step; and an out-of-range page index where the look-ahead meets it first (pages 2 and 3
-// of a split: the first pair's prefetch; page 9: the last) turns its sequence's rows NaN and
-// leaves every other row's bits as without the option.
-TEST(GpuDecode, Bf16L2AheadGivesTheSameBits) {
-  REQUIRE_GPU();
-  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
-  auto rng = make_rng();
-  SNAPMLA_TRACE_SEED();
-  auto decode = [](GpuBatch& G, const DecodeOptions& options, const char* ahead) {
-    ScopedEnv env("SNAPMLA_BF16_L2_AHEAD", ahead);
-    return G.decode(false, options);
-  };
-  for (const char* step : {"reference", "folded"}) {
-    ScopedEnv score_step("SNAPMLA_SCORE_STEP", step);
-    for_each_bits_case(rng, [&](GpuBatch& G, const DecodeOptions& options) {
-      expect_same_bits(decode(G, options, "0"), decode(G, options, "1"),
-                       std::string("decode_bf16 SNAPMLA_BF16_L2_AHEAD=1, score step ") + step);
-    });
-  }
-  const int h = 64;
-  Batch B = make_batch(rng, {640, 300, 129}, 1, h);  // 10, 5 and 3 pages
-  GpuBatch G(B);
-  GpuPlan plan(G.pages(), 5, 1, h);
-  const size_t per_seq = size_t(h) * kLatentDim;
-  for (const bool split : {false, true})
-    for (const int at : {2, 3, 9})
-      for (const int32_t page : {-1, int32_t(B.num_pages), INT32_MAX}) {
-        const std::string label = std::string("decode_bf16 SNAPMLA_BF16_L2_AHEAD=1, ") +
-                                  (split ? "planned" : "one split per sequence") + ", sequence 0's page " +
-                                  std::to_string(at) + " = " + std::to_string(page);
-        std::vector<int32_t> table = B.block_table;
-        table[size_t(at)] = page;  // sequence 0's row of the table
-        G.table.upload(table);
-        const DecodeOptions options = split ? plan.options(B.softmax_scale) : test::options(B);
-        const auto want = decode(G, options, "0"), got = decode(G, options, "1");
-        size_t nan0 = 0;
-        for (size_t i = 0; i < per_seq; ++i) nan0 += std::isnan(to_float(got.first[i]));
-        EXPECT_EQ(nan0, per_seq) << label << ": sequence 0's rows not all NaN";
-        expect_same_bits(want, got, label);
-      }
-  G.table.upload(B.block_table);
-}
-
 // plan_splits(split_blocks = L) on the GPU: a row gives the same bits decoded alone, in a batch,
 // and in the batch with another row's length gone bad (which changes the default plan: the
 // bad row has no splits), for both decodes and the narrow and 64-row tiles. The default plan
@@ -1599,7 +1549,7 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
       ScopedEnv env("SNAPMLA_SCORE_STEP", "fast");
       EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), "SNAPMLA_SCORE_STEP");
     }
-    // decode_bf16's own-page PV source, QK order, max hand-off and L2 look-ahead.
+    // decode_bf16's own-page PV source, QK order and max hand-off.
     {
       ScopedEnv env("SNAPMLA_BF16_OWN_PV", "tmem");
       EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), "SNAPMLA_BF16_OWN_PV");
@@ -1612,11 +1562,6 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
       ScopedEnv env("SNAPMLA_BF16_MAX_HANDOFF", "late");
       EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)),
                        "SNAPMLA_BF16_MAX_HANDOFF");
-    }
-    {
-      ScopedEnv env("SNAPMLA_BF16_L2_AHEAD", "yes");
-      EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)),
-                       "SNAPMLA_BF16_L2_AHEAD");
     }
     // decode_bf16's tile for narrow calls, read on every call whatever its rows.
     {

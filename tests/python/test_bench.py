@@ -121,13 +121,13 @@ def test_bf16_variants_are_the_env_variants_when_asked():
 
 def test_bf16_env_variants_time_decode_bf16_alone():
     args = bench.argparse.Namespace(vregs=False, env=["folded:SNAPMLA_SCORE_STEP=folded"], env_bf16=True,
-                                    bf16_env=["bl2:SNAPMLA_BF16_L2_AHEAD=1"])
+                                    bf16_env=["bnarrow:SNAPMLA_BF16_TILE=narrow"])
     assert bench.variants(args) == ["folded"]  # decode_fp8 is not timed under a --bf16-env variant
     assert bench.bf16_env_variants(args) == [("folded", (("SNAPMLA_SCORE_STEP", "folded"),)),
-                                             ("bl2", (("SNAPMLA_BF16_L2_AHEAD", "1"),))]
+                                             ("bnarrow", (("SNAPMLA_BF16_TILE", "narrow"),))]
     args.env_bf16 = False
-    assert bench.bf16_variants(args) == ["bl2"]
-    args.env_bf16, args.bf16_env = True, ["folded:SNAPMLA_BF16_L2_AHEAD=1"]
+    assert bench.bf16_variants(args) == ["bnarrow"]
+    args.env_bf16, args.bf16_env = True, ["folded:SNAPMLA_BF16_TILE=narrow"]
     with __import__("pytest").raises(SystemExit, match="given twice"):
         bench.bf16_variants(args)
 

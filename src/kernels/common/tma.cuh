@@ -30,14 +30,4 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
                : "memory");
 }
 
-// The 2-D box of `tmap` at (x, y) fetched into L2 only.
-__device__ __forceinline__ void prefetch_2d(const void* tmap, int x, int y) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(tmap), "r"(x), "r"(y)
-               : "memory");
-}
-// `bytes` contiguous bytes (a multiple of 16, 16-byte aligned) fetched into L2 only.
-__device__ __forceinline__ void prefetch_bulk(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
-}
-
 }  // namespace snapmla::cuda::tma

@@ -25,9 +25,7 @@
 // to load into while a pair is computed; a group is loaded again as soon as its last reader is
 // done (page A's halves after the first PVs), and the QK takes the rope and its own half first.
 // Page B's cycle (load, QK, softmax, PVs) sets the pace, so consumer 0 issues its next QK only
-// once B is released, leaving the tensor cores to PV(B). (Under kL2Ahead, a lab option, the
-// producer also fetches page j + 2 into L2 once page j's loads are issued: a group that loads only
-// as its stage frees then waits on L2's latency, not HBM's.)
+// once B is released, leaving the tensor cores to PV(B).
 // Design: docs/design.md; measurements: docs/kernels.md.
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -201,12 +199,10 @@ __device__ __forceinline__ void zero_nonfinite_tokens(const Smem& sm, int j, int
 // sequences merged by the kernel's own combine tail (SNAPMLA_COMBINE_FUSED, a lab option). kStore:
 // how a split's fp32 partials are stored (PartialStore, a lab option; params.hpp). kQkOrder: the
 // order of the next pair's QKs (Bf16QkOrder, a lab option; params.hpp). kMaxHandOff: when page A's
-// running max goes to consumer 1 (Bf16MaxHandOff, a lab option; params.hpp). kL2Ahead: the producer
-// fetches page j + 2 into L2 once page j's loads are issued (SNAPMLA_BF16_L2_AHEAD, a lab option;
-// launch.hpp).
+// running max goes to consumer 1 (Bf16MaxHandOff, a lab option; params.hpp).
 template <ScoreStep kStep, OwnPagePv kOwnPv, RoleIndex kRole, bool kTail = false,
           PartialStore kStore = PartialStore::kFragments, Bf16QkOrder kQkOrder = Bf16QkOrder::kOnRelease,
-          Bf16MaxHandOff kMaxHandOff = Bf16MaxHandOff::kWithP, bool kL2Ahead = false>
+          Bf16MaxHandOff kMaxHandOff = Bf16MaxHandOff::kWithP>
 __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     decode_bf16_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_kv,
                        const __grid_constant__ CUtensorMap tm_q) {
@@ -232,14 +228,6 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
         // The Q latent tile first: eight boxes of the [batch * rows, 576] query plane (the rope part
         // goes to the consumers' registers).
         load_q_tile<kLatentDim * 2, 2>(&tm_q, sm.qn, int(int64_t(w.seq) * p.rows + row0), sm.qbar);
-        // kL2Ahead: page j + 2 into L2 once page j's loads are issued (after them, so that at a
-        // split's start its first pages go first). The next pair loads only as this pair's groups
-        // free, right before its QKs need it, so from HBM that latency would stand in the
-        // consumers' chain once per pair.
-        const auto l2_ahead = [&](int j) {
-          if constexpr (kL2Ahead)
-            if (j + 2 < nblk) prefetch_bf16_page(p, &tm_kv, page_of(p, w, w.begin + (j + 2) * kPageSize));
-        };
         for (int a = 0; a < nblk; a += 2) {
           const int b = a + 1;
           const int32_t pa = page_of(p, w, w.begin + a * kPageSize);
@@ -249,12 +237,10 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
           load_group(&tm_kv, sm, a, 1, pa, oka);
           load_group(&tm_kv, sm, a, 2, pa, oka);
           load_group(&tm_kv, sm, a, 0, pa, oka);
-          l2_ahead(a);
           if (b < nblk) {
             load_group(&tm_kv, sm, b, 2, pb, okb);
             load_group(&tm_kv, sm, b, 0, pb, okb);
             load_group(&tm_kv, sm, b, 1, pb, okb);
-            l2_ahead(b);
           }
         }
       }
@@ -542,14 +528,11 @@ struct Bf16LabOptions {
   OwnPagePv own_pv = OwnPagePv::kShared;
   Bf16QkOrder qk_order = Bf16QkOrder::kOnRelease;
   Bf16MaxHandOff max_handoff = Bf16MaxHandOff::kWithP;
-  bool l2_ahead = false;
 };
 
 // The kernel of the call's lab options (Bf16QkOrder::kPageAFirst: with the other options' defaults
 // only; Bf16MaxHandOff::kEarly: with the broadcast role index, either score step, either source of
-// the owner's P and the other options' defaults only; the L2 look-ahead: with the broadcast role
-// index, either score step, either max hand-off and the other options' defaults only; elsewhere the
-// defaults).
+// the owner's P and the other options' defaults only; elsewhere the defaults).
 template <ScoreStep kStep, RoleIndex kRole>
 void launch_bf16(const Bf16LabOptions& lab, const DecodeParams& p, const DecodeOptions& options,
                  const CUtensorMap& tm_kv, const CUtensorMap& tm_q) {
@@ -560,15 +543,6 @@ void launch_bf16(const Bf16LabOptions& lab, const DecodeParams& p, const DecodeO
   constexpr auto kEarly = Bf16MaxHandOff::kEarly;
   const bool others_default = lab.own_pv == kShared && lab.qk_order == kOnRelease;
   if constexpr (kRole == RoleIndex::kUniform) {
-    if (others_default && lab.l2_ahead) {
-      if (lab.max_handoff == kEarly)
-        return launch_decode<Bf16Config, SplitKernels<decode_bf16_kernel<kStep, kShared, kRole, false, kFragments,
-                                                                         kOnRelease, kEarly, true>>>(
-            "decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
-      return launch_decode<Bf16Config, SplitKernels<decode_bf16_kernel<kStep, kShared, kRole, false, kFragments,
-                                                                       kOnRelease, Bf16MaxHandOff::kWithP, true>>>(
-          "decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
-    }
     if (others_default && lab.max_handoff == kEarly)
       return launch_decode<Bf16Config,
                            SplitKernels<decode_bf16_kernel<kStep, kShared, kRole, false, kFragments, kOnRelease, kEarly>>>(
@@ -614,8 +588,7 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
   DecodeParams p = make_params(q.batch, q.seqlen_q, q.num_heads, pages, out, options);
   const ScoreStep step = score_step("decode_bf16");  // the lab options: read (and checked) on every call
   const RoleIndex role = role_index("decode_bf16");
-  const Bf16LabOptions lab{own_page_pv("decode_bf16"), bf16_qk_order("decode_bf16"), bf16_max_handoff("decode_bf16"),
-                           bf16_l2_ahead("decode_bf16")};
+  const Bf16LabOptions lab{own_page_pv("decode_bf16"), bf16_qk_order("decode_bf16"), bf16_max_handoff("decode_bf16")};
   const Bf16Tile tile = bf16_tile("decode_bf16");
   if (q.batch == 0) return;
   p.q_bf16 = reinterpret_cast<const uint16_t*>(q.data);

@@ -150,11 +150,6 @@ inline Bf16MaxHandOff bf16_max_handoff(const char* op) {
                           {Bf16MaxHandOff::kWithP, Bf16MaxHandOff::kEarly});
 }
 
-// SNAPMLA_BF16_L2_AHEAD in the environment (a lab option, read per call): `1` has decode_bf16's
-// 64-row tile fetch page j + 2 into L2 once page j's loads are issued (decode_bf16.cu, kL2Ahead);
-// unset or 0: not. The same bits either way (a prefetch puts nothing in the kernel's view).
-inline bool bf16_l2_ahead(const char* op) { return detail::env_flag(op, "SNAPMLA_BF16_L2_AHEAD"); }
-
 // SNAPMLA_BF16_TILE in the environment (a lab option, read per call): `rows64` (unset) or `narrow`,
 // decode_bf16's Bf16Tile for calls of at most 16 query rows (params.hpp).
 inline Bf16Tile bf16_tile(const char* op) {

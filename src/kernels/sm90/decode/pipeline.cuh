@@ -6,8 +6,6 @@
 
 #include <cuda.h>
 
-#include <type_traits>
-
 #include "kernels/common/mbarrier.cuh"
 #include "kernels/common/tma.cuh"
 #include "kernels/common/wgmma.cuh"
@@ -94,18 +92,6 @@ __device__ __forceinline__ void load_fp8_page(const DecodeParams& p, const CUten
   tma::bulk_load(scales, p.k_scale + int64_t(page) * kPageSize, kScaleBytes, bar);
 }
 
-// The same page fetched into L2 only (a page index out of range: nothing), for a ring too short
-// to hide the HBM latency with its own stages: its load, once a stage frees, then comes from L2.
-__device__ __forceinline__ void prefetch_fp8_page(const DecodeParams& p, const CUtensorMap* tm_latent,
-                                                  const CUtensorMap* tm_rope, int32_t page) {
-  if (!page_ok(p, page)) return;
-  const int y = page * kPageSize;
-#pragma unroll
-  for (int b = 0; b < kLatentDim / kTmaBoxBytes; ++b) tma::prefetch_2d(tm_latent, b * kTmaBoxBytes, y);
-  tma::prefetch_2d(tm_rope, 0, y);
-  tma::prefetch_bulk(p.k_scale + int64_t(page) * kPageSize, kPageSize * 4);
-}
-
 // One page of the BF16 cache into a stage by one thread (decode_bf16's narrow tile): kHeadDim x 2 /
 // 128 = 9 TMA boxes of 64 tokens x 64 dims (128-byte swizzle), box b holding dims 64 b .. 64 b + 63
 // (box 8: the rope) at b x kBf16BoxBytes, all completing on `bar` with their byte count. An
@@ -125,16 +111,6 @@ __device__ __forceinline__ void load_bf16_page(const DecodeParams& p, const CUte
   mbar::arrive_expect_tx(bar, kBf16PageBytes);
 #pragma unroll
   for (int b = 0; b < kBf16Boxes; ++b) tma::load_2d(stage + b * kBf16BoxBytes, tm_kv, b * (kTmaBoxBytes / 2), y, bar);
-}
-
-// The same page fetched into L2 only (a page index out of range: nothing), for a two-stage ring
-// (decode_bf16's narrow tile, and its 64-row tile under SNAPMLA_BF16_L2_AHEAD), as
-// prefetch_fp8_page.
-__device__ __forceinline__ void prefetch_bf16_page(const DecodeParams& p, const CUtensorMap* tm_kv, int32_t page) {
-  if (!page_ok(p, page)) return;
-  const int y = page * kPageSize;
-#pragma unroll
-  for (int b = 0; b < kBf16Boxes; ++b) tma::prefetch_2d(tm_kv, b * (kTmaBoxBytes / 2), y);
 }
 
 // A 64-row tile's Q latent by one thread: kLatentBytes / 128 TMA boxes of 64 rows x 128 bytes with
@@ -214,12 +190,8 @@ struct PageRing {
   // first kStages need no wait), the indices read two pages ahead, so that the first requests
   // wait for one global load, not one each. load(page, stage, full barrier) copies one page (an
   // out-of-range index: nothing, the fault flag set, the phase completed by the arrival alone).
-  // prefetch(page): called with page j + 2's index once page j's load is issued (after it, so
-  // that at a split's start its first pages go first), where the split has one (none by default;
-  // a two-stage ring fetches that page into L2: stream<true>).
-  template <typename LoadPage, typename Prefetch = NoPrefetch>
-  __device__ void stream_pages(const DecodeParams& p, const Work& w, int from, int to, LoadPage&& load,
-                               Prefetch&& prefetch = {}) const {
+  template <typename LoadPage>
+  __device__ void stream_pages(const DecodeParams& p, const Work& w, int from, int to, LoadPage&& load) const {
     if (from >= to) return;
     int32_t page = page_of(p, w, w.begin + from * kPageSize);
     int32_t next = from + 1 < to ? page_of(p, w, w.begin + (from + 1) * kPageSize) : 0;
@@ -228,30 +200,19 @@ struct PageRing {
       acquire(j);
       const int s = j % kStages;
       load(page, s, &full[s]);
-      if constexpr (!std::is_same_v<std::decay_t<Prefetch>, NoPrefetch>) {
-        // Page j + 2 of the split, also where this call stops short of it (a loader that streams
-        // the first pages apart).
-        if (j + 2 < w.pages()) prefetch(j + 2 < to ? after : page_of(p, w, w.begin + (j + 2) * kPageSize));
-      }
       page = next;
       next = after;
     }
   }
 
   // stream_pages of FP8 cache pages (load_fp8_page). Stages: anything with kl(s), kr(s), scale(s)
-  // (the kernels' shared-memory layouts). kL2Ahead: page j + 2 fetched into L2 as page j's load is
-  // issued (prefetch_fp8_page), for a two-stage ring, whose page j + 2 can load only once page j's
-  // stage frees (the three-consumer tile).
-  template <bool kL2Ahead = false, typename Stages>
+  // (the kernels' shared-memory layouts).
+  template <typename Stages>
   __device__ void stream(const DecodeParams& p, const Work& w, const CUtensorMap* tm_latent, const CUtensorMap* tm_rope,
                          Stages& st, int from, int to) const {
-    const auto load = [&](int32_t page, int s, uint64_t* bar) {
+    stream_pages(p, w, from, to, [&](int32_t page, int s, uint64_t* bar) {
       load_fp8_page(p, tm_latent, tm_rope, page, st.kl(s), st.kr(s), st.scale(s), bar, bad);
-    };
-    if constexpr (kL2Ahead)
-      stream_pages(p, w, from, to, load, [&](int32_t page) { prefetch_fp8_page(p, tm_latent, tm_rope, page); });
-    else
-      stream_pages(p, w, from, to, load);
+    });
   }
 };
 
