@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# One short device call for a change of defaults: the whole C++ GPU suite under the new defaults,
+# then `pip install .` and the bench's sweep and grid with the peers and the former defaults as
+# the same-run variant `old` (OLD_FP8 for decode_fp8, OLD_BF16 for decode_bf16, as --env and
+# --bf16-env settings), into OUT_DIR/results (docs/results/h200_sweep.* and h200.* at this commit).
+# Everything comes back as OUT_DIR/defaults_check.tgz plus the results' JSON.
+#   SNAPMLA_COMMIT=... [OLD_FP8=NAME=VALUE,...] [OLD_BF16=...] lab/h200_defaults_check.sh OUT_DIR
+#   (carry .devbin, .whl, .peers; about three minutes)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+dest=${1:-${OUT:-/tmp/h200}}
+mkdir -p "$dest"
+dest=$(cd "$dest" && pwd)
+work=$(mktemp -d /tmp/defaults.XXXX)
+trap 'tar czf "$dest/defaults_check.tgz" -C "$work" . 2>/dev/null; cp "$work"/results/*.json "$dest"/ 2>/dev/null' EXIT
+export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
+repo=$PWD
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+old_fp8=${OLD_FP8:-SNAPMLA_DECODE_PDL=0}
+old_bf16=${OLD_BF16:-SNAPMLA_DECODE_PDL=0,SNAPMLA_BF16_TILE=rows64}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$work/gpu.txt"
+stamp "the C++ GPU suite under the defaults"
+timeout "${SUITE_TIMEOUT:-90}" .devbin/snapmla_gpu_tests > "$work/gpu_suite.log" 2>&1
+echo "exit: $? (124: timed out)"
+grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$work/gpu_suite.log" | tail -6
+stamp "pip install ."
+ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps .whl/*.whl
+python3 -m pip install --no-build-isolation --no-index --no-deps . > "$work/pip_install.log" 2>&1 ||
+  { tail -20 "$work/pip_install.log"; exit 1; }
+cd /tmp  # the installed package
+for what in sweep grid; do
+  stamp "bench $what, the former defaults as the variant old"
+  args=--sweep
+  [ $what = grid ] && args="--cases grid"
+  # shellcheck disable=SC2086
+  timeout "${BENCH_TIMEOUT:-110}" python3 -m snapmla.bench --peers "$repo/.peers" $args --rounds 3 \
+    --env "old:$old_fp8" --bf16-env "old:$old_bf16" --out "$work/results" > "$work/bench_$what.log" 2>&1
+  echo "exit: $?"
+  grep -E "^- " "$work/bench_$what.log" | head -16
+done
+stamp "done"
