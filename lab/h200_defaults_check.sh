@@ -4,6 +4,9 @@
 # the same-run variant `old` (OLD_FP8 for decode_fp8, OLD_BF16 for decode_bf16, as --env and
 # --bf16-env settings), into OUT_DIR/results (docs/results/h200_sweep.* and h200.* at this commit).
 # Everything comes back as OUT_DIR/defaults_check.tgz plus the results' JSON.
+# Its default variant is the former defaults of 9d0156f's change (decode_bf16's narrow tile on calls
+# of at most 16 rows, the programmatic decode launch), which waits for an H200: that commit was
+# reverted in the next one; `git cherry-pick 9d0156f` applies it again for the call.
 #   SNAPMLA_COMMIT=... [OLD_FP8=NAME=VALUE,...] [OLD_BF16=...] lab/h200_defaults_check.sh OUT_DIR
 #   (carry .devbin, .whl, .peers; about three minutes)
 set -uo pipefail
