@@ -6,7 +6,7 @@
 # Everything comes back as OUT_DIR/defaults_check.tgz plus the results' JSON.
 # Its default variant is the former defaults of 9d0156f's change (decode_bf16's narrow tile on calls
 # of at most 16 rows, the programmatic decode launch), which waits for an H200: that commit was
-# reverted in the next one (13e4a4d); `git revert 13e4a4d` applies it again for the call.
+# reverted in 13e4a4d; `git diff 13e4a4d 9d0156f -- src tests | git apply` applies it again.
 #   SNAPMLA_COMMIT=... [OLD_FP8=NAME=VALUE,...] [OLD_BF16=...] lab/h200_defaults_check.sh OUT_DIR
 #   (carry .devbin, .whl, .peers; about three minutes)
 set -uo pipefail
