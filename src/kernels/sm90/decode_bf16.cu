@@ -366,6 +366,22 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
         else if (full) page_scores<false, false, true>(acc, factor, vis, blk, nullptr, q, mx);
         else if (!none) page_scores<true, false, true>(acc, factor, vis, blk, nullptr, q, mx);
       }
+      // The running max after this consumer's page, from the max before it (`prev`): a NaN page max
+      // stays NaN under the base-2 step (the reference's poisoned row; fmaxf would drop it).
+      const auto page_max = [&](float prev, int ri) {
+        return kBase2 && mx[ri] != mx[ri] ? mx[ri] : fmaxf(prev, mx[ri]);
+      };
+      // This consumer's rows of m into its xmax slot, and consumer `owner`'s out of its slot.
+      const auto publish_max = [&](const float (&m)[2]) {
+        if (q == 0) {
+          sm.xmax[c * kRows + r0] = m[0];
+          sm.xmax[c * kRows + r0 + 8] = m[1];
+        }
+      };
+      const auto take_max = [&](int owner, float (&m)[2]) {
+#pragma unroll
+        for (int ri = 0; ri < 2; ++ri) m[ri] = sm.xmax[owner * kRows + r0 + 8 * ri];
+      };
       // P of page j as bf16 into the rope box of its stage (the QK has read it), K-major: row r's
       // tokens 8 n + 2 q, + 1 are one word; zeros without a page. Under kOwnRegs the same words
       // go to pr too. `publish`: m goes to this consumer's xmax slot after them (not where it went
@@ -394,10 +410,7 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
         const bool zeroed = mine && from < to;
         if (zeroed) zero_nonfinite_tokens(sm, j, from, to, t);
         wg::fence_proxy_async();  // P written with st.shared, read by wgmma
-        if (publish && q == 0) {
-          sm.xmax[c * kRows + r0] = m[0];
-          sm.xmax[c * kRows + r0 + 8] = m[1];
-        }
+        if (publish) publish_max(m);
         return zeroed;
       };
       // The page of consumer `owner` (0: A, 1: B): the owner turns it into P at m = max(running
@@ -408,14 +421,13 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
       auto hand_off = [&](int owner, float (&m)[2]) {
         if (c == owner) {
 #pragma unroll
-          for (int ri = 0; ri < 2; ++ri) m[ri] = kBase2 && mx[ri] != mx[ri] ? mx[ri] : fmaxf(st.m[ri], mx[ri]);
+          for (int ri = 0; ri < 2; ++ri) m[ri] = page_max(st.m[ri], ri);
           const bool zeroed = write_p(m, true);
           ptx::named_barrier_arrive(int(Bf16Barrier::kHandOff) + 2 * owner, 256);
           if (!kOwnRegs || zeroed) ptx::named_barrier(int(Bf16Barrier::kOwnerWarps) + 2 * owner, 128);
         } else {
           ptx::named_barrier(int(Bf16Barrier::kHandOff) + 2 * owner, 256);
-#pragma unroll
-          for (int ri = 0; ri < 2; ++ri) m[ri] = sm.xmax[owner * kRows + r0 + 8 * ri];
+          take_max(owner, m);
         }
       };
       if constexpr (kMaxHandOff == Bf16MaxHandOff::kEarly) {
@@ -426,23 +438,17 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
         // would give it after page A (row_alpha keeps the max where m_a is -inf).
         if (c == 0) {
 #pragma unroll
-          for (int ri = 0; ri < 2; ++ri) m_a[ri] = kBase2 && mx[ri] != mx[ri] ? mx[ri] : fmaxf(st.m[ri], mx[ri]);
-          if (q == 0) {
-            sm.xmax[r0] = m_a[0];
-            sm.xmax[r0 + 8] = m_a[1];
-          }
+          for (int ri = 0; ri < 2; ++ri) m_a[ri] = page_max(st.m[ri], ri);
+          publish_max(m_a);
           ptx::named_barrier_arrive(int(Bf16Barrier::kEarlyMax), 256);
           const bool zeroed = write_p(m_a, false);
           ptx::named_barrier_arrive(int(Bf16Barrier::kHandOff), 256);
           if (!kOwnRegs || zeroed) ptx::named_barrier(int(Bf16Barrier::kOwnerWarps), 128);
         } else {
           ptx::named_barrier(int(Bf16Barrier::kEarlyMax), 256);
+          take_max(0, m_a);
 #pragma unroll
-          for (int ri = 0; ri < 2; ++ri) {
-            m_a[ri] = sm.xmax[r0 + 8 * ri];
-            const float m_after_a = m_a[ri] == -INFINITY ? st.m[ri] : m_a[ri];
-            m_b[ri] = kBase2 && mx[ri] != mx[ri] ? mx[ri] : fmaxf(m_after_a, mx[ri]);
-          }
+          for (int ri = 0; ri < 2; ++ri) m_b[ri] = page_max(m_a[ri] == -INFINITY ? st.m[ri] : m_a[ri], ri);
           const bool zeroed = write_p(m_b, true);
           ptx::named_barrier(int(Bf16Barrier::kHandOff), 256);  // page A's P is written
           ptx::named_barrier_arrive(int(Bf16Barrier::kHandOff) + 2, 256);
@@ -462,8 +468,7 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
       if constexpr (kMaxHandOff == Bf16MaxHandOff::kEarly) {
         if (c == 0) {
           ptx::named_barrier(int(Bf16Barrier::kHandOff) + 2, 256);
-#pragma unroll
-          for (int ri = 0; ri < 2; ++ri) m_b[ri] = sm.xmax[kRows + r0 + 8 * ri];
+          take_max(1, m_b);
         }
       } else {
         hand_off(1, m_b);

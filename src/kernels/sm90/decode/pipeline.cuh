@@ -136,11 +136,6 @@ __device__ __forceinline__ bool split_has_bad_page(const DecodeParams& p, const 
   return __any_sync(0xffffffffu, bad);
 }
 
-// stream_pages' default: no prefetch.
-struct NoPrefetch {
-  __device__ void operator()(int32_t) const {}
-};
-
 // The decode_fp8 kernels' and decode_bf16's narrow tile's ring: mbarriers of kStages page stages
 // filled by TMA, plus one for the Q tile, and the split's fault flag (an out-of-range page index
 // met by the loader).
