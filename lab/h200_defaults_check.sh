@@ -7,10 +7,14 @@
 # Its default variant is the former defaults of 9d0156f's change (decode_bf16's narrow tile on calls
 # of at most 16 rows, the programmatic decode launch), which waits for an H200: that commit was
 # reverted in 13e4a4d; `git diff 13e4a4d 9d0156f -- src tests | git apply` applies it again.
-#   SNAPMLA_COMMIT=... [OLD_FP8=NAME=VALUE,...] [OLD_BF16=...] lab/h200_defaults_check.sh OUT_DIR
-#   (carry .devbin, .whl, .peers; about three minutes)
+# LAB_FP8 / LAB_BF16 (space-separated LABEL:NAME=VALUE,... settings) add lab options to the same run
+# as further variants, once their bits tests (SNAPMLA_TEST_UNTIMED=1, LAB_TESTS) have passed; by
+# default the base-2 score step on both kernels (`fold`) and decode_bf16's own-page PV from
+# registers (`ownpv`). LAB_FP8= LAB_BF16= leaves them out.
+#   SNAPMLA_COMMIT=... [OLD_FP8=NAME=VALUE,...] [OLD_BF16=...] [LAB_FP8=...] [LAB_BF16=...]
+#   lab/h200_defaults_check.sh OUT_DIR   (carry .devbin, .whl, .peers; about four minutes)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 dest=${1:-${OUT:-/tmp/h200}}
 mkdir -p "$dest"
 dest=$(cd "$dest" && pwd)
@@ -22,23 +26,42 @@ t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 old_fp8=${OLD_FP8:-SNAPMLA_DECODE_PDL=0}
 old_bf16=${OLD_BF16:-SNAPMLA_DECODE_PDL=0,SNAPMLA_BF16_TILE=rows64}
+lab_fp8=${LAB_FP8-fold:SNAPMLA_SCORE_STEP=folded}
+lab_bf16=${LAB_BF16-fold:SNAPMLA_SCORE_STEP=folded ownpv:SNAPMLA_BF16_OWN_PV=registers}
+lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuDecode.UniformRole*:GpuDecode.Bf16*}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$work/gpu.txt"
 stamp "the C++ GPU suite under the defaults"
 timeout "${SUITE_TIMEOUT:-90}" .devbin/snapmla_gpu_tests > "$work/gpu_suite.log" 2>&1
 echo "exit: $? (124: timed out)"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$work/gpu_suite.log" | tail -6
+variants=(--env "old:$old_fp8" --bf16-env "old:$old_bf16")
+if [ -n "$lab_fp8$lab_bf16" ]; then
+  stamp "the lab options' bits tests (SNAPMLA_TEST_UNTIMED=1: $lab_tests)"
+  SNAPMLA_TEST_UNTIMED=1 timeout "${LAB_TIMEOUT:-120}" .devbin/snapmla_gpu_tests --gtest_filter="$lab_tests" \
+    > "$work/lab_tests.log" 2>&1
+  rc=$?
+  echo "exit: $rc (124: timed out)"
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$work/lab_tests.log" | tail -6
+  if [ $rc -eq 0 ]; then
+    for v in $lab_fp8; do variants+=(--env "$v"); done
+    for v in $lab_bf16; do variants+=(--bf16-env "$v"); done
+  else
+    echo "the lab options are left out of the bench"
+  fi
+fi
+echo "bench variants: ${variants[*]}"
 stamp "pip install ."
 ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps .whl/*.whl
 python3 -m pip install --no-build-isolation --no-index --no-deps . > "$work/pip_install.log" 2>&1 ||
   { tail -20 "$work/pip_install.log"; exit 1; }
-cd /tmp  # the installed package
+cd /tmp || exit 1  # the installed package
 for what in sweep grid; do
-  stamp "bench $what, the former defaults as the variant old"
+  stamp "bench $what, the former defaults as the variant old, and the lab options"
   args=--sweep
   [ $what = grid ] && args="--cases grid"
   # shellcheck disable=SC2086
   timeout "${BENCH_TIMEOUT:-110}" python3 -m snapmla.bench --peers "$repo/.peers" $args --rounds 3 \
-    --env "old:$old_fp8" --bf16-env "old:$old_bf16" --out "$work/results" > "$work/bench_$what.log" 2>&1
+    "${variants[@]}" --out "$work/results" > "$work/bench_$what.log" 2>&1
   echo "exit: $?"
   grep -E "^- " "$work/bench_$what.log" | head -16
 done
