@@ -22,7 +22,8 @@ Also reported per case: the SM clock NVML reports around the timed rounds (the c
 set; the SMs' own can be lower), decode_fp8's cycles per 64-row tile and 64-token page (time x
 clock x SMs / tile-pages: the per-page period, launch and tail included), and the floor: the
 larger of the cache's bytes over the copy bandwidth and the FP8 + BF16 tensor work over the GEMM
-rates (`--bw`, `--fp8-tflops`, `--bf16-tflops`, measured on the GPU once).
+rates (`--bw`, `--fp8-tflops`, `--bf16-tflops`, measured on the GPU once). The bandwidth follows
+the GPU the bench runs on where it was measured (`COPY_TB_S`); elsewhere give `--bw`.
 """
 
 from __future__ import annotations
@@ -98,6 +99,22 @@ def load_peers(folder: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+# Device-to-device copy bandwidth, bytes read and written per second (TB/s), measured with a
+# PyTorch copy on each GPU the bench has run on, by the name CUDA gives it: the floor's memory
+# term. The tensor rates are the same chip's on both (an H100 PCIe, a GH200: not measured).
+COPY_TB_S = {"NVIDIA H200": 4.3, "NVIDIA H100 80GB HBM3": 3.0}
+
+
+def copy_bandwidth(gpu_name, given=None):
+    """The floor's bandwidth in TB/s and where it comes from: `given` (--bw), else the measured one
+    of the GPU named, else the H200's with a note that it is not this GPU's."""
+    if given is not None:
+        return given, "--bw"
+    if gpu_name in COPY_TB_S:
+        return COPY_TB_S[gpu_name], f"measured on the {gpu_name}"
+    return COPY_TB_S["NVIDIA H200"], f"the H200's: not measured on the {gpu_name} (give --bw)"
 
 
 def floor_us(b, h, s_q, lens_sum, args):
@@ -530,7 +547,8 @@ def main(argv=None):
     ap.add_argument("--calls", type=int, default=10, help="decode calls per CUDA graph (default 10)")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds per case (default 5)")
     ap.add_argument("--out", metavar="DIR", help="write h200.json and h200.md (h200_sweep.*) there")
-    ap.add_argument("--bw", type=float, default=4.3, help="copy bandwidth for the floor, TB/s (4.3)")
+    ap.add_argument("--bw", type=float, default=None,
+                    help="copy bandwidth for the floor, TB/s (default: the GPU's measured one, COPY_TB_S)")
     ap.add_argument("--fp8-tflops", type=float, default=1240.0, help="FP8 GEMM rate for the floor (1240)")
     ap.add_argument("--bf16-tflops", type=float, default=685.0, help="BF16 GEMM rate for the floor (685)")
     args = ap.parse_args(argv)
@@ -550,11 +568,13 @@ def main(argv=None):
     if peers is None:
         print("no --peers given: timing decode_fp8 and decode_bf16 only", flush=True)
     props = torch.cuda.get_device_properties(0)
+    args.bw, bw_source = copy_bandwidth(props.name, args.bw)
+    print(f"floor: {args.bw} TB/s ({bw_source})", flush=True)
     nvml = Nvml(torch.cuda.current_device())
     meta = {"gpu": props.name, "sms": props.multi_processor_count,
             "date": datetime.date.today().isoformat(), "commit": commit_of_tree(),
             "calls": args.calls, "rounds": args.rounds, "peers": peers is not None,
-            "floor": {"bw_tb_s": args.bw, "fp8_tflops": args.fp8_tflops, "bf16_tflops": args.bf16_tflops}}
+            "floor": {"bw_tb_s": args.bw, "bw_source": bw_source, "fp8_tflops": args.fp8_tflops, "bf16_tflops": args.bf16_tflops}}
     rows = []
     name = "h200_sweep" if args.sweep else "h200"
     for case in cases:

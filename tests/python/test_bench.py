@@ -1,6 +1,8 @@
 """The kernel bench's host-side pieces that run without a GPU (the timing itself needs one)."""
 import os
 
+import pytest
+
 from snapmla import bench
 
 
@@ -169,3 +171,18 @@ def test_write_json_writes_the_metadata_and_rows_a_cut_run_leaves(tmp_path):
     rows.append({"b": 2, "fp8_us": 3.0})
     bench.write_json(str(tmp_path / "out"), "h200.partial.json", meta, rows)
     assert len(json.loads((tmp_path / "out" / "h200.partial.json").read_text())["results"]) == 2
+
+
+def test_floor_bandwidth_follows_the_gpu_unless_given():
+    assert bench.copy_bandwidth("NVIDIA H200") == (4.3, "measured on the NVIDIA H200")
+    assert bench.copy_bandwidth("NVIDIA H100 80GB HBM3") == (3.0, "measured on the NVIDIA H100 80GB HBM3")
+    assert bench.copy_bandwidth("NVIDIA H100 80GB HBM3", 2.5) == (2.5, "--bw")
+    for other in ("NVIDIA GH200 480GB", "NVIDIA H100 PCIe"):  # not measured: the H200's, and a note
+        bw, source = bench.copy_bandwidth(other)
+        assert bw == 4.3 and "give --bw" in source
+    # The memory-bound floor scales with the bandwidth: h = 16, 32K x 16 sequences.
+    args = type("Args", (), {"fp8_tflops": 1240.0, "bf16_tflops": 685.0})()
+    args.bw = 4.3
+    fast = bench.floor_us(16, 16, 1, 16 * 32768, args)
+    args.bw = 3.0
+    assert bench.floor_us(16, 16, 1, 16 * 32768, args) == pytest.approx(fast * 4.3 / 3.0)
