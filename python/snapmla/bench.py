@@ -386,11 +386,22 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
     return row
 
 
+def floor_note(floor):
+    """The floor's rates as the results page states them."""
+    if not floor:
+        return "not recorded"
+    note = f"{floor['bw_tb_s']} TB/s"
+    if floor.get("bw_source"):
+        note += f" ({floor['bw_source']})"
+    return note + f", {floor['fp8_tflops']} FP8 and {floor['bf16_tflops']} BF16 TFLOP/s"
+
+
 def markdown(meta, rows, peers):
     lines = [f"# decode, same run: {meta['gpu']}, {meta['date']}, commit {meta['commit']}", ""]
     lines.append(f"CUDA graphs of {meta['calls']} calls, {meta['rounds']} interleaved rounds, medians "
                  "(us per call); random data (randn / 10), pages permuted. SM MHz: NVML's set clock "
-                 "over the rounds; cycles: decode_fp8's per 64-row tile and 64-token page.")
+                 "over the rounds; cycles: decode_fp8's per 64-row tile and 64-token page. Floor: "
+                 + floor_note(meta.get("floor", {})) + ".")
     lines.append("")
     if peers:
         lines.append("| b | h | s_q | s_k | decode_fp8 | decode_bf16 | FlashMLA BF16 | FlashMLA FP8 (vLLM) "

@@ -186,3 +186,13 @@ def test_floor_bandwidth_follows_the_gpu_unless_given():
     fast = bench.floor_us(16, 16, 1, 16 * 32768, args)
     args.bw = 3.0
     assert bench.floor_us(16, 16, 1, 16 * 32768, args) == pytest.approx(fast * 4.3 / 3.0)
+
+
+def test_results_page_states_the_floor_rates():
+    floor = {"bw_tb_s": 3.0, "bw_source": "measured on the NVIDIA H100 80GB HBM3", "fp8_tflops": 1240.0,
+             "bf16_tflops": 685.0}
+    meta = {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-12-05", "commit": "abc1234", "calls": 10, "rounds": 3,
+            "floor": floor}
+    page = bench.markdown(meta, [], False)
+    assert "Floor: 3.0 TB/s (measured on the NVIDIA H100 80GB HBM3), 1240.0 FP8 and 685.0 BF16 TFLOP/s." in page
+    assert "Floor: not recorded." in bench.markdown({**meta, "floor": {}}, [], False)
