@@ -9,8 +9,9 @@
 # reverted in 13e4a4d; `git diff 13e4a4d 9d0156f -- src tests | git apply` applies it again.
 # LAB_FP8 / LAB_BF16 (space-separated LABEL:NAME=VALUE,... settings) add lab options to the same run
 # as further variants, once their bits tests (SNAPMLA_TEST_UNTIMED=1, LAB_TESTS) have passed; by
-# default the base-2 score step on both kernels (`fold`) and decode_bf16's own-page PV from
-# registers (`ownpv`). LAB_FP8= LAB_BF16= leaves them out.
+# default the narrow tiles' Q tile before their first pages on both kernels (`nq`). (The base-2
+# score step and decode_bf16's own-page PV from registers, the defaults at 0a178d4, were level on
+# an H100 there.) LAB_FP8= LAB_BF16= leaves them out.
 #   SNAPMLA_COMMIT=... [OLD_FP8=NAME=VALUE,...] [OLD_BF16=...] [LAB_FP8=...] [LAB_BF16=...]
 #   lab/h200_defaults_check.sh OUT_DIR   (carry .devbin, .whl, .peers; about four minutes)
 set -uo pipefail
@@ -26,9 +27,9 @@ t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 old_fp8=${OLD_FP8:-SNAPMLA_DECODE_PDL=0}
 old_bf16=${OLD_BF16:-SNAPMLA_DECODE_PDL=0,SNAPMLA_BF16_TILE=rows64}
-lab_fp8=${LAB_FP8-fold:SNAPMLA_SCORE_STEP=folded}
-lab_bf16=${LAB_BF16-fold:SNAPMLA_SCORE_STEP=folded ownpv:SNAPMLA_BF16_OWN_PV=registers}
-lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuDecode.UniformRole*:GpuDecode.Bf16*}
+lab_fp8=${LAB_FP8-nq:SNAPMLA_NARROW_Q=first}
+lab_bf16=${LAB_BF16-nq:SNAPMLA_NARROW_Q=first}
+lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuDecode.UniformRole*:GpuDecode.Bf16*:GpuDecode.NarrowQ*}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$work/gpu.txt"
 stamp "the C++ GPU suite under the defaults"
 timeout "${SUITE_TIMEOUT:-90}" .devbin/snapmla_gpu_tests > "$work/gpu_suite.log" 2>&1

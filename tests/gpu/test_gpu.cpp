@@ -1140,6 +1140,31 @@ TEST(GpuDecode, Bf16QkOrderGivesTheSameBits) {
   });
 }
 
+// The narrow tiles' Q tile loaded before their split's first pages (SNAPMLA_NARROW_Q=first, a lab
+// option not yet run on the H200, hence under test_untimed()): only the order of the producer's
+// loads moves, so both decodes keep the default's bits (decode_bf16 on its narrow tile), on
+// for_each_bits_case's cases: h = 16 and h = 3 x s_q = 4 run the narrow tiles, with multi-split
+// CTAs (Q loaded again for each split), 0- and 1-token sequences and non-finite rows; the 64-row
+// cases check that nothing else reads the option.
+TEST(GpuDecode, NarrowQFirstGivesTheSameBits) {
+  REQUIRE_GPU();
+  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  ScopedEnv bf16_tile("SNAPMLA_BF16_TILE", "narrow");
+  for_each_bits_case(rng, [](GpuBatch& G, const DecodeOptions& options) {
+    for (const bool fp8 : {true, false}) {
+      auto decode = [&](const char* order) {
+        ScopedEnv env("SNAPMLA_NARROW_Q", order);
+        return G.decode(fp8, options);
+      };
+      const auto after_pages = decode("after_pages");
+      expect_same_bits(after_pages, decode("first"),
+                       std::string(fp8 ? "decode_fp8" : "decode_bf16") + " SNAPMLA_NARROW_Q=first");
+    }
+  });
+}
+
 // decode_bf16 with page A's running max handed over before its P (SNAPMLA_BF16_MAX_HANDOFF=early, a
 // lab option not yet run on the H200, hence under test_untimed()): the same maxima, exponentials
 // and products, only consumer 1's softmax moves, so out and lse keep the default's bits, with each
@@ -1536,10 +1561,10 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
                      "SNAPMLA_FP8_TRIO_ORDER");
   }
   {
-    // The combine's lab options, the partials' store and the decode's programmatic launch,
-    // checked where they are read, before anything is launched.
+    // The combine's lab options, the partials' store, the decode's programmatic launch and the
+    // narrow tiles' Q order, checked where they are read, before anything is launched.
     for (const char* name : {"SNAPMLA_COMBINE_PDL", "SNAPMLA_COMBINE_WAVE", "SNAPMLA_COMBINE_TASKS", "SNAPMLA_COMBINE_FUSED",
-                             "SNAPMLA_PARTIALS", "SNAPMLA_DECODE_PDL"}) {
+                             "SNAPMLA_PARTIALS", "SNAPMLA_DECODE_PDL", "SNAPMLA_NARROW_Q"}) {
       ScopedEnv env(name, "yes");
       EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), name);
       EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), name);

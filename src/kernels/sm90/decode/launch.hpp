@@ -196,6 +196,15 @@ inline PartialStore partial_store(const char* op) {
 // either way.
 inline bool decode_pdl(const char* op) { return detail::env_flag(op, "SNAPMLA_DECODE_PDL"); }
 
+// SNAPMLA_NARROW_Q in the environment (a lab option, read per call like the others): `after_pages`
+// (unset) has the narrow tiles' producers request their split's first pages, then load the Q tile;
+// `first` loads Q first (DecodeParams::q_before_pages). The profiling build's stamps at b = 4-16,
+// h = 16 put Q's landing 3.7-6.6 us after its issue, behind every CTA's first pages, and the first
+// score after it. The same bits either way.
+inline bool narrow_q_first(const char* op) {
+  return detail::env_enum(op, "SNAPMLA_NARROW_Q", {"after_pages", "first"}, {false, true});
+}
+
 // Whether a SplitKernels slot holds a kernel (not nullptr).
 template <auto Kernel>
 inline constexpr bool kInstantiated = !std::is_same_v<decltype(Kernel), std::nullptr_t>;
@@ -291,6 +300,7 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
   const CombineTasks tasks = combine_tasks(op);
   const PartialStore store = partial_store(op);
   const bool programmatic = decode_pdl(op);
+  const bool q_first = narrow_q_first(op);
   // (A failed SM-count query gives 0: the combine kernel then.)
   const bool fused =
       combine_fused(op) && Kernels::kHasTail && options.plan && int64_t(grid.x) <= current_sm_count();
@@ -299,6 +309,7 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
   // (Not where the combine tail asks for a cooperative launch: if that is refused, the kernel
   // without the tail goes out the ordinary way, its params saying so.)
   kp.wait_previous_grid = programmatic && !fused;
+  kp.q_before_pages = q_first;
   if (fused) {
     kp.combine_counters = combine_counters_of(p, options);
     check(cudaMemsetAsync(kp.combine_counters, 0, combine_counter_count(p, options) * sizeof(int), stream),

@@ -127,6 +127,10 @@ struct DecodeParams {
   // writes (the query, the cache, the plan) are visible, so each waits for them before its first
   // read (grid_start).
   bool wait_previous_grid = false;
+  // The narrow tiles' producer loads the Q tile before requesting its split's first pages
+  // (SNAPMLA_NARROW_Q=first, a lab option, launch.hpp); false: the first pages, then Q. Where every
+  // CTA starts at once, the Q loads otherwise queue behind all the CTAs' first pages.
+  bool q_before_pages = false;
   // Outputs.
   uint16_t* out = nullptr;  // bf16 [batch, s_q, h, 512] = [batch, rows, 512]
   float* lse = nullptr;     // [batch, h, s_q]
