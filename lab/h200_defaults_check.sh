@@ -4,9 +4,10 @@
 # the same-run variant `old` (OLD_FP8 for decode_fp8, OLD_BF16 for decode_bf16, as --env and
 # --bf16-env settings), into OUT_DIR/results (docs/results/h200_sweep.* and h200.* at this commit).
 # Everything comes back as OUT_DIR/defaults_check.tgz plus the results' JSON.
-# Its default variant is the former defaults of 9d0156f's change (decode_bf16's narrow tile on calls
-# of at most 16 rows, the programmatic decode launch), which waits for an H200: that commit was
-# reverted in 13e4a4d; `git diff 13e4a4d 9d0156f -- src tests | git apply` applies it again.
+# Its default variant `old` is the former defaults of the change made in 83ec01f (decode_bf16's
+# narrow tile on calls of at most 16 rows, the programmatic decode launch), which waits for an H200:
+# it was reverted in 724cc49, and `git revert --no-edit 724cc49` makes it again (checked to merge
+# cleanly at b06378a).
 # LAB_FP8 / LAB_BF16 (space-separated LABEL:NAME=VALUE,... settings) add lab options to the same run
 # as further variants, once their bits tests (SNAPMLA_TEST_UNTIMED=1, LAB_TESTS) have passed; by
 # default the narrow tiles' Q tile before their first pages on both kernels (`nq`). (The base-2
