@@ -7,10 +7,11 @@
 # splits on all 132 CTAs, 1 the planner's four-page splits on 64) prints the report of the 4th
 # call; then Nsight Compute's full set with source-level samples on one launch of the product
 # CLI at b = 1, h = 128, 8K (lab/h200_round.sh ncu). The profiling package stays installed: a
-# later call that needs the product package reinstalls it.
+# later call that needs the product package reinstalls it. The narrow tile's cases (NARROW_CASES) run
+# once more under SNAPMLA_NARROW_Q=first.
 #   lab/h200_profile_small.sh [OUT_DIR]   (carry .devbin, .whl, .peers; about two minutes)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 dest=${1:-${OUT:-/tmp/h200}}
 mkdir -p "$dest"
 dest=$(cd "$dest" && pwd)
@@ -23,7 +24,7 @@ ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps 
 python3 -m pip install -v --no-build-isolation --no-index --no-deps -C cmake.define.SNAPMLA_PROFILE_STAMPS=ON . \
   > "$dest/pip_install_profile.log" 2>&1 || { tail -30 "$dest/pip_install_profile.log"; exit 1; }
 grep -m1 "profiling build" "$dest/pip_install_profile.log" || echo "the build log does not name the profiling build"
-cd /tmp  # the installed package
+cd /tmp || exit 1  # the installed package
 stamp "stamps per case"
 cases="1,128,1,8192 2,128,1,8192 4,128,1,8192 8,128,1,8192 1,64,1,8192 4,64,1,8192 128,128,1,8192"
 cases="$cases 4,16,1,8192 16,16,1,8192 16,16,1,32768"
@@ -33,7 +34,14 @@ for c in ${CASES:-$cases}; do
       --case "$c" --calls 5 --rows-scale "$k" 2>&1 | grep -v -i warn
   done
 done | tee "$dest/stamps_small.log"
-cd "$repo"
+# The narrow tiles' cases again with their Q tile loaded before the first pages (SNAPMLA_NARROW_Q=first,
+# a lab option): whether Q then lands before the pages' burst and the first score moves up.
+stamp "stamps, narrow tile, SNAPMLA_NARROW_Q=first"
+for c in ${NARROW_CASES:-4,16,1,8192 16,16,1,8192 16,16,1,32768}; do
+  SNAPMLA_NARROW_Q=first SNAPMLA_PROFILE_CALL=4 timeout 60 python3 "$repo/lab/launch_profile.py" --peers "$repo/.peers" \
+    --case "$c" --calls 5 --rows-scale 1 2>&1 | grep -v -i warn
+done | tee "$dest/stamps_small_narrow_q_first.log"
+cd "$repo" || exit 1
 stamp "ncu, b = 1, h = 128, 8K"
 OUT="$dest" NCU_CASE=1,128,1,8192 timeout 120 lab/h200_round.sh ncu "${SNAPMLA_COMMIT:-unknown}" 2>&1 | tail -4
 stamp "done"
