@@ -53,9 +53,7 @@ if [ -n "$lab_fp8$lab_bf16" ]; then
 fi
 echo "bench variants: ${variants[*]}"
 stamp "pip install ."
-ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps .whl/*.whl
-python3 -m pip install --no-build-isolation --no-index --no-deps . > "$work/pip_install.log" 2>&1 ||
-  { tail -20 "$work/pip_install.log"; exit 1; }
+lab/h200_pip_install.sh "$work" || exit 1
 cd /tmp || exit 1  # the installed package
 for what in sweep grid; do
   stamp "bench $what, the former defaults as the variant old, and the lab options"

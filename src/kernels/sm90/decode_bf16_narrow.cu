@@ -173,10 +173,9 @@ __global__ void __launch_bounds__(Bf16NarrowConfig::kThreads, 1)
       if (item > range.first) split_boundary<Bf16NarrowConfig::kThreads>(init_barriers);
       const Work w = work_of(p, item);
       const int nblk = w.pages();
-      // The first pages are requested before anything else, then the whole warpgroup loads the Q
-      // tile: both stand between the split's start and its first QK. Under p.q_before_pages (a lab
-      // option) Q comes first and then every page.
-      const int first = p.q_before_pages ? 0 : min(kStages, nblk);
+      // The first pages (Ring::pages_before_q), then the Q tile by the whole warpgroup, then the
+      // rest: all of them stand between the split's start and its first QK.
+      const int first = Ring::pages_before_q(p, nblk);
       if (t == 0) sm.ring.stream_pages(p, w, 0, first, load);
       load_q_latent<kQRowBytes, kN>(sm.q, reinterpret_cast<const uint8_t*>(p.q_bf16), kQRowBytes, p, w, 0, t, 128);
       mbar::arrive_on_cp_async(sm.ring.qbar);

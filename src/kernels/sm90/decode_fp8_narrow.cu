@@ -188,10 +188,9 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
       if (item > range.first) split_boundary<NarrowConfig::kThreads>(init_barriers);
       const Work w = work_of(p, item);
       const int nblk = w.pages();
-      // The first pages are requested before anything else, then the whole warpgroup loads the Q
-      // tiles: both stand between the CTA's start and its first QK. Under p.q_before_pages (a lab
-      // option) Q comes first and then every page.
-      const int first = p.q_before_pages ? 0 : min(kStages, nblk);
+      // The first pages (Ring::pages_before_q), then the Q tiles by the whole warpgroup, then the
+      // rest: all of them stand between the CTA's start and its first QK.
+      const int first = Ring::pages_before_q(p, nblk);
       if (t == 0 && item == range.first) {
         SNAPMLA_MARK(kWorkKnown);
         SNAPMLA_NOTE_WORK(range.last - range.first, nblk);

@@ -171,6 +171,13 @@ struct PageRing {
   }
   // Consumers: wait until page j is in its stage.
   __device__ void wait(int j) const { mbar::wait(&full[j % kStages], (j / kStages) & 1); }
+  // The pages a loader that loads its Q tile by cp.async (the narrow tiles) requests before it: the
+  // first kStages by default, so that their latency and Q's overlap; none under
+  // DecodeParams::q_before_pages (SNAPMLA_NARROW_Q=first, a lab option): with every CTA starting at
+  // once, Q would otherwise land behind all the CTAs' first pages.
+  __device__ static int pages_before_q(const DecodeParams& p, int nblk) {
+    return p.q_before_pages ? 0 : min(kStages, nblk);
+  }
   // Consumers of a Q tile loaded by load_q_latent (cp.async and st.shared: the generic proxy):
   // wait for it, then order those writes, now seen by this thread, before its wgmmas, which read
   // the tile through the async proxy. (A Q tile that came by TMA needs only the wait.)
