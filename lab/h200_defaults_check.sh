@@ -7,7 +7,7 @@
 # Its default variant `old` is the former defaults of the change made in 83ec01f (decode_bf16's
 # narrow tile on calls of at most 16 rows, the programmatic decode launch), which waits for an H200:
 # it was reverted in 724cc49, and `git revert --no-edit 724cc49` makes it again (checked to merge
-# cleanly at b06378a).
+# cleanly at 54a8bc5).
 # LAB_FP8 / LAB_BF16 (space-separated LABEL:NAME=VALUE,... settings) add lab options to the same run
 # as further variants, once their bits tests (SNAPMLA_TEST_UNTIMED=1, LAB_TESTS) have passed; by
 # default the narrow tiles' Q tile before their first pages on both kernels (`nq`). (The base-2
