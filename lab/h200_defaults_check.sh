@@ -9,12 +9,14 @@
 # it was reverted in 724cc49, and `git revert --no-edit 724cc49` makes it again (checked to merge
 # cleanly at 54a8bc5).
 # LAB_FP8 / LAB_BF16 (space-separated LABEL:NAME=VALUE,... settings) add lab options to the same run
-# as further variants, once their bits tests (SNAPMLA_TEST_UNTIMED=1, LAB_TESTS) have passed; by
-# default the narrow tiles' Q tile before their first pages on both kernels (`nq`). (The base-2
+# as further variants, once their bits tests (SNAPMLA_TEST_UNTIMED=1, LAB_TESTS) have passed: a
+# failed test whose name holds a variant's LAB_OWN_TESTS word (LABEL=WORD ...) leaves that variant
+# out, any other failure (or a time-out) all of them. By default the narrow tiles' Q tile before
+# their first pages (`nq`) and the bf16 split partials (`b16p`), on both kernels. (The base-2
 # score step and decode_bf16's own-page PV from registers, the defaults at 0a178d4, were level on
 # an H100 there.) LAB_FP8= LAB_BF16= leaves them out.
 #   SNAPMLA_COMMIT=... [OLD_FP8=NAME=VALUE,...] [OLD_BF16=...] [LAB_FP8=...] [LAB_BF16=...]
-#   lab/h200_defaults_check.sh OUT_DIR   (carry .devbin, .whl, .peers; about four minutes)
+#   lab/h200_defaults_check.sh OUT_DIR   (carry .devbin, .whl, .peers; about five minutes)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 dest=${1:-${OUT:-/tmp/h200}}
@@ -28,9 +30,10 @@ t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 old_fp8=${OLD_FP8:-SNAPMLA_DECODE_PDL=0}
 old_bf16=${OLD_BF16:-SNAPMLA_DECODE_PDL=0,SNAPMLA_BF16_TILE=rows64}
-lab_fp8=${LAB_FP8-nq:SNAPMLA_NARROW_Q=first}
-lab_bf16=${LAB_BF16-nq:SNAPMLA_NARROW_Q=first}
+lab_fp8=${LAB_FP8-nq:SNAPMLA_NARROW_Q=first b16p:SNAPMLA_PARTIALS=bf16}
+lab_bf16=${LAB_BF16-nq:SNAPMLA_NARROW_Q=first b16p:SNAPMLA_PARTIALS=bf16}
 lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuDecode.UniformRole*:GpuDecode.Bf16*:GpuDecode.NarrowQ*}
+lab_own_tests=${LAB_OWN_TESTS:-nq=NarrowQ b16p=Bf16Partials}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$work/gpu.txt"
 stamp "the C++ GPU suite under the defaults"
 timeout "${SUITE_TIMEOUT:-90}" .devbin/snapmla_gpu_tests > "$work/gpu_suite.log" 2>&1
@@ -39,17 +42,23 @@ grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$work/gpu_suite.log" | tail -6
 variants=(--env "old:$old_fp8" --bf16-env "old:$old_bf16")
 if [ -n "$lab_fp8$lab_bf16" ]; then
   stamp "the lab options' bits tests (SNAPMLA_TEST_UNTIMED=1: $lab_tests)"
-  SNAPMLA_TEST_UNTIMED=1 timeout "${LAB_TIMEOUT:-120}" .devbin/snapmla_gpu_tests --gtest_filter="$lab_tests" \
+  SNAPMLA_TEST_UNTIMED=1 timeout "${LAB_TIMEOUT:-180}" .devbin/snapmla_gpu_tests --gtest_filter="$lab_tests" \
     > "$work/lab_tests.log" 2>&1
   rc=$?
   echo "exit: $rc (124: timed out)"
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$work/lab_tests.log" | tail -6
-  if [ $rc -eq 0 ]; then
-    for v in $lab_fp8; do variants+=(--env "$v"); done
-    for v in $lab_bf16; do variants+=(--bf16-env "$v"); done
-  else
-    echo "the lab options are left out of the bench"
-  fi
+  # The failed tests, and the variants they leave out (own_word LABEL: its word, or nothing).
+  failed=$(grep -E "^\[  FAILED  \] [A-Za-z]" "$work/lab_tests.log" | awk '{print $4}' | sort -u)
+  own_word() { for pair in $lab_own_tests; do [ "${pair%%=*}" = "$1" ] && echo "${pair#*=}"; done; }
+  others=$failed
+  for pair in $lab_own_tests; do others=$(echo "$others" | grep -v -- "${pair#*=}"); done
+  keep() {  # LABEL:SETTINGS
+    local word
+    word=$(own_word "${1%%:*}")
+    [ $rc -ne 124 ] && [ -z "$others" ] && { [ -z "$word" ] || ! echo "$failed" | grep -q -- "$word"; }
+  }
+  for v in $lab_fp8; do if keep "$v"; then variants+=(--env "$v"); else echo "left out: $v (decode_fp8)"; fi; done
+  for v in $lab_bf16; do if keep "$v"; then variants+=(--bf16-env "$v"); else echo "left out: $v (decode_bf16)"; fi; done
 fi
 echo "bench variants: ${variants[*]}"
 stamp "pip install ."
@@ -60,7 +69,7 @@ for what in sweep grid; do
   args=--sweep
   [ $what = grid ] && args="--cases grid"
   # shellcheck disable=SC2086
-  timeout "${BENCH_TIMEOUT:-110}" python3 -m snapmla.bench --peers "$repo/.peers" $args --rounds 3 \
+  timeout "${BENCH_TIMEOUT:-150}" python3 -m snapmla.bench --peers "$repo/.peers" $args --rounds 3 \
     "${variants[@]}" --out "$work/results" > "$work/bench_$what.log" 2>&1
   echo "exit: $?"
   grep -E "^- " "$work/bench_$what.log" | head -16

@@ -413,6 +413,61 @@ TEST(SplitKv, SplitPlusCombineEqualsUnsplitWithinFloatRounding) {
   EXPECT_LT(test::rel_l2(split16.out, w16), 2e-3);  // bf16(P) depends on the running max: 2^-8
 }
 
+// SNAPMLA_PARTIALS=bf16 (a lab option): a split sequence's partial rows are rounded to bf16 before
+// the combine, as the kernels then store them. A sequence with one split, and every lse, keep the
+// fp32 partials' bits; a split sequence's rows move, by at most the rounding of its partials:
+// 2^-8 (bf16's unit roundoff) of sum_k w_k |v_k| <= max_k |v_k|, and a partial row is a weighted
+// mean of the sequence's V rows under P' (whose e4m3 rounding leaves its weights' sum within
+// 2^-3 of 1), so max_k |v_k| <= 1.125 max |V|; plus fp32 rounding of the merge (2^-20 of that).
+// A value the option does not know is an error naming it.
+TEST(SplitKv, Bf16PartialsMoveSplitRowsByTheirRoundingOnly) {
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  Batch B = make_batch(rng, {2000, 0, 64, 1, 777, 130}, 2, 16);
+  OwnedPlan P(B.pages(), 24);
+  ScopedEnv store("SNAPMLA_PARTIALS", "");
+  const int rows = B.s_q * B.h;
+  for (const bool fp8 : {true, false}) {
+    SCOPED_TRACE(fp8 ? "decode_fp8" : "decode_bf16");
+    auto decode = [&] {
+      return fp8 ? ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B, &P.plan))
+                 : ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), options(B, &P.plan));
+    };
+    const auto fp32 = decode();
+    store.set("staged");  // an fp32 form: the same numbers
+    EXPECT_EQ(decode().out, fp32.out);
+    store.set("bf16");
+    const auto b16 = decode();
+    store.set("");
+    EXPECT_EQ(b16.lse, fp32.lse);
+    size_t moved = 0;
+    for (int b = 0; b < B.batch; ++b) {
+      const size_t at = size_t(b) * rows * kLatentDim, end = at + size_t(rows) * kLatentDim;
+      if (P.offsets[b + 1] - P.offsets[b] <= 1) {
+        for (size_t i = at; i < end; ++i) ASSERT_EQ(b16.out[i], fp32.out[i]) << "sequence " << b << " (one split)";
+        continue;
+      }
+      double v_max = 0;  // max |V| over the sequence's tokens, as the tensor cores see V
+      for (int t = 0; t < B.seqlens[b]; ++t) {
+        const int64_t slot = B.slot(b, t);
+        for (int d = 0; d < kLatentDim; ++d)
+          v_max = std::max(v_max, fp8 ? std::fabs(double(to_float(B.latent[slot * kLatentDim + d])) * B.scale[slot])
+                                      : std::fabs(double(to_float(B.bf16_data[slot * kHeadDim + d]))));
+      }
+      const double bound = 1.125 * v_max * (std::ldexp(1.0, -8) + std::ldexp(1.0, -20));
+      for (size_t i = at; i < end; ++i) {
+        ASSERT_LE(std::fabs(double(b16.out[i]) - double(fp32.out[i])), bound) << "sequence " << b << " element " << i;
+        moved += b16.out[i] != fp32.out[i];
+      }
+    }
+    EXPECT_GT(moved, size_t(0)) << "the rounding reaches the split sequences' rows";
+  }
+  for (const char* bad : {"half", "fp16"}) {
+    store.set(bad);
+    EXPECT_ARG_ERROR(ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), options(B, &P.plan)), "SNAPMLA_PARTIALS");
+  }
+}
+
 // split_blocks: each sequence cut at multiples of L blocks whatever else is in the batch, so a
 // row decoded alone and in a batch gives the same bits; the default plan does not promise that
 // (checked too, so that the comparison can tell the two apart).

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <limits>
 #include <vector>
 
@@ -431,6 +432,10 @@ int env_choice(const char* op, const char* name, std::initializer_list<const cha
 }
 
 bool env_flag(const char* op, const char* name) { return env_choice(op, name, {"0", "1"}) == 1; }
+
+bool bf16_partials(const char* op) {
+  return env_choice(op, "SNAPMLA_PARTIALS", kPartialsSettings, std::size(kPartialsSettings)) == 2;
+}
 
 PlanLabOptions plan_lab_options(const char* op) {
   PlanLabOptions lab;

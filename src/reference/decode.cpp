@@ -39,12 +39,14 @@ bool sequence_ok(const PageTable& pages, int b, int64_t num_pages) {
 }
 
 // Shared driver: keys of each sequence are gathered once (decoded to float), then its query
-// rows are attended per split in groups of kRowsPerTask rows, and the splits are combined.
+// rows are attended per split in groups of kRowsPerTask rows, and the splits are combined: their
+// partial rows as they are, or rounded to bf16 first (bf16_partials: SNAPMLA_PARTIALS=bf16, as
+// the kernels then store them).
 template <typename GatherKeys>
 DecodeResultF32 run_decode(DecodeShape shape, const std::vector<float>& q_values,
                            const std::vector<float>& q_factor, const PageTable& pages,
                            int64_t num_pages, const DecodeOptions& options, detail::PvMode mode,
-                           GatherKeys&& gather_keys) {
+                           bool bf16_partials, GatherKeys&& gather_keys) {
   const auto [batch, s_q, h] = shape;
   const int rows = s_q * h;
   DecodeResultF32 res;
@@ -96,6 +98,8 @@ DecodeResultF32 run_decode(DecodeShape shape, const std::vector<float>& q_values
                           part_lse.data() + size_t(k) * rows + r0);
     });
 
+    if (bf16_partials && n_splits > 1)
+      for (float& x : part_out) x = to_float(to_bf16(x));
     std::vector<float> row_out(size_t(n_splits) * kLatentDim), row_lse(n_splits);
     for (int i = 0; i < s_q; ++i)
       for (int hh = 0; hh < h; ++hh) {
@@ -219,7 +223,7 @@ DecodeResultF32 fp8_f32(const QuantizedQuery& q, const PagedFp8Cache& cache, con
   const detail::PvMode mode =
       detail::fp8_pv_mode(detail::resolved_p_scale("decode_fp8", options, q.seqlen_q * q.num_heads));
   DecodeResultF32 r = run_decode({q.batch, q.seqlen_q, q.num_heads}, qv, qf, pages, cache.num_pages, options,
-                    mode, [&](int b, int len, float* kv, float* scale) {
+                    mode, detail::bf16_partials("decode_fp8"), [&](int b, int len, float* kv, float* scale) {
                       const int32_t* table = pages.block_table + int64_t(b) * pages.max_pages;
                       for (int t = 0; t < len; ++t) {
                         const int64_t slot = int64_t(table[t / kPageSize]) * kPageSize + t % kPageSize;
@@ -241,7 +245,8 @@ DecodeResultF32 bf16_f32(const QueryBf16& q, const PagedBf16Cache& cache, const 
   std::vector<float> qv(rows * kHeadDim), qf(rows, options.softmax_scale);
   for (int64_t i = 0; i < rows * kHeadDim; ++i) qv[i] = to_float(q.data[i]);
   DecodeResultF32 r = run_decode({q.batch, q.seqlen_q, q.num_heads}, qv, qf, pages, cache.num_pages, options,
-                    detail::PvMode::kBf16, [&](int b, int len, float* kv, float* scale) {
+                    detail::PvMode::kBf16, detail::bf16_partials("decode_bf16"),
+                    [&](int b, int len, float* kv, float* scale) {
                       const int32_t* table = pages.block_table + int64_t(b) * pages.max_pages;
                       for (int t = 0; t < len; ++t) {
                         const int64_t slot = int64_t(table[t / kPageSize]) * kPageSize + t % kPageSize;

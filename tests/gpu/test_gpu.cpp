@@ -1013,6 +1013,145 @@ TEST(GpuDecode, StagedPartialsGiveTheSameBits) {
   });
 }
 
+// The bf16 partials (SNAPMLA_PARTIALS=bf16, a lab option not yet run on the H200, hence under
+// test_untimed()) are the fp32 partials rounded to bf16, and the combine merges them as they are:
+// - every split row of a split sequence in the workspace is the RNE rounding of the fp32 run's
+//   row there, bit for bit (NaN where that is NaN), and the partial lse are bytewise the fp32
+//   run's (the workspace is poisoned before each call, so a row stored elsewhere or not at all
+//   shows);
+// - a sequence with one split, and the lse of every row, have the fp32 run's bits;
+// - a split sequence's rows are the host's merge of those bf16 partials (ref::combine_row), up to
+//   the two merges' summation order: each sums n weighted terms in fp32 (the GPU in groups of 8,
+//   its weights from expf), so they differ by at most (2 n + 8) 2^-24 sum_k w_k |v_k| before
+//   the output's rounding, which adds at most one bf16 ulp of the larger (2^-7 of it).
+// On every tile that stores bf16 partials: decode_fp8's narrow, transposing and V^T-register
+// tiles, decode_bf16's narrow and 64-row tiles; and the tiles that keep fp32 (the three-consumer
+// tile, the carried P' scales' kernel) give the fp32 run's bits.
+TEST(GpuDecode, Bf16PartialsAreTheRoundedFp32Partials) {
+  REQUIRE_GPU();
+  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  const std::vector<int32_t> many = random_lengths(rng, 100, 5000);
+  const std::vector<SplitCase> cases = {{{8192}, 1, 128, false},
+                                        {{8192}, 1, 16, false},
+                                        {{3000, 9000, 1, 0, 64, 700}, 1, 20, true},
+                                        {{5000, 77, 4097, 1}, 2, 64, false},
+                                        {{2000, 3000, 4000}, 4, 3, false},
+                                        {many, 1, 128, true},
+                                        {many, 1, 8, false}};
+  struct Kernel {
+    bool fp8;
+    Fp8Tile tile;
+    Fp8PScale p_scale;
+    const char* bf16_tile;  // SNAPMLA_BF16_TILE
+    bool stores_bf16;
+    const char* label;
+  };
+  const std::vector<Kernel> kernels = {
+      {true, Fp8Tile::kAuto, Fp8PScale::kAuto, "", true, "decode_fp8 (its tile of the call)"},
+      {true, Fp8Tile::kRows64, Fp8PScale::kAuto, "", true, "decode_fp8 transposing tile"},
+      {true, Fp8Tile::kRows64VRegs, Fp8PScale::kAuto, "", true, "decode_fp8 V^T-register tile"},
+      {true, Fp8Tile::kRows64Trio, Fp8PScale::kAuto, "", false, "decode_fp8 three-consumer tile (fp32 kept)"},
+      {true, Fp8Tile::kRows64, Fp8PScale::kCarried, "", false, "decode_fp8 carried P' scales (fp32 kept)"},
+      {false, Fp8Tile::kAuto, Fp8PScale::kAuto, "narrow", true, "decode_bf16 narrow tile where it holds the rows"},
+      {false, Fp8Tile::kAuto, Fp8PScale::kAuto, "rows64", true, "decode_bf16 64-row tile"}};
+  for_each_split_case(rng, cases, [&](const Batch& B, GpuBatch& G, GpuPlan& plan) {
+    const int rows = B.s_q * B.h;
+    const auto offsets = plan.offsets.download();
+    const size_t row_count = size_t(plan.plan.capacity) * rows;  // partial rows in the workspace
+    const size_t partial_bytes = row_count * (kLatentDim + 1) * sizeof(float);
+    for (const Kernel& k : kernels) {
+      SCOPED_TRACE(k.label);
+      DecodeOptions options = plan.options(B.softmax_scale);
+      options.fp8_tile = k.tile;
+      options.p_scale = k.p_scale;
+      auto run = [&](const char* store) {
+        ScopedEnv env_store("SNAPMLA_PARTIALS", store), env_tile("SNAPMLA_BF16_TILE", k.bf16_tile);
+        plan.workspace.poison();
+        const auto result = G.decode(k.fp8, options);
+        auto ws = plan.workspace.download();
+        ws.resize(partial_bytes);  // the partials and their lse
+        return std::make_pair(result, ws);
+      };
+      const auto fp32 = run("fragments");
+      const auto b16 = run("bf16");
+      if (!k.stores_bf16) {
+        ASSERT_EQ(std::memcmp(fp32.second.data(), b16.second.data(), partial_bytes), 0) << "the fp32 partials";
+        expect_same_bits(fp32.first, b16.first, k.label);
+        continue;
+      }
+      const uint8_t* lse_at = fp32.second.data() + row_count * kLatentDim * sizeof(float);
+      EXPECT_EQ(std::memcmp(lse_at, b16.second.data() + (lse_at - fp32.second.data()), row_count * sizeof(float)), 0)
+          << "the partial lse";
+      EXPECT_EQ(std::memcmp(fp32.first.second.data(), b16.first.second.data(), fp32.first.second.size() * 4), 0)
+          << "the lse";
+      auto f32_at = [&](size_t i) {
+        float v;
+        std::memcpy(&v, fp32.second.data() + i * sizeof(float), sizeof(v));
+        return v;
+      };
+      auto b16_at = [&](size_t i) {
+        uint16_t v;
+        std::memcpy(&v, b16.second.data() + i * sizeof(uint16_t), sizeof(v));
+        return bf16{v};
+      };
+      int split_sequences = 0;
+      size_t finite_parts = 0, parts = 0, finite_out = 0, outs = 0;
+      std::vector<float> part(size_t(kLatentDim) * 4096), part_lse(4096), merged(kLatentDim);
+      for (int b = 0; b < B.batch; ++b) {
+        const int lo = offsets[b], hi = offsets[b + 1], n = hi - lo;
+        const size_t out0 = size_t(b) * rows * kLatentDim;
+        if (n <= 1) {
+          for (size_t i = out0; i < out0 + size_t(rows) * kLatentDim; ++i)
+            ASSERT_EQ(b16.first.first[i].bits, fp32.first.first[i].bits) << "sequence " << b << " (one split) out " << i;
+          continue;
+        }
+        ++split_sequences;
+        ASSERT_LE(n, 4096);
+        for (int r = 0; r < rows; ++r) {
+          for (int j = 0; j < n; ++j) {
+            const size_t row = (size_t(lo + j) * rows + r) * kLatentDim;
+            for (int d = 0; d < kLatentDim; ++d) {
+              const float want = f32_at(row + d);
+              const bf16 got = b16_at(row + d);
+              if (std::isnan(want)) ASSERT_TRUE(std::isnan(to_float(got))) << "split " << lo + j << " row " << r;
+              else ASSERT_EQ(got.bits, to_bf16(want).bits) << "split " << lo + j << " row " << r << " dim " << d;
+              part[size_t(j) * kLatentDim + d] = to_float(got);
+              finite_parts += std::isfinite(want);
+            }
+            std::memcpy(&part_lse[j], lse_at + (size_t(lo + j) * rows + r) * sizeof(float), sizeof(float));
+            parts += kLatentDim;
+          }
+          float lse = 0.f;
+          ref::combine_row(n, part.data(), part_lse.data(), merged.data(), &lse);
+          const double total = std::isnan(lse) || lse == -INFINITY ? 0.0 : double(lse);
+          for (int d = 0; d < kLatentDim; ++d) {
+            const float got = to_float(b16.first.first[out0 + size_t(r) * kLatentDim + d]);
+            ++outs;
+            if (std::isnan(merged[d])) {
+              ASSERT_TRUE(std::isnan(got)) << "sequence " << b << " row " << r << " dim " << d;
+              continue;
+            }
+            double weighted = 0;  // sum_k w_k |v_k|
+            for (int j = 0; j < n; ++j)
+              weighted += std::exp(double(part_lse[j]) - total) * std::fabs(double(part[size_t(j) * kLatentDim + d]));
+            const double sums = (2.0 * n + 8.0) * std::ldexp(1.0, -24) * weighted;
+            const double bound = sums + std::ldexp(std::fabs(double(merged[d])) + sums, -7);
+            ASSERT_LE(std::fabs(double(got) - double(merged[d])), bound)
+                << "sequence " << b << " row " << r << " dim " << d << ": " << n << " splits";
+            finite_out += std::isfinite(got);
+          }
+        }
+      }
+      EXPECT_GT(split_sequences, 0) << "the plan splits some sequence, so partials are stored";
+      // (Most rows are finite, so the comparisons can tell: a row the bf16 run did not store is NaN.)
+      EXPECT_GT(finite_parts, parts / 2) << "finite partials";
+      EXPECT_GT(finite_out, outs / 2) << "finite merged rows";
+    }
+  });
+}
+
 // The fused combine on split ranges not made by plan_splits: with worker 0's range emptied, no CTA
 // computes sequence 0's first split, so its counter never completes. The call still ends (the
 // tail's wait gives up after a second and closes the counter), sequence 0's rows are NaN, and the

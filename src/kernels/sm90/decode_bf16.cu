@@ -197,7 +197,7 @@ __device__ __forceinline__ void zero_nonfinite_tokens(const Smem& sm, int j, int
 // where the owner's PV of its own page reads P (OwnPagePv, a lab option; params.hpp). kRole:
 // where the consumers' indices come from (RoleIndex, a lab option; params.hpp). kTail: the split
 // sequences merged by the kernel's own combine tail (SNAPMLA_COMBINE_FUSED, a lab option). kStore:
-// how a split's fp32 partials are stored (PartialStore, a lab option; params.hpp). kQkOrder: the
+// how a split's partials are stored (PartialStore, a lab option; params.hpp). kQkOrder: the
 // order of the next pair's QKs (Bf16QkOrder, a lab option; params.hpp). kMaxHandOff: when page A's
 // running max goes to consumer 1 (Bf16MaxHandOff, a lab option; params.hpp).
 template <ScoreStep kStep, OwnPagePv kOwnPv, RoleIndex kRole, bool kTail = false,
@@ -515,7 +515,7 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     }
     // Past add_other_sums' barrier no wgmma is in flight: each warp stages its 8 KB of output in
     // the Q tile (its 16.5 KB of fp32 partials, where staged, from the Q tile on into the stages).
-    if (w.single)
+    if (w.single || kStore == PartialStore::kBf16Rows)
       write_rows_staged(p, w, st, o, sm.qn + (4 * c + warp) * 8192, row0 + 16 * warp, 256 * c, lane, c == 0, fault);
     else if (kStore == PartialStore::kStaged)
       write_partials_staged(p, w, st, o, reinterpret_cast<float*>(sm.qn + (4 * c + warp) * kPartialStageBytes),
@@ -572,8 +572,9 @@ void launch_bf16(const Bf16LabOptions& lab, const DecodeParams& p, const DecodeO
     launch_decode<Bf16ConfigOf<kShared>,
                   SplitKernels<decode_bf16_kernel<kStep, kShared, kRole>, decode_bf16_kernel<kStep, kShared, kRole, true>,
                                decode_bf16_kernel<kStep, kShared, kRole, false, kStaged>,
-                               decode_bf16_kernel<kStep, kShared, kRole, true, kStaged>>>("decode_bf16", kSmemBytes, p,
-                                                                                           options, tm_kv, tm_q);
+                               decode_bf16_kernel<kStep, kShared, kRole, true, kStaged>,
+                               decode_bf16_kernel<kStep, kShared, kRole, false, PartialStore::kBf16Rows>>>(
+        "decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);
   else
     launch_decode<Bf16ConfigOf<kShared>, SplitKernels<decode_bf16_kernel<kStep, kShared, kRole>>>(
         "decode_bf16", kSmemBytes, p, options, tm_kv, tm_q);

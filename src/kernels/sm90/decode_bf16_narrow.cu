@@ -301,12 +301,12 @@ __global__ void __launch_bounds__(Bf16NarrowConfig::kThreads, 1)
         if (col >= p.rows) continue;
         const bool zero = l[i] == 0.f && !fault;  // a row that saw no token: 0
         const int64_t row = int64_t(col) * kLatentDim + 16 * warp + g + 8 * (e / 2);
-        uint16_t* out = p.out + int64_t(w.seq) * p.rows * kLatentDim + row;
+        uint16_t* out = bf16_rows_of(p, w) + row;  // (when as_bf16_rows)
         float* part = p.partial_out + int64_t(w.split) * p.rows * kLatentDim + row;
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
           const float v = zero ? 0.f : o[mt][n][e] * scale[i];
-          if (w.single) out[64 * mt] = float_to_bf16_bits(v);
+          if (as_bf16_rows(p, w)) out[64 * mt] = float_to_bf16_bits(v);
           else part[64 * mt] = v;
         }
       }
@@ -316,8 +316,9 @@ __global__ void __launch_bounds__(Bf16NarrowConfig::kThreads, 1)
 }  // namespace
 
 void launch_decode_bf16_narrow(const DecodeParams& p, const CUtensorMap& tm_kv, const DecodeOptions& options) {
-  launch_decode<Bf16NarrowConfig, SplitKernels<decode_bf16_narrow_kernel>>("decode_bf16", kSmemBytes, p, options,
-                                                                            tm_kv);
+  // (The kernel stores bf16 partials where DecodeParams::partial_bf16 says so: its own Bf16Rows.)
+  launch_decode<Bf16NarrowConfig, SplitKernels<decode_bf16_narrow_kernel, nullptr, nullptr, nullptr,
+                                               decode_bf16_narrow_kernel>>("decode_bf16", kSmemBytes, p, options, tm_kv);
 }
 
 }  // namespace snapmla::cuda

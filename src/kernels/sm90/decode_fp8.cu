@@ -324,7 +324,7 @@ __device__ __forceinline__ void carried_iteration(float (&o)[32][4], float (&acc
 // kStep: the per-page rule's score step on fully visible pages (ScoreStep, a lab option); kRole:
 // where the consumers' indices come from (RoleIndex, a lab option); kTail: the split sequences
 // merged by the kernel's own combine tail (SNAPMLA_COMBINE_FUSED, a lab option); kStore: how a
-// split's fp32 partials are stored (PartialStore, a lab option).
+// split's partials are stored (PartialStore, a lab option).
 template <bool kCarried, ScoreStep kStep, RoleIndex kRole, bool kTail = false,
           PartialStore kStore = PartialStore::kFragments>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
@@ -432,7 +432,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // Past add_other_sums' barrier no wgmma is in flight and every page was consumed: each warp
     // stages its 8 KB of bf16 in the page stages (its 16.5 KB of fp32 partials, where staged, from
     // the Q tile on).
-    if (w.single)
+    if (w.single || kStore == PartialStore::kBf16Rows)
       write_rows_staged(p, w, st, o, sm.stage + (4 * c + warp) * 8192, row0 + 16 * warp, Cfg::kOutHalf * c,
                         lane, c == 0, fault);
     else if (kStore == PartialStore::kStaged)
@@ -647,7 +647,8 @@ template <bool kTail, PartialStore kStore>
 constexpr auto kDefaultFp8Kernel = decode_fp8_kernel<false, ScoreStep::kReference, RoleIndex::kUniform, kTail, kStore>;
 using DefaultFp8Kernels =
     SplitKernels<kDefaultFp8Kernel<false, PartialStore::kFragments>, kDefaultFp8Kernel<true, PartialStore::kFragments>,
-                 kDefaultFp8Kernel<false, PartialStore::kStaged>, kDefaultFp8Kernel<true, PartialStore::kStaged>>;
+                 kDefaultFp8Kernel<false, PartialStore::kStaged>, kDefaultFp8Kernel<true, PartialStore::kStaged>,
+                 kDefaultFp8Kernel<false, PartialStore::kBf16Rows>>;
 
 // The transposing tile's kernel of the call's lab options.
 template <RoleIndex kRole>
@@ -700,8 +701,9 @@ void decode_fp8(const QuantizedQuery& q, const PagedFp8Cache& cache, const PageT
       return;
     }
     // The role index stays per thread here: the broadcast one leaves ptxas 4 bytes of spills.
-    launch_decode<Fp8VRegsConfig, SplitKernels<decode_fp8_vregs_kernel>>("decode_fp8", int(sizeof(Fp8VRegsSmem)), p,
-                                                                         options, tm_latent, tm_rope, tm_q, tm_q_rope);
+    // (Its own kernel stores bf16 partials where DecodeParams::partial_bf16 says so.)
+    launch_decode<Fp8VRegsConfig, SplitKernels<decode_fp8_vregs_kernel, nullptr, nullptr, nullptr, decode_fp8_vregs_kernel>>(
+        "decode_fp8", int(sizeof(Fp8VRegsSmem)), p, options, tm_latent, tm_rope, tm_q, tm_q_rope);
   } else {
     profile::before_launch();  // profiling builds only: the stamps' table and report
     if (role == RoleIndex::kUniform)

@@ -411,7 +411,7 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
         const int i = 2 * n + e, col = narrow_col(i, q);
         if (col >= p.rows) continue;
         const int64_t row = int64_t(col) * kLatentDim + d0;
-        uint16_t* out = p.out + int64_t(w.seq) * p.rows * kLatentDim + row;
+        uint16_t* out = bf16_rows_of(p, w) + row;  // (when as_bf16_rows)
         float* part = p.partial_out + int64_t(w.split) * p.rows * kLatentDim + row;
 #pragma unroll
         for (int mt = 0; mt < kMTiles; ++mt) {
@@ -420,7 +420,7 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
           // 0 * NaN cannot happen here: a fault sets the scale itself to NaN.
           const float v0 = (o[mt][n][e] * w0[i] + x1 * w1[i]) * scale[i];
           const float v1 = (o[mt][n][e + 2] * w0[i] + y1 * w1[i]) * scale[i];
-          if (w.single)
+          if (as_bf16_rows(p, w))
             *reinterpret_cast<uint32_t*>(out + 64 * mt) = bf16x2_bits(v0, v1);
           else
             *reinterpret_cast<float2*>(part + 64 * mt) = make_float2(v0, v1);
@@ -441,10 +441,12 @@ void launch_decode_fp8_narrow(RoleIndex role, const DecodeParams& p, const CUten
   profile::before_launch();  // profiling builds only: the stamps' table and report
   if (role == RoleIndex::kUniform)  // the default: with its combine-tail twin
     launch_decode<NarrowConfig, SplitKernels<decode_fp8_narrow_kernel<RoleIndex::kUniform>,
-                                             decode_fp8_narrow_kernel<RoleIndex::kUniform, true>>>(
+                                             decode_fp8_narrow_kernel<RoleIndex::kUniform, true>, nullptr, nullptr,
+                                             decode_fp8_narrow_kernel<RoleIndex::kUniform>>>(
         "decode_fp8", kSmemBytes, p, options, tm_latent, tm_rope);
-  else
-    launch_decode<NarrowConfig, SplitKernels<decode_fp8_narrow_kernel<RoleIndex::kThread>>>(
+  else  // (Each kernel stores bf16 partials where DecodeParams::partial_bf16 says so.)
+    launch_decode<NarrowConfig, SplitKernels<decode_fp8_narrow_kernel<RoleIndex::kThread>, nullptr, nullptr, nullptr,
+                                             decode_fp8_narrow_kernel<RoleIndex::kThread>>>(
         "decode_fp8", kSmemBytes, p, options, tm_latent, tm_rope);
   profile::after_launch("decode_fp8 (narrow tile)");
 }

@@ -1,5 +1,5 @@
-// combine: merge the fp32 partial results of split sequences (docs/reference.md, "Splits and
-// combine"). Two task shapes, the same bits (each element takes the same additions in the same
+// combine: merge the partial results of split sequences (docs/reference.md, "Splits and
+// combine"), fp32 or, under SNAPMLA_PARTIALS=bf16, bf16 rows (CombineParams::partial_bf16). Two task shapes, the same bits (each element takes the same additions in the same
 // order): the splits are summed in groups of kGroup, each group's partial rows loaded at once and
 // summed in split order, and the groups' sums are added in group order.
 // - Quarter tasks (combine_quarter_kernel): a task is one query row and quarter of the 512 dims (a
@@ -34,8 +34,10 @@ constexpr int kWarpsPerBlock = 8;
 constexpr int kBlocksPerSm = 4;  // 8-warp blocks resident per SM (at most 64 registers a thread)
 constexpr int kMaxWarpsPerTask = kWarpsPerBlock;
 
-// One group's weighted sum, splits g0 .. min(g0 + kGroup, hi) - 1 in order (zero past hi).
-__device__ __forceinline__ float4 group_sum(const float* lse_of, const float* src, int rows, int64_t split_stride,
+// One group's weighted sum, splits g0 .. min(g0 + kGroup, hi) - 1 in order (zero past hi); T: the
+// partials' type (load_partial4).
+template <typename T>
+__device__ __forceinline__ float4 group_sum(const float* lse_of, const T* src, int rows, int64_t split_stride,
                                             int g0, int hi, float total) {
   float w[kGroup];
   float4 v[kGroup];
@@ -43,7 +45,7 @@ __device__ __forceinline__ float4 group_sum(const float* lse_of, const float* sr
   for (int u = 0; u < kGroup; ++u) {
     const int k = g0 + u;
     w[u] = k < hi ? expf(lse_of[int64_t(k) * rows] - total) : 0.f;
-    v[u] = k < hi ? *reinterpret_cast<const float4*>(src + k * split_stride) : make_float4(0.f, 0.f, 0.f, 0.f);
+    v[u] = k < hi ? load_partial4<false>(src + k * split_stride) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
@@ -65,7 +67,8 @@ __device__ __forceinline__ int warps_per_task(int splits, int tasks, int blocks)
 }
 
 // Row tasks: block (b, y) merges rows y * 8 + w, + gridDim.y * 8, ... of sequence b, warp w a
-// row (combine_row, combine_rows.cuh).
+// row (combine_row, combine_rows.cuh). T: the partials' type (float, or uint16_t for bf16).
+template <typename T>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_row_kernel(CombineParams p) {
   // A decode launched as this grid's programmatic dependent (the next step's, SNAPMLA_DECODE_PDL)
   // may start once every block is running; it waits for this grid's writes itself.
@@ -76,7 +79,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_row
   if (hi - lo <= 1) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int r = blockIdx.y * kWarpsPerBlock + warp; r < p.rows; r += gridDim.y * kWarpsPerBlock)
-    combine_row<false>(p, b, r, lo, hi, lane);
+    combine_row<false, T>(p, b, r, lo, hi, lane);
 }
 
 // Quarter tasks: block (b, y) merges sequence b's tasks y * T + t, + gridDim.y * T, ... (T = 8 / W
@@ -86,7 +89,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_row
 // blocks (combine below; a wave that assumed 8 resident blocks where registers allow 5 ran two
 // waves at b = 8, h = 128, 8K: +3.4 us on a 47 us decode): a block of a sequence with one split
 // exits at once, but the GPU still launches it, and one block per 8 tasks (b = 128, h = 128: 8192
-// blocks where no sequence is split) cost ~4 us per call.
+// blocks where no sequence is split) cost ~4 us per call. T: as combine_row_kernel's.
+template <typename T>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_quarter_kernel(CombineParams p) {
   // A decode launched as this grid's programmatic dependent (the next step's, SNAPMLA_DECODE_PDL)
   // may start once every block is running; it waits for this grid's writes itself.
@@ -108,7 +112,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_qua
     const float total = active ? combined_lse(lse_of, p.rows, lo, hi, lane) : NAN;
     const bool sums = active && total > -INFINITY;  // false for NaN too
     const int d0 = quarter * (kLatentDim / kQuarters) + 4 * lane;
-    const float* src = p.partial_out + int64_t(r) * kLatentDim + d0;  // split k's at k * rows * 512
+    const T* src = partials_of<T>(p) + int64_t(r) * kLatentDim + d0;  // split k's at k * rows * 512
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int g0 = lo; g0 < hi; g0 += W * kGroup) {  // a round: W groups, one per part
       const int mine = g0 + part * kGroup;
@@ -164,8 +168,15 @@ void combine(const CombineParams& p, cudaStream_t stream, bool programmatic, Com
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = programmatic ? 1 : 0;
-  if (rows) check(cudaLaunchKernelEx(&config, combine_row_kernel, p), "combine_row_kernel");
-  else check(cudaLaunchKernelEx(&config, combine_quarter_kernel, p), "combine_quarter_kernel");
+  const bool bf16 = p.partial_bf16 != nullptr;
+  if (rows)
+    check(bf16 ? cudaLaunchKernelEx(&config, combine_row_kernel<uint16_t>, p)
+               : cudaLaunchKernelEx(&config, combine_row_kernel<float>, p),
+          "combine_row_kernel");
+  else
+    check(bf16 ? cudaLaunchKernelEx(&config, combine_quarter_kernel<uint16_t>, p)
+               : cudaLaunchKernelEx(&config, combine_quarter_kernel<float>, p),
+          "combine_quarter_kernel");
 }
 
 }  // namespace snapmla::cuda

@@ -11,6 +11,8 @@ struct CombineParams {
   const int32_t* split_offsets;  // [batch + 1]
   const float* partial_out;      // [capacity, rows, 512]
   const float* partial_lse;      // [capacity, rows]
+  // Non-null: the partials are bf16 rows here instead ([capacity, rows, 512]; SNAPMLA_PARTIALS=bf16).
+  const uint16_t* partial_bf16;
   uint16_t* out;                 // bf16 [batch, s_q, h, 512]
   float* lse;                    // [batch, h, s_q]
   int batch, rows, seqlen_q, num_heads;

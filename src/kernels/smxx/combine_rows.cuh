@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/numeric.cuh"
 #include "kernels/common/ptx.cuh"
@@ -23,6 +24,27 @@ template <bool kFromL2, typename T>
 __device__ __forceinline__ T load_partial(const T* p) {
   if constexpr (kFromL2) return __ldcg(p);
   else return *p;
+}
+
+// Four consecutive dims of a partial row as floats: fp32 partials (T = float), or bf16 partials
+// (T = uint16_t: SNAPMLA_PARTIALS=bf16, one 8-byte load; a bf16 value widens to fp32 exactly).
+template <bool kFromL2, typename T>
+__device__ __forceinline__ float4 load_partial4(const T* p) {
+  if constexpr (std::is_same_v<T, float>) {
+    return load_partial<kFromL2>(reinterpret_cast<const float4*>(p));
+  } else {
+    static_assert(std::is_same_v<T, uint16_t>, "partials are fp32 or bf16");
+    const uint2 v = load_partial<kFromL2>(reinterpret_cast<const uint2*>(p));
+    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xFFFF0000u), __uint_as_float(v.y << 16),
+                       __uint_as_float(v.y & 0xFFFF0000u));
+  }
+}
+
+// The combine's partial rows of type T (load_partial4): fp32 in partial_out, bf16 in partial_bf16.
+template <typename T>
+__device__ __forceinline__ const T* partials_of(const CombineParams& p) {
+  if constexpr (std::is_same_v<T, float>) return p.partial_out;
+  else return p.partial_bf16;
 }
 
 // s += w v per component: both task shapes weigh a partial row with it, so their bits agree.
@@ -76,9 +98,10 @@ __device__ __forceinline__ void store_row_quarter(const CombineParams& p, int b,
 
 // One group's weighted sums of a row's four quarters: splits g0 .. min(g0 + kGroup, hi) - 1 in
 // split order (an empty split, weight 0, adds nothing). lse_of: the row's split lse (split k's at
-// k * rows); src: the row's partial, this lane's 4 dims of quarter 0 (quarter q at q * 128).
-template <bool kFromL2>
-__device__ __forceinline__ void row_group_sum(float4 (&s)[kQuarters], const float* lse_of, const float* src, int rows,
+// k * rows); src: the row's partial (fp32 or bf16, load_partial4), this lane's 4 dims of quarter 0
+// (quarter q at q * 128).
+template <bool kFromL2, typename T>
+__device__ __forceinline__ void row_group_sum(float4 (&s)[kQuarters], const float* lse_of, const T* src, int rows,
                                               int g0, int hi, float total) {
   const int64_t split_stride = int64_t(rows) * kLatentDim;
 #pragma unroll
@@ -91,7 +114,7 @@ __device__ __forceinline__ void row_group_sum(float4 (&s)[kQuarters], const floa
     float4 v[kQuarters];
 #pragma unroll
     for (int q = 0; q < kQuarters; ++q)
-      v[q] = load_partial<kFromL2>(reinterpret_cast<const float4*>(src + k * split_stride + q * (kLatentDim / kQuarters)));
+      v[q] = load_partial4<kFromL2>(src + k * split_stride + q * (kLatentDim / kQuarters));
     if (w == 0.f) continue;  // an empty split (lse -inf) adds nothing
 #pragma unroll
     for (int q = 0; q < kQuarters; ++q) add_weighted(s[q], w, v[q]);
@@ -100,13 +123,14 @@ __device__ __forceinline__ void row_group_sum(float4 (&s)[kQuarters], const floa
 
 // Row r of sequence b (its splits lo .. hi - 1) by one warp, all four quarters at once: a split's
 // four quarter loads are in flight together, its weight formed once; the groups' sums added in
-// group order. The row's bits are those of the quarter tasks too (combine.cu).
-template <bool kFromL2>
+// group order. The row's bits are those of the quarter tasks too (combine.cu). T: the partials'
+// type (float, or uint16_t for bf16 partials in p.partial_bf16).
+template <bool kFromL2, typename T>
 __device__ __forceinline__ void combine_row(const CombineParams& p, int b, int r, int lo, int hi, int lane) {
   const float* lse_of = p.partial_lse + r;  // split k's at k * rows
   const float total = combined_lse<kFromL2>(lse_of, p.rows, lo, hi, lane);
   const bool sums = total > -INFINITY;  // false for NaN too
-  const float* src = p.partial_out + int64_t(r) * kLatentDim + 4 * lane;
+  const T* src = partials_of<T>(p) + int64_t(r) * kLatentDim + 4 * lane;
   float4 acc[kQuarters];
 #pragma unroll
   for (int q = 0; q < kQuarters; ++q) acc[q] = make_float4(0.f, 0.f, 0.f, 0.f);

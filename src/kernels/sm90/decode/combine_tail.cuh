@@ -75,8 +75,9 @@ __device__ __forceinline__ void combine_tail(const DecodeParams& p, int tile_row
       if (p.split_offsets[seq + 1] - lo > 1) atomicAdd(combine_counter(p, lo, row0), 1);
     }
   }
-  const CombineParams cp{p.split_offsets, p.partial_out, p.partial_lse, p.out,       p.lse, p.batch,
-                         p.rows,          p.seqlen_q,    p.num_heads,   p.empty_lse, 0};
+  // (fp32 partials only: launch_decode does not fuse the combine where they are bf16.)
+  const CombineParams cp{p.split_offsets, p.partial_out, p.partial_lse, nullptr,     p.out, p.lse,
+                         p.batch,         p.rows,        p.seqlen_q,    p.num_heads, p.empty_lse, 0};
   const int rows = min(tile_rows, p.rows - row0);
   for (int item = range.first, seq = seq0; item < range.last; ++item) {
     while (item >= p.split_offsets[seq + 1]) ++seq;

@@ -40,6 +40,18 @@ __device__ __forceinline__ void store_lse(const DecodeParams& p, const Work& w, 
   }
 }
 
+// Where a work item's rows go as bf16 ([rows, 512] from the returned element): a sequence with
+// one split, its output; a split of a split sequence under SNAPMLA_PARTIALS=bf16
+// (DecodeParams::partial_bf16), its bf16 partials, the same rows rounded the same way (RNE), for
+// the combine. as_bf16_rows says which work items store so.
+__device__ __forceinline__ bool as_bf16_rows(const DecodeParams& p, const Work& w) {
+  return w.single || p.partial_bf16 != nullptr;
+}
+__device__ __forceinline__ uint16_t* bf16_rows_of(const DecodeParams& p, const Work& w) {
+  return w.single ? p.out + int64_t(w.seq) * p.rows * kLatentDim
+                  : p.partial_bf16 + int64_t(w.split) * p.rows * kLatentDim;
+}
+
 // The fp32 partials of a split for the combine (a sequence with one split goes through
 // write_rows_staged): the C fragment's NT n-tiles of 8 dims from dim0 (those from n_from on),
 // rows row0 + g and row0 + g + 8, one 8-byte store per row and n-tile (whole 32-byte sectors per
@@ -113,7 +125,8 @@ __device__ __forceinline__ void write_partials_staged(const DecodeParams& p, con
   }
 }
 
-// write_rows for a sequence with one split (bf16 into `out`), by a whole warp, through `stage`
+// write_rows for a sequence with one split (bf16 into `out`) or a split's bf16 partials
+// (bf16_rows_of), by a whole warp, through `stage`
 // (8 KB of shared memory of its own): the warp's 16 rows x NT = 32 n-tiles go there with stmatrix
 // (four 8 x 8 tiles per instruction; 16-byte chunk x of a 128-byte row r stored at x ^ (r % 8), so
 // the eight rows of a tile fall in eight bank groups) and back out as whole 128-byte row segments,
@@ -147,7 +160,7 @@ __device__ __forceinline__ void write_rows_staged(const DecodeParams& p, const W
                  bf16x2_bits(v(n + 1, 2), v(n + 1, 3)));
   }
   __syncwarp();
-  uint16_t* out = p.out + (int64_t(w.seq) * p.rows + row0) * kLatentDim + dim0;
+  uint16_t* out = bf16_rows_of(p, w) + int64_t(row0) * kLatentDim + dim0;
 #pragma unroll
   for (int it = 0; it < 16; ++it) {
     const int k = it * 32 + lane, bb = k / 128, r = (k % 128) / 8, x = k % 8;
@@ -156,7 +169,7 @@ __device__ __forceinline__ void write_rows_staged(const DecodeParams& p, const W
   }
 }
 
-// write_rows for a sequence with one split where the consumers hold output slices of any width
+// write_rows (into bf16_rows_of) where the consumers hold output slices of any width
 // (the three-consumer tile's 176 dims): each consumer thread puts its two rows' bf16 values for
 // dims dim0 + 8 n_from .. dim0 + 8 NT - 1 into `tile` (64 rows x 1024 bytes in shared memory of the
 // CTA's own; 16-byte chunk x of row r at x ^ (r % 8), so a warp's 4-byte stores of one n-tile fall
@@ -185,7 +198,7 @@ __device__ __forceinline__ void write_rows_assembled(const DecodeParams& p, cons
     }
   }
   ptx::named_barrier(barrier, threads);
-  uint16_t* out = p.out + (int64_t(w.seq) * p.rows + row0) * kLatentDim;
+  uint16_t* out = bf16_rows_of(p, w) + int64_t(row0) * kLatentDim;
   for (int k = tid; k < kTileRows * kChunks; k += threads) {
     const int r = k / kChunks, x = k % kChunks;
     if (row0 + r >= p.rows) break;  // rows past the query rows: every later k too

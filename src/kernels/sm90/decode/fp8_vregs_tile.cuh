@@ -142,8 +142,8 @@ __device__ __forceinline__ void load_vt(uint32_t (&a)[4][2][4], const uint8_t* k
 
 // The consumer's output after the pages: O^T / sigma per column -> O^T sigma / l (out_scale per
 // row: 0 for a row that saw nothing, which gets 0 whatever its accumulator holds; NaN for a
-// fault), as bf16 rows of a sequence with one split or the split's fp32 partials. Thread
-// (warp, g, q) holds dims row_dim(c, mt, 16 warp + g) and + 1 (accumulator elements e and e + 2)
+// fault), as bf16 rows (bf16_rows_of: a sequence with one split, or bf16 partials) or the split's
+// fp32 partials. Thread (warp, g, q) holds dims row_dim(c, mt, 16 warp + g) and + 1 (accumulator elements e and e + 2)
 // of rows 8 n + 2 q + e: one 4-byte (bf16) or 8-byte (fp32) store per row, dim pair and M tile,
 // eight lanes' pairs contiguous (32 or 64 bytes of a row).
 template <typename T, typename Pack>
@@ -167,14 +167,14 @@ __device__ __forceinline__ void store_columns(T* base, const float (&o)[4][8][4]
 __device__ __forceinline__ void write_columns(const DecodeParams& p, const Work& w, const float (&o)[4][8][4],
                                               const float* out_scale, int row0, int c, int warp, int lane) {
   // One base per thread (its first row and dim pair); rows and M tiles are offsets from it.
-  const int64_t at = ((w.single ? int64_t(w.seq) : int64_t(w.split)) * p.rows + row0) * kLatentDim +
-                     vregs::row_dim(c, 0, 16 * warp + lane / 4);
-  if (w.single)
-    store_columns(p.out + at, o, out_scale, p.rows - row0, lane % 4, [](uint16_t* d, float a, float b) {
+  const int64_t at = int64_t(row0) * kLatentDim + vregs::row_dim(c, 0, 16 * warp + lane / 4);
+  if (as_bf16_rows(p, w))
+    store_columns(bf16_rows_of(p, w) + at, o, out_scale, p.rows - row0, lane % 4, [](uint16_t* d, float a, float b) {
       *reinterpret_cast<uint32_t*>(d) = bf16x2_bits(a, b);
     });
   else
-    store_columns(p.partial_out + at, o, out_scale, p.rows - row0, lane % 4, [](float* d, float a, float b) {
+    store_columns(p.partial_out + int64_t(w.split) * p.rows * kLatentDim + at, o, out_scale, p.rows - row0, lane % 4,
+                  [](float* d, float a, float b) {
       *reinterpret_cast<float2*>(d) = make_float2(a, b);
     });
 }

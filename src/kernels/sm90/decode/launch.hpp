@@ -69,8 +69,8 @@ inline dim3 decode_grid(const char* op, const DecodeParams& p, const DecodeOptio
 // split (combine.cu), else among the whole batch.
 inline CombineParams combine_params(const DecodeParams& p, bool wave_over_workers) {
   const int workers = wave_over_workers && p.worker_splits != nullptr ? p.num_workers : 0;
-  return {p.split_offsets, p.partial_out, p.partial_lse, p.out, p.lse, p.batch, p.rows, p.seqlen_q,
-          p.num_heads,     p.empty_lse,   workers};
+  return {p.split_offsets, p.partial_out, p.partial_lse, p.partial_bf16, p.out,       p.lse,
+          p.batch,         p.rows,        p.seqlen_q,    p.num_heads,    p.empty_lse, workers};
 }
 
 // cudaFuncSetAttribute(MaxDynamicSharedMemorySize, smem) for Kernel on the current device, once
@@ -179,12 +179,14 @@ inline RoleIndex role_index(const char* op) {
 // than decode + combine at b = 1-8), so not the default.
 inline bool combine_fused(const char* op) { return detail::env_flag(op, "SNAPMLA_COMBINE_FUSED"); }
 
-// SNAPMLA_PARTIALS in the environment (a lab option, read per call like the others): `fragments`
-// (unset) or `staged`, the PartialStore of the kernels that have a staged instantiation (the
-// default 64-row kernels: decode_fp8's transposing tile and decode_bf16); elsewhere the fragments'.
+// SNAPMLA_PARTIALS in the environment (a lab option, read per call like the others), the
+// PartialStore: `fragments` (unset); `staged`, for the kernels that have a staged instantiation (the
+// default 64-row kernels: decode_fp8's transposing tile and decode_bf16), elsewhere the fragments';
+// `bf16` (every tile, through DecodeParams::partial_bf16; the reference rounds its partials alike,
+// detail::bf16_partials).
 inline PartialStore partial_store(const char* op) {
-  return detail::env_enum(op, "SNAPMLA_PARTIALS", {"fragments", "staged"},
-                          {PartialStore::kFragments, PartialStore::kStaged});
+  return detail::env_enum(op, "SNAPMLA_PARTIALS", detail::kPartialsSettings,
+                          {PartialStore::kFragments, PartialStore::kStaged, PartialStore::kBf16Rows});
 }
 
 // SNAPMLA_DECODE_PDL in the environment (read per call like the others): `1` (unset) launches
@@ -212,15 +214,19 @@ inline constexpr bool kInstantiated = !std::is_same_v<decltype(Kernel), std::nul
 
 // A decode kernel's instantiations for the split epilogue's lab options: Plain (the fp32 partials
 // from the fragment, then the combine kernel) and, where instantiated (else nullptr), Tail (the
-// combine tail: SNAPMLA_COMBINE_FUSED), Staged (PartialStore::kStaged: SNAPMLA_PARTIALS=staged) and
-// StagedTail (both). A setting without its instantiation falls back to the one without it. The
+// combine tail: SNAPMLA_COMBINE_FUSED), Staged (PartialStore::kStaged: SNAPMLA_PARTIALS=staged),
+// StagedTail (both) and Bf16Rows (PartialStore::kBf16Rows: SNAPMLA_PARTIALS=bf16; the kernel that
+// stores a split's partials as bf16 rows in DecodeParams::partial_bf16, which may be Plain itself
+// where Plain makes that choice at run time). A setting without its instantiation falls back to the
+// one without it (for Bf16Rows, fp32 partials and an fp32 combine: launch_decode). The
 // instantiations with the combine tail go out as cooperative launches: their CTAs wait on each
 // other, and a cooperative launch starts the grid only where all of it can be resident at once
 // (the SM-count guard alone cannot see SMs held by other streams' kernels or a smaller SM
 // partition); where the runtime refuses it, the kernel without the tail runs instead.
-template <auto Plain, auto Tail = nullptr, auto Staged = nullptr, auto StagedTail = nullptr>
+template <auto Plain, auto Tail = nullptr, auto Staged = nullptr, auto StagedTail = nullptr, auto Bf16Rows = nullptr>
 struct SplitKernels {
   static constexpr bool kHasTail = kInstantiated<Tail>;
+  static constexpr bool kHasBf16Rows = kInstantiated<Bf16Rows>;
 
   // Launches the instantiation of the settings (`programmatic`: as a programmatic dependent of the
   // kernel before it, SNAPMLA_DECODE_PDL; not with the combine tail, a cooperative launch); returns
@@ -230,6 +236,12 @@ struct SplitKernels {
                      cudaStream_t stream, const Args&... args) {
     const bool staged = store == PartialStore::kStaged;
     if (fused && launch_tail(staged, grid, threads, smem, stream, args...)) return true;
+    if constexpr (kHasBf16Rows) {
+      if (store == PartialStore::kBf16Rows) {
+        run<Bf16Rows>(programmatic, grid, threads, smem, stream, args...);
+        return false;
+      }
+    }
     if constexpr (kInstantiated<Staged>) {
       if (staged) {
         run<Staged>(programmatic, grid, threads, smem, stream, args...);
@@ -302,10 +314,14 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
   const PartialStore store = partial_store(op);
   const bool programmatic = decode_pdl(op);
   const bool q_first = narrow_q_first(op);
-  // (A failed SM-count query gives 0: the combine kernel then.)
-  const bool fused =
-      combine_fused(op) && Kernels::kHasTail && options.plan && int64_t(grid.x) <= current_sm_count();
+  // bf16 partials where the kernel set has a kernel that stores them (else fp32, the combine too).
+  const bool bf16_partials = Kernels::kHasBf16Rows && store == PartialStore::kBf16Rows && options.plan;
+  // (A failed SM-count query gives 0: the combine kernel then. The combine tail reads fp32
+  // partials only.)
+  const bool fused = combine_fused(op) && Kernels::kHasTail && options.plan && !bf16_partials &&
+                     int64_t(grid.x) <= current_sm_count();
   DecodeParams kp = p;
+  if (bf16_partials) kp.partial_bf16 = reinterpret_cast<uint16_t*>(p.partial_out);
   kp.dependents_late = launch == CombineLaunch::kProgrammaticLate;
   // (Not where the combine tail asks for a cooperative launch: if that is refused, the kernel
   // without the tail goes out the ordinary way, its params saying so.)
@@ -316,8 +332,10 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
     check(cudaMemsetAsync(kp.combine_counters, 0, combine_counter_count(p, options) * sizeof(int), stream),
           "cudaMemsetAsync (combine counters)");
   }
+  // (SNAPMLA_PARTIALS=bf16 where fp32 partials are kept: the fragments' store.)
+  const PartialStore launched = store == PartialStore::kBf16Rows && !bf16_partials ? PartialStore::kFragments : store;
   const bool tail =
-      Kernels::launch(fused, store, kp.wait_previous_grid, grid, Config::kThreads, smem, stream, kp, extra...);
+      Kernels::launch(fused, launched, kp.wait_previous_grid, grid, Config::kThreads, smem, stream, kp, extra...);
   check_launch(op);
   if (options.plan && !tail)
     combine(combine_params(kp, wave_over_workers), stream, launch != CombineLaunch::kOrdinary, tasks);

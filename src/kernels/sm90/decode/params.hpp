@@ -85,8 +85,13 @@ enum class RoleIndex { kThread, kUniform };
 // shared memory as whole rows (write_partials_staged: 512 contiguous bytes per instruction, a
 // quarter of the write requests). The same values at the same addresses. A lab option
 // (SNAPMLA_PARTIALS): level with kFragments on the H200 (kernel timeline at fc4dfc1, within 1%),
-// so not the default.
-enum class PartialStore { kFragments, kStaged };
+// so not the default. kBf16Rows (SNAPMLA_PARTIALS=bf16, a lab option): the normalized rows rounded
+// to bf16 (RNE) and stored as whole rows, as a sequence with one split stores its output, at half
+// the bytes, and the combine reads them so (DecodeParams::partial_bf16). Not the fp32 partials'
+// bits: the rounding (2^-9 relative) is the price, a twentieth to a fortieth of the FP8 error
+// on the CPU reference (lab/bf16_partials_error.py). Every decode tile honours it through
+// partial_bf16, so the kernels take no template argument for it.
+enum class PartialStore { kFragments, kStaged, kBf16Rows };
 
 struct DecodeParams {
   // Queries: FP8 (nope, rope, scale) or BF16 ([rows, 576]).
@@ -113,6 +118,10 @@ struct DecodeParams {
   int num_workers = 0;  // the grid's workers: the plan's capacity - batch, or its capacity without ranges
   float* partial_out = nullptr;  // [capacity, rows, 512]
   float* partial_lse = nullptr;  // [capacity, rows]
+  // Non-null (SNAPMLA_PARTIALS=bf16, PartialStore::kBf16Rows): the split partials are bf16 rows
+  // here ([capacity, rows, 512], the first half of partial_out's bytes) instead of fp32 in
+  // partial_out; their lse stays in partial_lse.
+  uint16_t* partial_bf16 = nullptr;
   // Non-null: the decode kernel merges its split sequences' partials itself, in its tail, instead
   // of the combine kernel (combine_tail.cuh; SNAPMLA_COMBINE_FUSED, a lab option): one counter per
   // split and 64-row tile ([capacity, row tiles], zero at the launch), after partial_lse in the
