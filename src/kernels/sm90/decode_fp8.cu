@@ -655,10 +655,16 @@ template <RoleIndex kRole>
 void launch_rows64(Fp8PScale p_scale, ScoreStep step, const DecodeParams& p, const DecodeOptions& options,
                    const CUtensorMap& tm_latent, const CUtensorMap& tm_rope, const CUtensorMap& tm_q) {
   constexpr int kSmem = int(sizeof(Fp8TileSmem));
-  if (p_scale == Fp8PScale::kCarried)
-    launch_decode<Fp8TileConfig, SplitKernels<decode_fp8_kernel<true, ScoreStep::kReference, kRole>>>(
-        "decode_fp8", kSmem, p, options, tm_latent, tm_rope, tm_q);
-  else if (step == ScoreStep::kFolded)
+  if (p_scale == Fp8PScale::kCarried) {
+    if constexpr (kRole == RoleIndex::kUniform)  // with its bf16-partials twin
+      launch_decode<Fp8TileConfig,
+                    SplitKernels<decode_fp8_kernel<true, ScoreStep::kReference, kRole>, nullptr, nullptr, nullptr,
+                                 decode_fp8_kernel<true, ScoreStep::kReference, kRole, false, PartialStore::kBf16Rows>>>(
+          "decode_fp8", kSmem, p, options, tm_latent, tm_rope, tm_q);
+    else
+      launch_decode<Fp8TileConfig, SplitKernels<decode_fp8_kernel<true, ScoreStep::kReference, kRole>>>(
+          "decode_fp8", kSmem, p, options, tm_latent, tm_rope, tm_q);
+  } else if (step == ScoreStep::kFolded)
     launch_decode<Fp8TileConfig, SplitKernels<decode_fp8_kernel<false, ScoreStep::kFolded, kRole>>>(
         "decode_fp8", kSmem, p, options, tm_latent, tm_rope, tm_q);
   else if constexpr (kRole == RoleIndex::kUniform)  // the default kernel: with its split-epilogue twins
