@@ -88,7 +88,7 @@ enum class RoleIndex { kThread, kUniform };
 // so not the default. kBf16Rows (SNAPMLA_PARTIALS=bf16, a lab option): the normalized rows rounded
 // to bf16 (RNE) and stored as whole rows, as a sequence with one split stores its output, at half
 // the bytes, and the combine reads them so (DecodeParams::partial_bf16). Not the fp32 partials'
-// bits: the rounding (2^-9 relative) is the price, a twentieth to a fortieth of the FP8 error
+// bits: the rounding (at most 2^-8 relative) is the price, a twentieth to a fortieth of the FP8 error
 // on the CPU reference (lab/bf16_partials_error.py). Every decode tile honours it through
 // partial_bf16, so the kernels take no template argument for it.
 enum class PartialStore { kFragments, kStaged, kBf16Rows };
