@@ -884,6 +884,20 @@ struct SplitCase {
   bool bad_page;
 };
 
+// The cases of the tests of the split epilogue's options on every tile: one sequence over every
+// worker (narrow and 64-row tiles, two row tiles at h = 128), persistent workers with several
+// splits, MTP rows, 0- and 1-token sequences, and a bad page in a split sequence.
+std::vector<SplitCase> split_epilogue_cases(std::mt19937_64& rng) {
+  const std::vector<int32_t> many = random_lengths(rng, 100, 5000);
+  return {{{8192}, 1, 128, false},
+          {{8192}, 1, 16, false},
+          {{3000, 9000, 1, 0, 64, 700}, 1, 64, true},
+          {{5000, 77, 4097, 1}, 2, 64, false},
+          {{2000, 3000, 4000}, 4, 3, false},
+          {many, 1, 128, false},
+          {many, 1, 8, true}};
+}
+
 // fn(B, G, plan) per case, under its trace: the batch on the GPU (with the bad page in its table)
 // and the GPU planner's plan for it.
 template <typename Fn>
@@ -938,14 +952,7 @@ TEST(GpuDecode, FusedCombineGivesTheSameBits) {
   if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
-  const std::vector<int32_t> many = random_lengths(rng, 100, 5000);
-  const std::vector<SplitCase> cases = {{{8192}, 1, 128, false},
-                                        {{8192}, 1, 16, false},
-                                        {{3000, 9000, 1, 0, 64, 700}, 1, 64, true},
-                                        {{5000, 77, 4097, 1}, 2, 64, false},
-                                        {{2000, 3000, 4000}, 4, 3, false},
-                                        {many, 1, 128, false},
-                                        {many, 1, 8, true}};
+  const std::vector<SplitCase> cases = split_epilogue_cases(rng);
   for_each_split_case(rng, cases, [&](const Batch& B, GpuBatch& G, GpuPlan& plan) {
     const int rows = B.s_q * B.h;
     const auto offsets = plan.offsets.download();
@@ -1024,22 +1031,16 @@ TEST(GpuDecode, StagedPartialsGiveTheSameBits) {
 //   the two merges' summation order: each sums n weighted terms in fp32 (the GPU in groups of 8,
 //   its weights from expf), so they differ by at most (2 n + 8) 2^-24 sum_k w_k |v_k| before
 //   the output's rounding, which adds at most one bf16 ulp of the larger (2^-7 of it).
-// On every tile that stores bf16 partials: decode_fp8's narrow, transposing and V^T-register
-// tiles (the last under the carried P' scales too), decode_bf16's narrow and 64-row tiles; and the
-// tile that keeps fp32 (the three-consumer tile) gives the fp32 run's bits.
+// On every tile that stores bf16 partials: decode_fp8's narrow, transposing (also under the
+// carried P' scales) and V^T-register tiles, decode_bf16's narrow and 64-row tiles; and the tile
+// that keeps fp32 (the three-consumer tile) gives the fp32 run's bits. The cases:
+// split_epilogue_cases.
 TEST(GpuDecode, Bf16PartialsAreTheRoundedFp32Partials) {
   REQUIRE_GPU();
   if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
-  const std::vector<int32_t> many = random_lengths(rng, 100, 5000);
-  const std::vector<SplitCase> cases = {{{8192}, 1, 128, false},
-                                        {{8192}, 1, 16, false},
-                                        {{3000, 9000, 1, 0, 64, 700}, 1, 20, true},
-                                        {{5000, 77, 4097, 1}, 2, 64, false},
-                                        {{2000, 3000, 4000}, 4, 3, false},
-                                        {many, 1, 128, true},
-                                        {many, 1, 8, false}};
+  const std::vector<SplitCase> cases = split_epilogue_cases(rng);
   struct Kernel {
     bool fp8;
     Fp8Tile tile;
