@@ -461,10 +461,13 @@ class GpuDecode : public ::testing::TestWithParam<Case> {};
 // tolerances are checked on its own kind of data in the next test. decode_fp8 (wgmma): the FP8
 // tensor-core accumulator keeps ~13-14 bits, so scores carry errors of ~2^-12 of their terms'
 // magnitude (checked per row by expect_fp8_lse) that move P and the output (checked per row by
-// expect_fp8_rows); the overall rel-L2 measured 1.2e-3 .. 4.5e-3 on the H200 (docs/archive/kernel_history.md),
-// bounded here at 1e-2 as a gross check. A bound of 2e-3 would assume an exactly accumulating
-// tensor core; the first, mma.sync kernel met it (<= 1.3e-4). Against
-// float64 truth this changes nothing measurable (4.00% rel-L2 with either kernel, below).
+// expect_fp8_rows, the check); the overall rel-L2 measured 1.2e-3 .. 4.5e-3 on the H200
+// (docs/archive/kernel_history.md). It has no bound of its own: on a call of few rows one row whose
+// P' rounds to the other e4m3 neighbour (the accumulator's error deciding it, the same in every
+// tile) dominates it (an H100, seed 579143194654561451, h = 8, b = 3, 24 rows: 1.10e-2 in every
+// tile, each row within 0.04 of its bound), so it is printed, not gated. A bound of 2e-3 would
+// assume an exactly accumulating tensor core; the first, mma.sync kernel met it (<= 1.3e-4).
+// Against float64 truth this changes nothing measurable (4.00% rel-L2 with either kernel, below).
 TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   REQUIRE_GPU();
   auto rng = make_rng();
@@ -557,12 +560,11 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
                 "%.2e\n",
                 tile, c.h, c.s_q, B.batch, c.workers, d.rel_l2, d.max_abs, lse_err);
     EXPECT_EQ(d.nonfinite, 0u);
-    // The carried scales' gross bound is 2e-2: the GPU and the reference may decide a page's
-    // sigma differently where its max P' lies within the scores' error (~2^-12 of their
-    // magnitude) of a decision edge, and that page's P' then sit on two e4m3 grids, each within
-    // 2^-4 of exact P' (H200, 1168514: 1.07e-2 on h=3 s_q=4 plan=16 beside 3.2e-3 per page, the
-    // rows within 0.06 of their bound). The per-row bounds below are the same for both rules.
-    EXPECT_LE(d.rel_l2, carried ? 2e-2 : 1e-2);
+    // The per-row bounds are the same for both P' scale rules. (Under the carried scales the GPU
+    // and the reference may also decide a page's sigma differently where its max P' lies within
+    // the scores' error of a decision edge, and that page's P' then sit on two e4m3 grids, each
+    // within 2^-4 of exact P': H200, 1168514, rel-L2 1.07e-2 on h=3 s_q=4 plan=16 beside 3.2e-3
+    // per page, the rows within 0.06 of their bound.)
     const double lse_ratio = expect_fp8_lse(stats, got_lse, want.lse);
     const double row_ratio = expect_fp8_rows(B, stats, as_float(G.out.download()), bf16_rounded(want.out));
     std::printf("[ info ]   fp8 max |lse err| / score magnitude = 2^%.1f, worst row error / bound = %.2f\n",
