@@ -89,8 +89,9 @@ enum class RoleIndex { kThread, kUniform };
 // to bf16 (RNE) and stored as whole rows, as a sequence with one split stores its output, at half
 // the bytes, and the combine reads them so (DecodeParams::partial_bf16). Not the fp32 partials'
 // bits: the rounding (at most 2^-8 relative) is the price, a twentieth to a fortieth of the FP8 error
-// on the CPU reference (lab/bf16_partials_error.py). Every decode tile honours it through
-// partial_bf16, so the kernels take no template argument for it.
+// on the CPU reference (lab/bf16_partials_error.py). The default 64-row kernels (and the carried
+// scales' one) have kBf16Rows twins; the narrow and V^T-register tiles choose at run time from
+// partial_bf16; kernels without either keep fp32 (SplitKernels::kHasBf16Rows, launch.hpp).
 enum class PartialStore { kFragments, kStaged, kBf16Rows };
 
 struct DecodeParams {
