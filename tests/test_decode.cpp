@@ -388,6 +388,7 @@ TEST(SplitKv, SplitPlusCombineEqualsUnsplitWithinFloatRounding) {
   SNAPMLA_TRACE_SEED();
   Batch B = make_batch(rng, {2000, 0, 64, 1, 777, 130}, 2, 16);
   OwnedPlan P(B.pages(), 24);
+  ScopedEnv fp32("SNAPMLA_PARTIALS", "fragments");  // fp32 partials, whatever the environment says
   int max_splits = 0;
   for (int b = 0; b < B.batch; ++b) max_splits = std::max(max_splits, P.offsets[b + 1] - P.offsets[b]);
   ASSERT_GE(max_splits, 4) << "the test needs sequences that really are split";
@@ -425,7 +426,7 @@ TEST(SplitKv, Bf16PartialsMoveSplitRowsByTheirRoundingOnly) {
   SNAPMLA_TRACE_SEED();
   Batch B = make_batch(rng, {2000, 0, 64, 1, 777, 130}, 2, 16);
   OwnedPlan P(B.pages(), 24);
-  ScopedEnv store("SNAPMLA_PARTIALS", "");
+  ScopedEnv store("SNAPMLA_PARTIALS", "fragments");  // fp32, whatever the environment says
   const int rows = B.s_q * B.h;
   for (const bool fp8 : {true, false}) {
     SCOPED_TRACE(fp8 ? "decode_fp8" : "decode_bf16");
@@ -438,7 +439,7 @@ TEST(SplitKv, Bf16PartialsMoveSplitRowsByTheirRoundingOnly) {
     EXPECT_EQ(decode().out, fp32.out);
     store.set("bf16");
     const auto b16 = decode();
-    store.set("");
+    store.set("fragments");
     EXPECT_EQ(b16.lse, fp32.lse);
     size_t moved = 0;
     for (int b = 0; b < B.batch; ++b) {

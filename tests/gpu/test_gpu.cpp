@@ -952,6 +952,7 @@ void expect_tail_counters(const std::vector<int32_t>& offsets, const std::vector
 TEST(GpuDecode, FusedCombineGivesTheSameBits) {
   REQUIRE_GPU();
   if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
+  ScopedEnv fp32("SNAPMLA_PARTIALS", "fragments");  // the combine tail merges fp32 partials only
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
   const std::vector<SplitCase> cases = split_epilogue_cases(rng);
@@ -1162,6 +1163,7 @@ TEST(GpuDecode, Bf16PartialsAreTheRoundedFp32Partials) {
 TEST(GpuErrors, FusedCombineOnBrokenSplitRangesEndsWithTheSequenceNaN) {
   REQUIRE_GPU();
   if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
+  ScopedEnv fp32("SNAPMLA_PARTIALS", "fragments");  // the combine tail merges fp32 partials only
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
   const int h = 64;
@@ -1618,6 +1620,7 @@ TEST(GpuGraph, CapturedDecodeStepReplaysWithNewSeqlens) {
 TEST(GpuGraph, FusedCombineIsCapturedAndReplays) {
   REQUIRE_GPU();
   if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
+  ScopedEnv fp32("SNAPMLA_PARTIALS", "fragments");  // the combine tail merges fp32 partials only
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
   for (const int h : {64, 16}) {
