@@ -551,7 +551,8 @@ TEST(SplitKv, CombineRowIsLogSumExpWeighting) {
 //   [share - F, share + 2 F] of the share (total cost / workers used), F = kPieceCostBlocks: a
 //   boundary moves back by at most one fixed cost, and a cut worker's first piece adds one.
 // lab: the planner's lab options the plan was made under (SNAPMLA_PLAN_FILL=1: every worker gets a
-// share where the chunk is the equal share; SNAPMLA_PLAN_SPLIT=equal: the chunk is the equal share).
+// share where the chunk is the equal share; SNAPMLA_PLAN_SPLIT=equal: the chunk is the equal share;
+// SNAPMLA_PLAN_PIECE_COST: F is that instead of kPieceCostBlocks).
 // Returns the largest worker cost.
 int64_t expect_balanced_plan(const OwnedPlan& P, const std::vector<int32_t>& seqlens, int workers, int query_rows,
                              detail::PlanLabOptions lab = {}) {
@@ -584,7 +585,7 @@ int64_t expect_balanced_plan(const OwnedPlan& P, const std::vector<int32_t>& seq
   for (int w = 1; w <= slots; ++w) EXPECT_LE(P.worker_splits[size_t(w - 1)], P.worker_splits[size_t(w)]) << w;
   for (int w = slots + 1; w < capacity; ++w) EXPECT_EQ(P.worker_splits[size_t(w)], -1) << "unused entry " << w;
 
-  const int64_t F = detail::kPieceCostBlocks;
+  const int64_t F = lab.piece_cost > 0 ? lab.piece_cost : detail::kPieceCostBlocks;
   const int64_t chunk = detail::split_chunk(total_blocks, workers, lab.equal_shares ? 0 : query_rows);
   const int64_t equal_share = (total_blocks + workers - 1) / workers;
   const int64_t used = std::clamp<int64_t>(
@@ -770,6 +771,58 @@ TEST(SplitKv, EqualSharesOptionSplitsAtTheEqualShare) {
   const PageTable single{tab1.data(), one.data(), 1, 2, Device::cpu()};
   ScopedEnv bad("SNAPMLA_PLAN_SPLIT", "sqrt");
   EXPECT_ARG_ERROR(OwnedPlan(single, 4, 64), "SNAPMLA_PLAN_SPLIT");
+}
+
+// SNAPMLA_PLAN_PIECE_COST=N: a further piece costs N blocks on the axis instead of
+// kPieceCostBlocks. b = 16 x 8K at h = 16 on 132 workers: the plan is balanced under the new cost,
+// and a worker that starts a second piece takes fewer pages than under the rule's cost (the
+// longest worker's pages shrink); random plans stay balanced under 2 and 12; the default's plan
+// is that of 4; a value not in its list is an error naming the variable.
+TEST(SplitKv, PieceCostOptionChargesFurtherPieces) {
+  std::vector<int32_t> seqlens(16, 8192), table(16 * 128, 0);
+  const PageTable pages{table.data(), seqlens.data(), 16, 128, Device::cpu()};
+  // The most pages any worker runs, and the most pages of a worker with two pieces or more.
+  auto pages_of_workers = [](const OwnedPlan& P, const std::vector<int32_t>& lens) {
+    std::pair<int64_t, int64_t> most{0, 0};
+    const int b = int(lens.size()), slots = int(P.begins.size()) - b;
+    std::vector<int> seq_of(size_t(P.offsets[size_t(b)]));
+    for (int i = 0; i < b; ++i)
+      for (int k = P.offsets[size_t(i)]; k < P.offsets[size_t(i + 1)]; ++k) seq_of[size_t(k)] = i;
+    for (int w = 0; w < slots; ++w) {
+      int64_t pages = 0;
+      const int lo = P.worker_splits[size_t(w)], hi = P.worker_splits[size_t(w + 1)];
+      for (int k = lo; k < hi; ++k) {
+        const int i = seq_of[size_t(k)];
+        const int end = k + 1 < P.offsets[size_t(i + 1)] ? P.begins[size_t(k + 1)] : lens[size_t(i)];
+        pages += (end - P.begins[size_t(k)] + kPageSize - 1) / kPageSize;
+      }
+      most.first = std::max(most.first, pages);
+      if (hi - lo >= 2) most.second = std::max(most.second, pages);
+    }
+    return most;
+  };
+  ScopedEnv cost("SNAPMLA_PLAN_PIECE_COST", "");
+  const OwnedPlan rule(pages, 132, 16);
+  expect_balanced_plan(rule, seqlens, 132, 16);
+  cost.set("4");
+  EXPECT_EQ(OwnedPlan(pages, 132, 16).begins, rule.begins) << "4 is the rule's cost";
+  cost.set("8");
+  const OwnedPlan eight(pages, 132, 16);
+  expect_balanced_plan(eight, seqlens, 132, 16, {false, false, 8});
+  const auto [most_rule, two_rule] = pages_of_workers(rule, seqlens);
+  const auto [most_eight, two_eight] = pages_of_workers(eight, seqlens);
+  EXPECT_GT(two_rule, 0) << "some worker runs two pieces";
+  EXPECT_LT(two_eight, two_rule) << "a worker with two pieces runs fewer pages";
+  EXPECT_NE(eight.begins, rule.begins);
+  for (int w = 0; w < 128; ++w) EXPECT_EQ(eight.worker_splits[size_t(w)], w) << "eight workers to a sequence";
+  std::printf("[ info ] b = 16 x 8K, 132 workers: most pages %lld (two pieces: %lld) at cost 4, %lld (%lld) at 8\n",
+              (long long)most_rule, (long long)two_rule, (long long)most_eight, (long long)two_eight);
+  for (const int c : {2, 12}) {
+    cost.set(std::to_string(c).c_str());
+    expect_random_plans_balanced(20000, 512, {false, false, c});
+  }
+  cost.set("5");
+  EXPECT_ARG_ERROR(OwnedPlan(pages, 132, 16), "SNAPMLA_PLAN_PIECE_COST");
 }
 
 // The lab options' parser (every SNAPMLA_* switch read per call goes through it): unset or empty

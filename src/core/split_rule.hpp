@@ -39,7 +39,7 @@ SNAPMLA_HOST_DEVICE inline int64_t split_chunk(int64_t total_blocks, int num_wor
 
 // The fixed cost of one piece of work (a split, or a whole sequence) in page-equivalents: the
 // pipeline's drain and refill between pieces (the Q tile, the first pages' latency) and the
-// epilogue's stores.
+// epilogue's stores. (PlanLabOptions::piece_cost replaces it for a lab run.)
 inline constexpr int64_t kPieceCostBlocks = 4;
 
 // The balanced division (docs/design.md, "Splits"). The sequences' costs are laid end to end on
@@ -56,6 +56,7 @@ struct WorkerShares {
   int64_t total = 0;     // the whole axis
   int whole = 0;         // > 0: no cuts, `whole` whole sequences per worker (in order) instead
   int fixed = 0;         // > 0: batch-invariant, splits of `fixed` blocks (fixed_splits below)
+  int64_t piece = kPieceCostBlocks;  // a further piece's fixed cost (piece_fixed_cost)
 };
 
 // What the planner sums over the sequences before it divides the work (one pass; on the GPU one
@@ -84,7 +85,9 @@ SNAPMLA_HOST_DEVICE inline int64_t cut_cost_blocks(int query_rows, int64_t used,
   return c < 4 ? 4 : c;
 }
 
-SNAPMLA_HOST_DEVICE inline int64_t piece_fixed_cost(int seq) { return seq == 0 ? 0 : kPieceCostBlocks; }
+// Sequence seq's fixed cost on the axis (WorkerShares::piece; none for sequence 0, worker 0's
+// first piece).
+SNAPMLA_HOST_DEVICE inline int64_t piece_fixed_cost(int seq, const WorkerShares& s) { return seq == 0 ? 0 : s.piece; }
 
 // Batch-invariant plans (plan_splits' split_blocks = L > 0): a sequence of B blocks has
 // max(1, ceil(B / L)) splits, cut at multiples of L, whatever else is in the batch, so each row's
@@ -110,9 +113,14 @@ SNAPMLA_HOST_DEVICE inline PlanTotals merge(const PlanTotals& a, const PlanTotal
 // worker_shares. equal_shares: the split length is the equal share whatever the query rows (the
 // rule's fixed cost per split left out; the choice of whole sequences keeps them): for the combine
 // folded into the decode's tail, under which a further split no longer costs combine time.
+// piece_cost > 0: a further piece's fixed cost in blocks instead of kPieceCostBlocks
+// (SNAPMLA_PLAN_PIECE_COST). The profiling build's stamps put the narrow tile's at about twice the
+// rule's where every CTA streams pages at once (an H100, b = 16, h = 16: the CTAs with a second
+// piece end about 10 us after the median at 8K, 8 us at 32K), the 64-row tile's near it.
 struct PlanLabOptions {
   bool fill_workers = false;
   bool equal_shares = false;
+  int piece_cost = 0;
 };
 
 // How many of num_workers a total of `t.blocks` over `batch` sequences is worth (split_chunk:
@@ -142,12 +150,13 @@ SNAPMLA_HOST_DEVICE inline WorkerShares worker_shares(const PlanTotals& t, int b
   if (used < 1) used = 1;
   if (used > num_workers) used = num_workers;
   s.workers = int(used);
-  s.total = t.blocks + (batch > 1 ? int64_t(batch - 1) * kPieceCostBlocks : 0);
+  s.piece = lab.piece_cost > 0 ? lab.piece_cost : kPieceCostBlocks;
+  s.total = t.blocks + (batch > 1 ? int64_t(batch - 1) * s.piece : 0);
   s.share = (s.total + used - 1) / used;
   if (s.share < 1) s.share = 1;
   if (query_rows > 0 && batch > 0) {
     const int64_t n = (batch + used - 1) / used;
-    if (n * t.longest + (n - 1) * kPieceCostBlocks <= s.share + cut_cost_blocks(query_rows, used, num_workers)) {
+    if (n * t.longest + (n - 1) * s.piece <= s.share + cut_cost_blocks(query_rows, used, num_workers)) {
       s.whole = int(n);
       s.workers = int((batch + n - 1) / n);
     }
@@ -179,7 +188,7 @@ SNAPMLA_HOST_DEVICE inline SequenceCuts sequence_cuts(int64_t c0, int64_t blocks
     if (lo > hi) lo = hi;
     return {lo, hi, hi};
   }
-  const int64_t fixed = piece_fixed_cost(seq), end = c0 + fixed + blocks;
+  const int64_t fixed = piece_fixed_cost(seq, s), end = c0 + fixed + blocks;
   int64_t lo = (c0 + s.share - 1) / s.share, hi = (end + s.share - 1) / s.share;
   int64_t cut = (c0 + fixed) / s.share + 1;  // the first k with k x share > c0 + fixed
   if (lo < 1) lo = 1;
@@ -215,7 +224,9 @@ struct SequenceSplits {
     return j < n ? j : n;
   }
   // Worker k's boundary as a block of this sequence (negative: in its fixed cost or before).
-  SNAPMLA_HOST_DEVICE int64_t boundary_block(int k) const { return int64_t(k) * s.share - c0 - piece_fixed_cost(seq); }
+  SNAPMLA_HOST_DEVICE int64_t boundary_block(int k) const {
+    return int64_t(k) * s.share - c0 - piece_fixed_cost(seq, s);
+  }
 };
 
 SNAPMLA_HOST_DEVICE inline SequenceSplits sequence_splits(int64_t c0, int64_t blocks, int seq, const WorkerShares& s) {

@@ -97,7 +97,8 @@ bool bf16_partials(const char* op);
 
 // The planner's lab options (PlanLabOptions, core/split_rule.hpp) from the environment:
 // SNAPMLA_PLAN_FILL (env_flag) for fill_workers, SNAPMLA_PLAN_SPLIT (`rule`, the default, or
-// `equal`) for equal_shares.
+// `equal`) for equal_shares, SNAPMLA_PLAN_PIECE_COST (4, the default, or 2, 6, 8, 12, 16 blocks)
+// for piece_cost.
 PlanLabOptions plan_lab_options(const char* op);
 
 // The debug checks' tables (check_page_table, check_slot_mapping): the view, then its contents

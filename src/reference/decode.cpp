@@ -193,7 +193,7 @@ void plan_splits(const PageTable& pages, int num_workers, const SplitPlan& plan,
       for (int w = seq.cuts.lo; w < seq.cuts.hi; ++w)
         plan.worker_splits[w] = first + static_cast<int32_t>(seq.worker_start(w));
     plan.split_offsets[i + 1] = k;
-    c0 += blocks + detail::piece_fixed_cost(i);
+    c0 += blocks + detail::piece_fixed_cost(i, shares);
   }
   // Capacity past the last split is never read; -1 there, so a printed plan shows no garbage.
   std::fill(plan.split_begin + k, plan.split_begin + plan.capacity, -1);

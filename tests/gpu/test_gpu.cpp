@@ -419,6 +419,25 @@ TEST(GpuPlan, SameSplitsAsTheReferenceUnderEqualShares) {
   EXPECT_EQ(got[64], 64) << "64 workers with a split each";
 }
 
+// SNAPMLA_PLAN_PIECE_COST (a lab option of the planner, core/split_rule.hpp: a further piece's
+// fixed cost in blocks): the same plans on both paths under 2, 8 and 16, b = 16 x 8K at h = 16 on
+// 132 workers among them (under 8, eight workers to a sequence, none with two pieces).
+TEST(GpuPlan, SameSplitsAsTheReferenceUnderPieceCost) {
+  REQUIRE_GPU();
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  for (const char* cost : {"2", "8", "16"}) {
+    SCOPED_TRACE(std::string("SNAPMLA_PLAN_PIECE_COST=") + cost);
+    ScopedEnv env("SNAPMLA_PLAN_PIECE_COST", cost);
+    expect_gpu_plans_match_the_reference(rng);
+    const std::vector<int32_t> got = expect_gpu_plan_matches_the_reference(
+        std::vector<int32_t>(16, 8192), 132, 16, 0, split_plan_capacity(16, 132), "b=16 x 8K on 132 workers");
+    if (std::string(cost) == "8") {
+      for (int w = 0; w < 128; ++w) EXPECT_EQ(got[size_t(w)], w) << "worker " << w << ": one split each";
+    }
+  }
+}
+
 TEST(GpuPlan, SameSplitsAsTheReference) {
   REQUIRE_GPU();
   auto rng = make_rng();

@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kThreads) plan_splits_kernel(const int32_t* __
   for (int base = 0; base < batch; base += kThreads) {
     const int i = base + threadIdx.x;
     const long long blocks = i < batch ? blocks_of(seqlens[i]) : 0;
-    const long long cost = i < batch ? blocks + detail::piece_fixed_cost(i) : 0;
+    const long long cost = i < batch ? blocks + detail::piece_fixed_cost(i, shares) : 0;
     long long c_excl = 0, c_tile = 0;
     __syncthreads();  // tmp is reused across scans and tiles
     Scan64(tmp.scan64).ExclusiveSum(cost, c_excl, c_tile);
