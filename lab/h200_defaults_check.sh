@@ -13,7 +13,8 @@
 # failed test whose name holds a variant's LAB_OWN_TESTS word (LABEL=WORD ...) leaves that variant
 # out, any other failure (or a time-out) all of them. By default the narrow tiles' Q tile before
 # their first pages (`nq`), the bf16 split partials (`b16p`) and the planner's piece cost of 8
-# blocks (`pc8`), on both kernels. (The base-2 score step and decode_bf16's own-page PV from
+# blocks (`pc8`), on both kernels, and the narrow decode_fp8 tile's prefetch of its next split
+# (`pf`). (The base-2 score step and decode_bf16's own-page PV from
 # registers, the defaults at 0a178d4, were level on an H100 there.) LAB_FP8= LAB_BF16= leaves
 # them out.
 #   SNAPMLA_COMMIT=... [OLD_FP8=NAME=VALUE,...] [OLD_BF16=...] [LAB_FP8=...] [LAB_BF16=...]
@@ -31,10 +32,10 @@ t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 old_fp8=${OLD_FP8:-SNAPMLA_DECODE_PDL=0}
 old_bf16=${OLD_BF16:-SNAPMLA_DECODE_PDL=0,SNAPMLA_BF16_TILE=rows64}
-lab_fp8=${LAB_FP8-nq:SNAPMLA_NARROW_Q=first b16p:SNAPMLA_PARTIALS=bf16 pc8:SNAPMLA_PLAN_PIECE_COST=8}
+lab_fp8=${LAB_FP8-nq:SNAPMLA_NARROW_Q=first b16p:SNAPMLA_PARTIALS=bf16 pc8:SNAPMLA_PLAN_PIECE_COST=8 pf:SNAPMLA_PREFETCH_NEXT=1}
 lab_bf16=${LAB_BF16-nq:SNAPMLA_NARROW_Q=first b16p:SNAPMLA_PARTIALS=bf16 pc8:SNAPMLA_PLAN_PIECE_COST=8}
-lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuDecode.UniformRole*:GpuDecode.Bf16*:GpuDecode.NarrowQ*:GpuPlan.*PieceCost*}
-lab_own_tests=${LAB_OWN_TESTS:-nq=NarrowQ b16p=Bf16Partials pc8=PieceCost}
+lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuDecode.UniformRole*:GpuDecode.Bf16*:GpuDecode.NarrowQ*:GpuPlan.*PieceCost*:GpuDecode.PrefetchNext*}
+lab_own_tests=${LAB_OWN_TESTS:-nq=NarrowQ b16p=Bf16Partials pc8=PieceCost pf=PrefetchNext}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$work/gpu.txt"
 stamp "the C++ GPU suite under the defaults"
 timeout "${SUITE_TIMEOUT:-90}" .devbin/snapmla_gpu_tests > "$work/gpu_suite.log" 2>&1

@@ -1328,6 +1328,34 @@ TEST(GpuDecode, NarrowQFirstGivesTheSameBits) {
   });
 }
 
+// The narrow decode_fp8 tile prefetching its CTA's next split into L2 (SNAPMLA_PREFETCH_NEXT=1, a
+// lab option not yet run on the H200, hence under test_untimed()): hints only, so the default's
+// bits, with either Q order, on for_each_bits_case's cases (multi-split CTAs, where the prefetch
+// runs, bad page indices it must skip, 0- and 1-token sequences, non-finite rows; the 64-row
+// cases check that nothing else reads the option), and on split_epilogue_cases' (a worker's splits
+// across sequence boundaries at h = 8 and 16).
+TEST(GpuDecode, PrefetchNextGivesTheSameBits) {
+  REQUIRE_GPU();
+  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  auto check = [](GpuBatch& G, const DecodeOptions& options) {
+    for (const char* order : {"after_pages", "first"}) {
+      ScopedEnv q_order("SNAPMLA_NARROW_Q", order);
+      auto decode = [&](const char* prefetch) {
+        ScopedEnv env("SNAPMLA_PREFETCH_NEXT", prefetch);
+        return G.decode(true, options);
+      };
+      const auto plain = decode("0");
+      expect_same_bits(plain, decode("1"), std::string("decode_fp8 SNAPMLA_PREFETCH_NEXT=1, SNAPMLA_NARROW_Q=") + order);
+    }
+  };
+  for_each_bits_case(rng, check);
+  for_each_split_case(rng, split_epilogue_cases(rng), [&](const Batch& B, GpuBatch& G, GpuPlan& plan) {
+    check(G, plan.options(B.softmax_scale));
+  });
+}
+
 // decode_bf16 with page A's running max handed over before its P (SNAPMLA_BF16_MAX_HANDOFF=early, a
 // lab option not yet run on the H200, hence under test_untimed()): the same maxima, exponentials
 // and products, only consumer 1's softmax moves, so out and lse keep the default's bits, with each
@@ -1725,10 +1753,11 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
                      "SNAPMLA_FP8_TRIO_ORDER");
   }
   {
-    // The combine's lab options, the partials' store, the decode's programmatic launch and the
-    // narrow tiles' Q order, checked where they are read, before anything is launched.
+    // The combine's lab options, the partials' store, the decode's programmatic launch, the
+    // narrow tiles' Q order and the next split's prefetch, checked where they are read, before
+    // anything is launched.
     for (const char* name : {"SNAPMLA_COMBINE_PDL", "SNAPMLA_COMBINE_WAVE", "SNAPMLA_COMBINE_TASKS", "SNAPMLA_COMBINE_FUSED",
-                             "SNAPMLA_PARTIALS", "SNAPMLA_DECODE_PDL", "SNAPMLA_NARROW_Q"}) {
+                             "SNAPMLA_PARTIALS", "SNAPMLA_DECODE_PDL", "SNAPMLA_NARROW_Q", "SNAPMLA_PREFETCH_NEXT"}) {
       ScopedEnv env(name, "yes");
       EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), name);
       EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), name);

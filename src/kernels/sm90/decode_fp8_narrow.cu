@@ -202,6 +202,17 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
       mbar::arrive_on_cp_async(sm.ring.qbar);
       if (t == 0 && item == range.first) SNAPMLA_MARK(kQIssued);
       if (t == 0) sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, first, nblk);
+      // SNAPMLA_PREFETCH_NEXT: the next split's first pages and Q rows into L2 while the consumers
+      // finish this one (its lookup by the whole warp; warp 0's other lanes wait here for lane 0).
+      if (p.prefetch_next && item + 1 < range.last && t < 32) {
+        const Work next = work_of(p, item + 1);
+        if (t == 0) {
+          sm.ring.prefetch_first_pages(p, next, &tm_latent, &tm_rope);
+          const int64_t row0 = int64_t(next.seq) * p.rows;
+          tma::bulk_prefetch(p.q_nope + row0 * kLatentDim, uint32_t(p.rows * kLatentDim));
+          tma::bulk_prefetch(p.q_rope + row0 * kRopeDim, uint32_t(p.rows * kRopeDim * 2));
+        }
+      }
     }
     return;
   }

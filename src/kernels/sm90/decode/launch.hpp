@@ -207,6 +207,11 @@ inline bool narrow_q_first(const char* op) {
   return detail::env_enum(op, "SNAPMLA_NARROW_Q", {"after_pages", "first"}, {false, true});
 }
 
+// SNAPMLA_PREFETCH_NEXT in the environment (a lab option, read per call like the others): `1` has
+// the narrow decode_fp8 tile prefetch its CTA's next split into L2 (DecodeParams::prefetch_next);
+// unset or 0, not. The same bits either way.
+inline bool prefetch_next(const char* op) { return detail::env_flag(op, "SNAPMLA_PREFETCH_NEXT"); }
+
 // Whether a SplitKernels slot holds a kernel (not nullptr).
 template <auto Kernel>
 inline constexpr bool kInstantiated = !std::is_same_v<decltype(Kernel), std::nullptr_t>;
@@ -313,6 +318,7 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
   const PartialStore store = partial_store(op);
   const bool programmatic = decode_pdl(op);
   const bool q_first = narrow_q_first(op);
+  const bool prefetch = prefetch_next(op);
   // bf16 partials where the kernel set has a kernel that stores them (else fp32, the combine too).
   const bool bf16_partials = Kernels::kHasBf16Rows && store == PartialStore::kBf16Rows && options.plan;
   // (A failed SM-count query gives 0: the combine kernel then. The combine tail reads fp32
@@ -326,6 +332,7 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
   // without the tail goes out the ordinary way, its params saying so.)
   kp.wait_previous_grid = programmatic && !fused;
   kp.q_before_pages = q_first;
+  kp.prefetch_next = prefetch;
   if (fused) {
     kp.combine_counters = combine_counters_of(p, options);
     check(cudaMemsetAsync(kp.combine_counters, 0, combine_counter_count(p, options) * sizeof(int), stream),

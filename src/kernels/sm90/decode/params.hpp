@@ -141,6 +141,11 @@ struct DecodeParams {
   // (SNAPMLA_NARROW_Q=first, a lab option, launch.hpp); false: the first pages, then Q. Where every
   // CTA starts at once, the Q loads otherwise queue behind all the CTAs' first pages.
   bool q_before_pages = false;
+  // The narrow decode_fp8 tile's loader prefetches its CTA's next split into L2 (its first pages
+  // and its Q rows) once the current split's last page is requested (SNAPMLA_PREFETCH_NEXT=1, a
+  // lab option, launch.hpp): the profiling build's stamps put a second piece's start at about
+  // twice the planner's 4 pages where every CTA streams at once. The same bits either way.
+  bool prefetch_next = false;
   // Outputs.
   uint16_t* out = nullptr;  // bf16 [batch, s_q, h, 512] = [batch, rows, 512]
   float* lse = nullptr;     // [batch, h, s_q]

@@ -92,6 +92,18 @@ __device__ __forceinline__ void load_fp8_page(const DecodeParams& p, const CUten
   tma::bulk_load(scales, p.k_scale + int64_t(page) * kPageSize, kScaleBytes, bar);
 }
 
+// load_fp8_page's copies as L2 prefetches (a hint; an out-of-range index: nothing), for a page a
+// later split of the CTA will load (DecodeParams::prefetch_next).
+__device__ __forceinline__ void prefetch_fp8_page(const DecodeParams& p, const CUtensorMap* tm_latent,
+                                                  const CUtensorMap* tm_rope, int32_t page) {
+  if (!page_ok(p, page)) return;
+  const int y = page * kPageSize;
+#pragma unroll
+  for (int b = 0; b < kLatentDim / kTmaBoxBytes; ++b) tma::prefetch_2d(tm_latent, b * kTmaBoxBytes, y);
+  tma::prefetch_2d(tm_rope, 0, y);
+  tma::bulk_prefetch(p.k_scale + int64_t(page) * kPageSize, kPageSize * 4);
+}
+
 // One page of the BF16 cache into a stage by one thread (decode_bf16's narrow tile): kHeadDim x 2 /
 // 128 = 9 TMA boxes of 64 tokens x 64 dims (128-byte swizzle), box b holding dims 64 b .. 64 b + 63
 // (box 8: the rope) at b x kBf16BoxBytes, all completing on `bar` with their byte count. An
@@ -205,6 +217,15 @@ struct PageRing {
       page = next;
       next = after;
     }
+  }
+
+  // The loader thread, for the CTA's next split (DecodeParams::prefetch_next): its first kStages
+  // pages (the ones its stream requests before any stage is released) as L2 prefetches, so that
+  // those requests meet L2 after the split boundary instead of the flooded memory system.
+  __device__ void prefetch_first_pages(const DecodeParams& p, const Work& w, const CUtensorMap* tm_latent,
+                                       const CUtensorMap* tm_rope) const {
+    const int n = min(w.pages(), kStages);
+    for (int j = 0; j < n; ++j) prefetch_fp8_page(p, tm_latent, tm_rope, page_of(p, w, w.begin + j * kPageSize));
   }
 
   // stream_pages of FP8 cache pages (load_fp8_page). Stages: anything with kl(s), kr(s), scale(s)
