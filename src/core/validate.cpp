@@ -442,8 +442,7 @@ PlanLabOptions plan_lab_options(const char* op) {
   lab.fill_workers = env_flag(op, "SNAPMLA_PLAN_FILL");
   lab.equal_shares = env_choice(op, "SNAPMLA_PLAN_SPLIT", {"rule", "equal"}) == 1;
   // A further piece's fixed cost in blocks: the rule's (4, unset) or one of a few others, to scan.
-  constexpr const char* kPieceCosts[] = {"4", "2", "6", "8", "12", "16"};
-  lab.piece_cost = std::atoi(kPieceCosts[env_choice(op, "SNAPMLA_PLAN_PIECE_COST", kPieceCosts, std::size(kPieceCosts))]);
+  lab.piece_cost = env_enum(op, "SNAPMLA_PLAN_PIECE_COST", {"4", "2", "6", "8", "12", "16"}, {4, 2, 6, 8, 12, 16});
   return lab;
 }
 

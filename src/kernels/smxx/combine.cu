@@ -1,7 +1,8 @@
 // combine: merge the partial results of split sequences (docs/reference.md, "Splits and
-// combine"), fp32 or, under SNAPMLA_PARTIALS=bf16, bf16 rows (CombineParams::partial_bf16). Two task shapes, the same bits (each element takes the same additions in the same
-// order): the splits are summed in groups of kGroup, each group's partial rows loaded at once and
-// summed in split order, and the groups' sums are added in group order.
+// combine"), fp32 or, under SNAPMLA_PARTIALS=bf16, bf16 rows (CombineParams::partial_bf16). Two
+// task shapes, the same bits (each element takes the same additions in the same order): the
+// splits are summed in groups of kGroup, each group's partial rows loaded at once and summed in
+// split order, and the groups' sums are added in group order.
 // - Quarter tasks (combine_quarter_kernel): a task is one query row and quarter of the 512 dims (a
 //   lane takes 4 dims, one 16-byte load per split), done by W warps of one block (1, 2, 4 or 8);
 //   the W warps take the groups in turn, so W changes which warp sums a group but not the order

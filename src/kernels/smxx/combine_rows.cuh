@@ -35,8 +35,8 @@ __device__ __forceinline__ float4 load_partial4(const T* p) {
   } else {
     static_assert(std::is_same_v<T, uint16_t>, "partials are fp32 or bf16");
     const uint2 v = load_partial<kFromL2>(reinterpret_cast<const uint2*>(p));
-    return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xFFFF0000u), __uint_as_float(v.y << 16),
-                       __uint_as_float(v.y & 0xFFFF0000u));
+    return make_float4(bf16_bits_to_float(uint16_t(v.x)), bf16_bits_to_float(uint16_t(v.x >> 16)),
+                       bf16_bits_to_float(uint16_t(v.y)), bf16_bits_to_float(uint16_t(v.y >> 16)));
   }
 }
 

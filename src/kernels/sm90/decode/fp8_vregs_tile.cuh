@@ -143,8 +143,8 @@ __device__ __forceinline__ void load_vt(uint32_t (&a)[4][2][4], const uint8_t* k
 // The consumer's output after the pages: O^T / sigma per column -> O^T sigma / l (out_scale per
 // row: 0 for a row that saw nothing, which gets 0 whatever its accumulator holds; NaN for a
 // fault), as bf16 rows (bf16_rows_of: a sequence with one split, or bf16 partials) or the split's
-// fp32 partials. Thread (warp, g, q) holds dims row_dim(c, mt, 16 warp + g) and + 1 (accumulator elements e and e + 2)
-// of rows 8 n + 2 q + e: one 4-byte (bf16) or 8-byte (fp32) store per row, dim pair and M tile,
+// fp32 partials. Thread (warp, g, q) holds dims row_dim(c, mt, 16 warp + g) and + 1 (accumulator
+// elements e and e + 2) of rows 8 n + 2 q + e: one 4-byte (bf16) or 8-byte (fp32) store per row, dim pair and M tile,
 // eight lanes' pairs contiguous (32 or 64 bytes of a row).
 template <typename T, typename Pack>
 __device__ __forceinline__ void store_columns(T* base, const float (&o)[4][8][4], const float* out_scale, int rows,

@@ -319,14 +319,15 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
   const bool programmatic = decode_pdl(op);
   const bool q_first = narrow_q_first(op);
   const bool prefetch = prefetch_next(op);
-  // bf16 partials where the kernel set has a kernel that stores them (else fp32, the combine too).
-  const bool bf16_partials = Kernels::kHasBf16Rows && store == PartialStore::kBf16Rows && options.plan;
+  // bf16 partials where the kernel set has a kernel that stores them (else fp32, the combine too;
+  // SplitKernels::launch then runs Plain).
+  const bool bf16_partials = Kernels::kHasBf16Rows && store == PartialStore::kBf16Rows;
   // (A failed SM-count query gives 0: the combine kernel then. The combine tail reads fp32
   // partials only.)
   const bool fused = combine_fused(op) && Kernels::kHasTail && options.plan && !bf16_partials &&
                      int64_t(grid.x) <= current_sm_count();
   DecodeParams kp = p;
-  if (bf16_partials) kp.partial_bf16 = reinterpret_cast<uint16_t*>(p.partial_out);
+  if (bf16_partials) kp.partial_bf16 = reinterpret_cast<uint16_t*>(p.partial_out);  // null without a plan
   kp.dependents_late = launch == CombineLaunch::kProgrammaticLate;
   // (Not where the combine tail asks for a cooperative launch: if that is refused, the kernel
   // without the tail goes out the ordinary way, its params saying so.)
@@ -338,10 +339,8 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
     check(cudaMemsetAsync(kp.combine_counters, 0, combine_counter_count(p, options) * sizeof(int), stream),
           "cudaMemsetAsync (combine counters)");
   }
-  // (SNAPMLA_PARTIALS=bf16 where fp32 partials are kept: the fragments' store.)
-  const PartialStore launched = store == PartialStore::kBf16Rows && !bf16_partials ? PartialStore::kFragments : store;
   const bool tail =
-      Kernels::launch(fused, launched, kp.wait_previous_grid, grid, Config::kThreads, smem, stream, kp, extra...);
+      Kernels::launch(fused, store, kp.wait_previous_grid, grid, Config::kThreads, smem, stream, kp, extra...);
   check_launch(op);
   if (options.plan && !tail)
     combine(combine_params(kp, wave_over_workers), stream, launch != CombineLaunch::kOrdinary, tasks);
