@@ -362,6 +362,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
           SNAPMLA_MARK(kWorkKnown);
           SNAPMLA_NOTE_WORK(range.last - range.first, w.pages());
         }
+        SNAPMLA_NOTE_SPLIT(w.pages());
         // The Q latent tile first (one TMA request; it needs no page index), then the pages:
         // both stand between the split's start and its first QK.
         load_q_tile<kLatentDim, 1>(&tm_q, sm.q_latent, int(int64_t(w.seq) * p.rows + row0), sm.ring.qbar);

@@ -195,6 +195,7 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
         SNAPMLA_MARK(kWorkKnown);
         SNAPMLA_NOTE_WORK(range.last - range.first, nblk);
       }
+      if (t == 0) SNAPMLA_NOTE_SPLIT(nblk);
       if (t == 0) sm.ring.stream(p, w, &tm_latent, &tm_rope, sm, 0, first);
       load_q_latent<kLatentDim, kN>(sm.qn, p.q_nope, kLatentDim, p, w, 0, t, 128);
       load_q_latent<kRopeDim * 2, kN>(sm.qr, reinterpret_cast<const uint8_t*>(p.q_rope), kRopeDim * 2, p, w, 0, t,

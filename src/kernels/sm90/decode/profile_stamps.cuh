@@ -45,7 +45,7 @@ constexpr int kMaxCtas = 4096;
 struct CtaRecord {
   unsigned long long ns[kMarks];                 // %globaltimer
   unsigned long long clock_start, clock_stored;  // clock64 at kStart and kStored (the SM clock)
-  unsigned sm, splits, first_pages;
+  unsigned sm, splits, first_pages, pages;  // pages: over all of the CTA's splits
 };
 
 __device__ CtaRecord g_records[kMaxCtas];
@@ -69,6 +69,12 @@ __device__ __forceinline__ void note_work(int splits, int first_pages) {
   if (blockIdx.x >= kMaxCtas) return;
   g_records[blockIdx.x].splits = unsigned(splits);
   g_records[blockIdx.x].first_pages = unsigned(first_pages);
+}
+
+// One thread of the CTA, once per split: the split's pages, summed into the CTA's.
+__device__ __forceinline__ void note_split(int pages) {
+  if (blockIdx.x >= kMaxCtas) return;
+  g_records[blockIdx.x].pages += unsigned(pages);
 }
 
 inline const char* mark_name(int m) {
@@ -98,6 +104,36 @@ inline void before_launch() {
   static const std::vector<CtaRecord> zero(kMaxCtas, CtaRecord{});
   cudaDeviceSynchronize();
   cudaMemcpyToSymbol(g_records, zero.data(), sizeof(CtaRecord) * kMaxCtas);
+}
+
+// SNAPMLA_PROFILE_DUMP=PATH: every CTA's record appended to PATH as CSV (with a header when the
+// file is new), each milestone in us after the grid's first start: whether the CTAs' ends follow
+// their pages or their SMs (lab/sm_balance.py reads it).
+inline void dump_records(const std::vector<CtaRecord>& h, const char* op, int at, unsigned long long first_start) {
+  const char* path = std::getenv("SNAPMLA_PROFILE_DUMP");
+  if (path == nullptr || *path == 0) return;
+  FILE* f = std::fopen(path, "a");
+  if (f == nullptr) {
+    std::fprintf(stderr, "%s profile: could not open %s\n", op, path);
+    return;
+  }
+  std::fseek(f, 0, SEEK_END);
+  if (std::ftell(f) == 0) {
+    std::fprintf(f, "op,launch,cta,sm,splits,first_pages,pages,mhz");
+    for (int m = 0; m < kMarks; ++m) std::fprintf(f, ",%s", mark_name(m));
+    std::fprintf(f, "\n");
+  }
+  for (size_t i = 0; i < h.size(); ++i) {
+    const CtaRecord& r = h[i];
+    if (r.ns[0] == 0) continue;
+    const unsigned long long end = r.ns[int(Mark::kStored)];
+    const double mhz = end > r.ns[0] ? double(r.clock_stored - r.clock_start) / double(end - r.ns[0]) * 1e3 : 0.0;
+    std::fprintf(f, "%s,%d,%zu,%u,%u,%u,%u,%.0f", op, at, i, r.sm, r.splits, r.first_pages, r.pages, mhz);
+    for (int m = 0; m < kMarks; ++m)
+      std::fprintf(f, ",%.3f", r.ns[m] != 0 ? double(r.ns[m] - first_start) / 1e3 : -1.0);
+    std::fprintf(f, "\n");
+  }
+  std::fclose(f);
 }
 
 inline double percentile(std::vector<double> v, double f) {
@@ -146,6 +182,7 @@ inline void after_launch(const char* op) {
     std::fprintf(stderr, "%s profile (launch %d): no CTA recorded its work\n", op, at);
     return;
   }
+  dump_records(h, op, at, first_start);
   std::fprintf(stderr, "%s profile (launch %d): %zu CTAs with work, %d without; span %.2f us; SM MHz p50 %.0f\n", op,
                at, after[size_t(kMarks) - 1].size(), idle, double(t1 - t0) / 1e3, percentile(mhz, 0.5));
   // The launch's ramp: when the CTAs (all of them, those without work too) started after the
@@ -173,6 +210,7 @@ inline void after_launch(const char* op) {
 
 #define SNAPMLA_MARK(m) ::snapmla::cuda::profile::mark(::snapmla::cuda::profile::Mark::m)
 #define SNAPMLA_NOTE_WORK(splits, pages) ::snapmla::cuda::profile::note_work(splits, pages)
+#define SNAPMLA_NOTE_SPLIT(pages) ::snapmla::cuda::profile::note_split(pages)
 #else
 namespace snapmla::cuda::profile {
 namespace {
@@ -186,5 +224,8 @@ inline void after_launch(const char*) {}
   } while (0)
 #define SNAPMLA_NOTE_WORK(splits, pages) \
   do {                                   \
+  } while (0)
+#define SNAPMLA_NOTE_SPLIT(pages) \
+  do {                            \
   } while (0)
 #endif
