@@ -12,9 +12,11 @@ and, where the same case ran in two launches (LABEL column, e.g. two processes),
 rate in one launch predicts it in the other (the correlation by SM id): a slow SM that stays slow
 is a property of the chip, one that does not is the launch's traffic.
 
-    python3 lab/sm_balance.py dump.csv [--label-by case]
+    python3 lab/sm_balance.py dump.csv
+    python3 lab/sm_balance.py dump.csv --fast-sms 1.12   # the SMs faster than 1.12x the median,
+                                                          # as SNAPMLA_FAST_SMS takes them
 
-The dump's rows carry `op` and `launch`; lab/h200_sm_balance.sh adds a `case` column per run.
+The dump's rows carry `op` and `launch`; lab/h200_sm_balance.sh adds `case` and `run` columns.
 """
 
 import argparse
@@ -59,9 +61,22 @@ def summarize(rows):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dump")
+    ap.add_argument("--fast-sms", type=float, metavar="RATIO",
+                    help="print only the SMs whose rate (pages per us, mean over the dump's launches) is above "
+                         "RATIO x the median SM's, '+' between them")
     a = ap.parse_args()
     with open(a.dump) as f:
         rows = [r for r in csv.DictReader(f) if float(r["stored"]) > 0]
+    if a.fast_sms:
+        rates = defaultdict(list)
+        for r in rows:
+            p, s0, l = int(r["pages"]), float(r["first score"]), float(r["loop done"])
+            if p > 0 and l > s0:
+                rates[int(r["sm"])].append(p / (l - s0))
+        mean = {k: statistics.fmean(v) for k, v in rates.items()}
+        median = statistics.median(mean.values())
+        print("+".join(str(k) for k in sorted(mean) if mean[k] > a.fast_sms * median))
+        return
     by_launch = defaultdict(list)
     for r in rows:
         by_launch[(r.get("case", ""), r["op"], r["launch"], r.get("run", ""))].append(r)

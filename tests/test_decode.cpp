@@ -825,6 +825,111 @@ TEST(SplitKv, PieceCostOptionChargesFurtherPieces) {
   EXPECT_ARG_ERROR(OwnedPlan(pages, 132, 16), "SNAPMLA_PLAN_PIECE_COST");
 }
 
+// SNAPMLA_FAST_SMS (with SNAPMLA_FAST_SM_WEIGHT): on calls of at most 16 query rows the plan's first
+// workers, as many as SMs listed, take weight / 1 of the others' share each. On random batches:
+// every worker's cost (its pages plus one fixed cost F per split) is its weighted part of the axis
+// (the total times its weight over all the used workers' weights) within the balanced plan's
+// margins, [part - F - 1, part + 2 F + 1]; the splits cover every sequence once; more rows, or no
+// SM listed, give the plan without the option byte for byte. A bad list is an error naming it.
+TEST(SplitKv, FastSmsWeighTheFirstWorkers) {
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  ScopedEnv sms("SNAPMLA_FAST_SMS", ""), weight("SNAPMLA_FAST_SM_WEIGHT", "");
+  const char* weights[] = {"1.125", "1.25", "1.375", "1.5"};
+  const int weight16s[] = {18, 20, 22, 24};
+  const int64_t F = detail::kPieceCostBlocks;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int b = trial % 40 == 3 ? 600 : 1 + int(rng() % 160), workers = 1 + int(rng() % 200);
+    const int rows = 1 + int(rng() % 16);
+    std::vector<int32_t> lens(static_cast<size_t>(b)), table(static_cast<size_t>(b), 0);
+    for (auto& l : lens) l = int32_t(rng() % 40000) * int(rng() % 6 != 0);
+    const PageTable pages{table.data(), lens.data(), b, 4096, Device::cpu()};
+    sms.set("");
+    const OwnedPlan plain(pages, workers, rows), plain64(pages, workers, 64);
+    const int listed = 1 + int(rng() % std::min(workers + 10, 60)), wi = int(rng() % 4);
+    std::string list;
+    for (int i = 0; i < listed; ++i) {
+      if (i > 0) list += '+';
+      list += std::to_string(2 * i + int(trial % 2));
+    }
+    sms.set(list.c_str());
+    weight.set(weights[wi]);
+    const OwnedPlan P(pages, workers, rows);
+    EXPECT_EQ(OwnedPlan(pages, workers, 64).begins, plain64.begins) << "64 rows: no weights";
+    // The expected parts, as worker_shares makes the axis.
+    int64_t blocks = 0;
+    for (int32_t l : lens) blocks += (l + kPageSize - 1) / kPageSize;
+    const int64_t chunk = detail::split_chunk(blocks, workers, rows);
+    const int64_t used = std::clamp<int64_t>((blocks + chunk - 1) / chunk, 1, workers);
+    const int64_t total = blocks + F * (b - 1);
+    const int64_t fast = std::min<int64_t>(listed, used), w16 = weight16s[wi];
+    const double wsum = double(16 * used + (w16 - 16) * fast);
+    std::vector<int64_t> pages_of(size_t(P.offsets[size_t(b)]), 0);
+    for (int i = 0; i < b; ++i) {
+      int64_t covered = 0;
+      for (int k = P.offsets[size_t(i)]; k < P.offsets[size_t(i + 1)]; ++k) {
+        const int end = k + 1 < P.offsets[size_t(i + 1)] ? P.begins[size_t(k + 1)] : lens[size_t(i)];
+        pages_of[size_t(k)] = (end - P.begins[size_t(k)] + kPageSize - 1) / kPageSize;
+        covered += pages_of[size_t(k)];
+      }
+      EXPECT_EQ(covered, (lens[size_t(i)] + kPageSize - 1) / kPageSize) << "sequence " << i;
+    }
+    const int slots = int(P.begins.size()) - b;
+    int64_t fast_cost = 0, slow_cost = 0;
+    for (int w = 0; w < slots; ++w) {
+      int64_t cost = 0;
+      for (int k = P.worker_splits[size_t(w)]; k < P.worker_splits[size_t(w + 1)]; ++k) cost += pages_of[size_t(k)] + F;
+      if (w >= used) {
+        EXPECT_EQ(cost, 0) << "worker " << w;
+        continue;
+      }
+      const double part = double(total) * double(w < fast ? w16 : 16) / wsum;
+      if (w + 1 < used && cost > 0) {
+        EXPECT_GE(double(cost), part - double(F) - 1) << "worker " << w;
+      }
+      EXPECT_LE(double(cost), part + 2.0 * double(F) + 1) << "worker " << w;
+      (w < fast ? fast_cost : slow_cost) += cost;
+    }
+    if (::testing::Test::HasFailure())
+      FAIL() << "trial " << trial << ": b = " << b << ", workers = " << workers << ", rows = " << rows << ", "
+             << listed << " SMs at " << weights[wi];
+    if (trial == 0) {
+      sms.set("");
+      EXPECT_EQ(OwnedPlan(pages, workers, rows).begins, plain.begins) << "no SM listed: the plain plan";
+    }
+  }
+  // b = 128 x 32K on 132 workers, 24 SMs listed: the first 24 workers run 1.25x the others' pages.
+  std::vector<int32_t> lens(128, 32768), table(128 * 512, 0);
+  const PageTable pages{table.data(), lens.data(), 128, 512, Device::cpu()};
+  std::string list;
+  for (int i = 0; i < 24; ++i) {
+    if (i > 0) list += '+';
+    list += std::to_string(i);
+  }
+  sms.set(list.c_str());
+  weight.set("");
+  const OwnedPlan P(pages, 132, 16);
+  auto worker_pages = [&](int w) {
+    int64_t n = 0;
+    for (int k = P.worker_splits[size_t(w)]; k < P.worker_splits[size_t(w + 1)]; ++k) {
+      int i = 0;
+      while (P.offsets[size_t(i + 1)] <= k) ++i;
+      const int end = k + 1 < P.offsets[size_t(i + 1)] ? P.begins[size_t(k + 1)] : lens[size_t(i)];
+      n += (end - P.begins[size_t(k)]) / kPageSize;
+    }
+    return n;
+  };
+  const double ratio = double(worker_pages(5)) / double(worker_pages(100));
+  EXPECT_NEAR(ratio, 1.25, 0.02) << "worker 5: " << worker_pages(5) << " pages, worker 100: " << worker_pages(100);
+  for (const char* bad : {"3+3", "x", "256", "1++2", "-1"}) {
+    sms.set(bad);
+    EXPECT_ARG_ERROR(OwnedPlan(pages, 132, 16), "SNAPMLA_FAST_SMS");
+  }
+  sms.set("1");
+  weight.set("2");
+  EXPECT_ARG_ERROR(OwnedPlan(pages, 132, 16), "SNAPMLA_FAST_SM_WEIGHT");
+}
+
 // The lab options' parser (every SNAPMLA_* switch read per call goes through it): unset or empty
 // picks the first value, a listed value its index, and anything else is an error naming the
 // variable and listing what it takes; env_flag is the choice between 0 and 1, env_enum a choice

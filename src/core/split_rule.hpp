@@ -57,6 +57,12 @@ struct WorkerShares {
   int whole = 0;         // > 0: no cuts, `whole` whole sequences per worker (in order) instead
   int fixed = 0;         // > 0: batch-invariant, splits of `fixed` blocks (fixed_splits below)
   int64_t piece = kPieceCostBlocks;  // a further piece's fixed cost (piece_fixed_cost)
+  // > 0 (PlanLabOptions::fast_workers): the first `fast` workers weigh weight16 / 16 workers each
+  // on the axis (their CTAs run on the SMs that stream faster), the rest one; wsum: the weight of
+  // the `workers` in 16ths (worker_boundary).
+  int fast = 0;
+  int weight16 = 16;
+  int64_t wsum = 0;
 };
 
 // What the planner sums over the sequences before it divides the work (one pass; on the GPU one
@@ -117,10 +123,18 @@ SNAPMLA_HOST_DEVICE inline PlanTotals merge(const PlanTotals& a, const PlanTotal
 // (SNAPMLA_PLAN_PIECE_COST). The profiling build's stamps put the narrow tile's at about twice the
 // rule's where every CTA streams pages at once (an H100, b = 16, h = 16: the CTAs with a second
 // piece end about 10 us after the median at 8K, 8 us at 32K), the 64-row tile's near it.
+// fast_workers > 0 (SNAPMLA_FAST_SMS, the count of the SMs it lists) with fast_weight16: the plans of
+// calls of at most 16 query rows (the narrow tiles, which stream the cache) give their first
+// fast_workers workers fast_weight16 / 16 of a share each (worker_boundary); decode_fp8's narrow tile
+// then runs those workers on the listed SMs (scheduler.cuh, claimed_worker). On an H100 the profiling
+// build's dump had 24 of its 132 SMs (12 TPCs, the same in every launch) stream pages about 1.25x
+// as fast as the others at h = 16, and the launch end with them idle (lab/sm_balance.py).
 struct PlanLabOptions {
   bool fill_workers = false;
   bool equal_shares = false;
   int piece_cost = 0;
+  int fast_workers = 0;
+  int fast_weight16 = 16;
 };
 
 // How many of num_workers a total of `t.blocks` over `batch` sequences is worth (split_chunk:
@@ -154,6 +168,13 @@ SNAPMLA_HOST_DEVICE inline WorkerShares worker_shares(const PlanTotals& t, int b
   s.total = t.blocks + (batch > 1 ? int64_t(batch - 1) * s.piece : 0);
   s.share = (s.total + used - 1) / used;
   if (s.share < 1) s.share = 1;
+  if (lab.fast_workers > 0 && lab.fast_weight16 > 16 && query_rows > 0 && query_rows <= 16 && s.fixed == 0 &&
+      s.total > 0) {
+    s.fast = lab.fast_workers < s.workers ? lab.fast_workers : s.workers;
+    s.weight16 = lab.fast_weight16;
+    s.wsum = 16 * used + int64_t(s.weight16 - 16) * s.fast;
+    return s;  // balanced, never whole sequences (their workers would weigh the same)
+  }
   if (query_rows > 0 && batch > 0) {
     const int64_t n = (batch + used - 1) / used;
     if (n * t.longest + (n - 1) * s.piece <= s.share + cut_cost_blocks(query_rows, used, num_workers)) {
@@ -164,10 +185,29 @@ SNAPMLA_HOST_DEVICE inline WorkerShares worker_shares(const PlanTotals& t, int b
   return s;
 }
 
+// Worker k's start on the axis: k x share, or where some workers weigh more (s.fast > 0) the
+// total times the weight of workers [0, k) over all of theirs, rounded up.
+SNAPMLA_HOST_DEVICE inline int64_t worker_boundary(int64_t k, const WorkerShares& s) {
+  if (s.fast == 0) return k * s.share;
+  const int64_t w = 16 * k + int64_t(s.weight16 - 16) * (k < s.fast ? k : s.fast);
+  return (s.total * w + s.wsum - 1) / s.wsum;
+}
+
+// The first worker k >= 0 whose start (worker_boundary) is at or past c.
+SNAPMLA_HOST_DEVICE inline int64_t first_worker_from(int64_t c, const WorkerShares& s) {
+  if (c <= 0) return 0;
+  if (s.fast == 0) return (c + s.share - 1) / s.share;
+  // ceil(total w / wsum) >= c, for the weight w of workers [0, k), holds from w = floor((c - 1)
+  // wsum / total) + 1 on; w grows by weight16 per fast worker, then by 16.
+  const int64_t x = (c - 1) * s.wsum / s.total + 1, fast_weight = int64_t(s.weight16) * s.fast;
+  if (x <= fast_weight) return (x + s.weight16 - 1) / s.weight16;
+  return s.fast + (x - fast_weight + 15) / 16;
+}
+
 // The workers that get splits: the first `workers`, less those past the axis's end.
 SNAPMLA_HOST_DEVICE inline int busy_workers(const WorkerShares& s) {
   if (s.whole > 0) return s.workers;
-  const int64_t reach = (s.total + s.share - 1) / s.share;
+  const int64_t reach = first_worker_from(s.total, s);
   return reach < s.workers ? int(reach) : s.workers;
 }
 
@@ -189,8 +229,8 @@ SNAPMLA_HOST_DEVICE inline SequenceCuts sequence_cuts(int64_t c0, int64_t blocks
     return {lo, hi, hi};
   }
   const int64_t fixed = piece_fixed_cost(seq, s), end = c0 + fixed + blocks;
-  int64_t lo = (c0 + s.share - 1) / s.share, hi = (end + s.share - 1) / s.share;
-  int64_t cut = (c0 + fixed) / s.share + 1;  // the first k with k x share > c0 + fixed
+  int64_t lo = first_worker_from(c0, s), hi = first_worker_from(end, s);
+  int64_t cut = first_worker_from(c0 + fixed + 1, s);  // the first k starting past c0 + fixed
   if (lo < 1) lo = 1;
   if (hi > s.workers) hi = s.workers;
   if (lo > hi) lo = hi;
@@ -225,7 +265,7 @@ struct SequenceSplits {
   }
   // Worker k's boundary as a block of this sequence (negative: in its fixed cost or before).
   SNAPMLA_HOST_DEVICE int64_t boundary_block(int k) const {
-    return int64_t(k) * s.share - c0 - piece_fixed_cost(seq, s);
+    return worker_boundary(k, s) - c0 - piece_fixed_cost(seq, s);
   }
 };
 

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 #include "core/split_rule.hpp"
 #include "snapmla/formats.hpp"
@@ -98,8 +99,17 @@ bool bf16_partials(const char* op);
 // The planner's lab options (PlanLabOptions, core/split_rule.hpp) from the environment:
 // SNAPMLA_PLAN_FILL (env_flag) for fill_workers, SNAPMLA_PLAN_SPLIT (`rule`, the default, or
 // `equal`) for equal_shares, SNAPMLA_PLAN_PIECE_COST (4, the default, or 2, 6, 8, 12, 16 blocks)
-// for piece_cost.
+// for piece_cost; SNAPMLA_FAST_SMS (fast_sms) and SNAPMLA_FAST_SM_WEIGHT for fast_workers and
+// fast_weight16.
 PlanLabOptions plan_lab_options(const char* op);
+
+// SNAPMLA_FAST_SMS (a lab option, read per call): SM ids (0 .. kMaxFastSmId, '+' between them,
+// none twice) whose CTAs stream the cache faster than the others' (lab/sm_balance.py finds them
+// on a GPU), or unset / empty. The planner weighs as many workers more (PlanLabOptions) at
+// SNAPMLA_FAST_SM_WEIGHT (1.125, 1.25 (unset), 1.375 or 1.5) and decode_fp8's narrow tile runs
+// them on those SMs (kernels/sm90/decode/scheduler.cuh, claimed_worker).
+inline constexpr int kMaxFastSmId = 255;
+std::vector<int> fast_sms(const char* op);
 
 // The debug checks' tables (check_page_table, check_slot_mapping): the view, then its contents
 // where they are host memory (the caller copies device tables to the host first).

@@ -438,6 +438,29 @@ TEST(GpuPlan, SameSplitsAsTheReferenceUnderPieceCost) {
   }
 }
 
+// SNAPMLA_FAST_SMS (a lab option): the GPU planner weighs the first workers of a call of at most 16
+// rows as the reference planner does, byte for byte (24 and 66 SMs listed, at 1.25 and 1.5), and
+// leaves a call of more rows alone.
+TEST(GpuPlan, SameSplitsAsTheReferenceUnderFastSms) {
+  REQUIRE_GPU();
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  for (const int listed : {24, 66})
+    for (const char* weight : {"1.25", "1.5"}) {
+      std::string list;
+      for (int i = 0; i < listed; ++i) {
+        if (i > 0) list += '+';
+        list += std::to_string(3 * i % 132);
+      }
+      SCOPED_TRACE(std::to_string(listed) + " SMs listed at " + weight);
+      ScopedEnv sms("SNAPMLA_FAST_SMS", list.c_str()), w("SNAPMLA_FAST_SM_WEIGHT", weight);
+      expect_gpu_plans_match_the_reference(rng);
+      for (const int rows : {16, 8, 64})
+        expect_gpu_plan_matches_the_reference(std::vector<int32_t>(128, 32768), 132, rows, 0,
+                                              split_plan_capacity(128, 132), "b=128 x 32K on 132 workers");
+    }
+}
+
 TEST(GpuPlan, SameSplitsAsTheReference) {
   REQUIRE_GPU();
   auto rng = make_rng();
@@ -1354,6 +1377,44 @@ TEST(GpuDecode, PrefetchNextGivesTheSameBits) {
   for_each_split_case(rng, split_epilogue_cases(rng), [&](const Batch& B, GpuBatch& G, GpuPlan& plan) {
     check(G, plan.options(B.softmax_scale));
   });
+}
+
+// SNAPMLA_FAST_SMS (a lab option not yet run on the H200, hence under test_untimed()): decode_fp8's
+// narrow tile claims its workers (scheduler.cuh, claimed_worker) instead of taking blockIdx's, so
+// on a plan made under the option (its first workers weighted more) the claims must hand out
+// every worker once: the bits of the same plan decoded by blockIdx's workers (the option unset for
+// the call), whichever SMs are listed: every other SM (both pools claimed from), every SM (no CTA
+// claims a slow worker first: they all go as overflow), and ids no SM has (no CTA claims a fast
+// one first), on split_epilogue_cases' (workers across sequence boundaries at h = 8 and 16, a bad
+// page, 12 rows at s_q = 4; the 64-row cases check that nothing else reads the option).
+TEST(GpuDecode, FastSmClaimsGiveTheSameBits) {
+  REQUIRE_GPU();
+  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  std::string every_other, every, none = "250+251+252+253";
+  auto add = [](std::string& list, int id) {
+    if (!list.empty()) list += '+';
+    list += std::to_string(id);
+  };
+  for (int i = 0; i < sms; ++i) {
+    if (i % 2 == 0) add(every_other, i);
+    add(every, i);
+  }
+  for (const std::string& list : {every_other, every, none}) {
+    SCOPED_TRACE("SNAPMLA_FAST_SMS=" + list.substr(0, 24) + "...");
+    ScopedEnv planned("SNAPMLA_FAST_SMS", list.c_str());  // the plans are made under it
+    for_each_split_case(rng, split_epilogue_cases(rng), [&](const Batch& B, GpuBatch& G, GpuPlan& plan) {
+      auto decode = [&](const char* fast) {
+        ScopedEnv env("SNAPMLA_FAST_SMS", fast);
+        plan.workspace.poison();
+        return G.decode(true, plan.options(B.softmax_scale));
+      };
+      expect_same_bits(decode(""), decode(list.c_str()), "decode_fp8, workers claimed");
+    });
+  }
 }
 
 // decode_bf16 with page A's running max handed over before its P (SNAPMLA_BF16_MAX_HANDOFF=early, a

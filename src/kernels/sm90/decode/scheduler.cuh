@@ -40,6 +40,37 @@ __device__ __forceinline__ int row_tiles_of(const DecodeParams& p) { return (p.r
 __device__ __forceinline__ int grid_worker(const DecodeParams& p) { return int(blockIdx.x) / row_tiles_of(p); }
 __device__ __forceinline__ int grid_row0(const DecodeParams& p) { return int(blockIdx.x) % row_tiles_of(p) * kTileRows; }
 
+// The CTA's worker (one row tile per worker: the narrow tiles' grid), claimed where
+// p.worker_claims is set (SNAPMLA_FAST_SMS, a lab option): the plan weighs its first fast_workers
+// workers more, so a CTA on a listed SM takes the next of those, any other the next of the rest,
+// and one whose pool is used up the next of the other pool. The grid has one CTA per worker, so
+// the claims hand out every worker once, whichever SMs the CTAs land on: the same splits, the same
+// bits as blockIdx's worker. Thread 0 claims; the whole CTA calls it (one barrier), with a word of
+// shared memory that nothing uses before the CTA's start (start_cta's barrier). -1: no worker.
+__device__ __forceinline__ int claimed_worker(const DecodeParams& p, int* scratch) {
+  if (p.worker_claims == nullptr) return grid_worker(p);
+  if (threadIdx.x == 0) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    const bool fast = sm < 256 && (p.fast_sm_mask[sm / 32] >> (sm % 32) & 1u);
+    const int fast_pool = p.fast_workers, slow_pool = p.num_workers - p.fast_workers;
+    int k = atomicAdd(&p.worker_claims[fast ? 0 : 1], 1), worker = -1;
+    if (fast && k < fast_pool) {
+      worker = k;
+    } else if (!fast && k < slow_pool) {
+      worker = fast_pool + k;
+    } else {  // the own pool used up: the other's
+      k = atomicAdd(&p.worker_claims[fast ? 1 : 0], 1);
+      // (Both used up: more CTAs than workers, which the launch never makes; no work.)
+      if (fast && k < slow_pool) worker = fast_pool + k;
+      if (!fast && k < fast_pool) worker = k;
+    }
+    *scratch = worker;
+  }
+  __syncthreads();
+  return *scratch;
+}
+
 // The splits [first, last) of this CTA's worker: its range of the plan's worker_splits, clamped
 // to the plan's splits (a table not made by plan_splits can make it empty, never out of bounds),
 // or the one split (sequence, without a plan) of the worker's index. Empty: the CTA exits.
