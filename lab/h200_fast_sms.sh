@@ -20,7 +20,7 @@ timeout "${SUITE_TIMEOUT:-100}" .devbin/snapmla_gpu_tests > "$dest/gpu_suite.log
 echo "exit: $?"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$dest/gpu_suite.log" | tail -6
 stamp "the option's tests (SNAPMLA_TEST_UNTIMED=1)"
-SNAPMLA_TEST_UNTIMED=1 timeout 150 .devbin/snapmla_gpu_tests --gtest_filter='GpuDecode.FastSm*:GpuPlan.*' \
+SNAPMLA_TEST_UNTIMED=1 timeout 150 .devbin/snapmla_gpu_tests --gtest_filter="${LAB_FILTER:-GpuDecode.FastSm*:GpuPlan.*}" \
   > "$dest/lab_tests.log" 2>&1
 rc=$?
 echo "exit: $rc"
