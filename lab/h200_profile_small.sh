@@ -20,10 +20,7 @@ export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVE
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 stamp "pip install . (profiling build)"
-ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps .whl/*.whl
-python3 -m pip install -v --no-build-isolation --no-index --no-deps -C cmake.define.SNAPMLA_PROFILE_STAMPS=ON . \
-  > "$dest/pip_install_profile.log" 2>&1 || { tail -30 "$dest/pip_install_profile.log"; exit 1; }
-grep -m1 "profiling build" "$dest/pip_install_profile.log" || echo "the build log does not name the profiling build"
+PROFILE=1 lab/h200_pip_install.sh "$dest" || exit 1
 cd /tmp || exit 1  # the installed package
 stamp "stamps per case"
 cases="1,128,1,8192 2,128,1,8192 4,128,1,8192 8,128,1,8192 1,64,1,8192 4,64,1,8192 128,128,1,8192"

@@ -16,9 +16,7 @@ t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader
 stamp "pip install . (profiling build)"
-ls .whl/*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps .whl/*.whl
-python3 -m pip install -v --no-build-isolation --no-index --no-deps -C cmake.define.SNAPMLA_PROFILE_STAMPS=ON . \
-  > "$dest/pip_install_profile.log" 2>&1 || { tail -30 "$dest/pip_install_profile.log"; exit 1; }
+PROFILE=1 lab/h200_pip_install.sh "$dest" || exit 1
 cd /tmp || exit 1  # the installed package
 out="$dest/sm_balance.csv"
 rm -f "$out"
