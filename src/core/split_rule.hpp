@@ -128,7 +128,8 @@ SNAPMLA_HOST_DEVICE inline PlanTotals merge(const PlanTotals& a, const PlanTotal
 // fast_workers workers fast_weight16 / 16 of a share each (worker_boundary); decode_fp8's narrow tile
 // then runs those workers on the listed SMs (scheduler.cuh, claimed_worker). On an H100 the profiling
 // build's dump had 24 of its 132 SMs (12 TPCs, the same in every launch) stream pages about 1.25x
-// as fast as the others at h = 16, and the launch end with them idle (lab/sm_balance.py).
+// as fast as the others at h = 16, and the launches ended with them idle (lab/sm_balance.py); the
+// weights did not shorten them there (the DRAM's total rate bounds the launch; docs/kernels.md).
 struct PlanLabOptions {
   bool fill_workers = false;
   bool equal_shares = false;
