@@ -6,8 +6,8 @@
 # Everything comes back as OUT_DIR/defaults_check.tgz plus the results' JSON.
 # Its default variant `old` is the former defaults of the change made in 83ec01f (decode_bf16's
 # narrow tile on calls of at most 16 rows, the programmatic decode launch), which waits for an H200:
-# it was last reverted in 4fa36f4, and `git revert --no-edit 4fa36f4` makes it again (checked to
-# give 4fa36f4's parent's tree exactly).
+# it was last reverted in bffbbcb, and `git revert --no-edit bffbbcb` makes it again (checked to
+# give bffbbcb's parent's tree exactly).
 # LAB_FP8 / LAB_BF16 (space-separated LABEL:NAME=VALUE,... settings) add lab options to the same run
 # as further variants, once their bits tests (SNAPMLA_TEST_UNTIMED=1, LAB_TESTS) have passed: a
 # failed test whose name holds one of a variant's LAB_OWN_TESTS words (LABEL=WORD ..., a label may
