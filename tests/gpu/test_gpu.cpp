@@ -94,12 +94,13 @@ struct GpuPlan {
   DeviceBuffer<int32_t> offsets, begins, worker_splits;
   DeviceBuffer<uint8_t> workspace;
   SplitPlan plan;
-  GpuPlan(PageTable pages, int workers, int s_q, int h)
+  // query_rows: plan_splits' (0: the equal shares only, as the drop-ins' plans).
+  GpuPlan(PageTable pages, int workers, int s_q, int h, int query_rows = 0)
       : offsets(pages.batch + 1), begins(split_plan_capacity(pages.batch, workers)),
         worker_splits(split_plan_capacity(pages.batch, workers)),
         workspace(decode_workspace_bytes(split_plan_capacity(pages.batch, workers), s_q, h)) {
     plan = {offsets.get(), begins.get(), int(begins.size()), pages.batch, kGpu, worker_splits.get()};
-    plan_splits(pages, workers, plan);
+    plan_splits(pages, workers, plan, nullptr, query_rows);
   }
   DecodeOptions options(float scale) {
     DecodeOptions o;
@@ -1381,7 +1382,8 @@ TEST(GpuDecode, PrefetchNextGivesTheSameBits) {
 
 // SNAPMLA_FAST_SMS (a lab option not yet run on the H200, hence under test_untimed()): decode_fp8's
 // narrow tile claims its workers (scheduler.cuh, claimed_worker) instead of taking blockIdx's, so
-// on a plan made under the option (its first workers weighted more) the claims must hand out
+// on a plan made under the option with the call's query rows (its first workers weighted more
+// where they are at most 16) the claims must hand out
 // every worker once: the bits of the same plan decoded by blockIdx's workers (the option unset for
 // the call), whichever SMs are listed: every other SM (both pools claimed from), every SM (no CTA
 // claims a slow worker first: they all go as overflow), and ids no SM has (no CTA claims a fast
@@ -1403,18 +1405,22 @@ TEST(GpuDecode, FastSmClaimsGiveTheSameBits) {
     if (i % 2 == 0) add(every_other, i);
     add(every, i);
   }
-  for (const std::string& list : {every_other, every, none}) {
-    SCOPED_TRACE("SNAPMLA_FAST_SMS=" + list.substr(0, 24) + "...");
-    ScopedEnv planned("SNAPMLA_FAST_SMS", list.c_str());  // the plans are made under it
-    for_each_split_case(rng, split_epilogue_cases(rng), [&](const Batch& B, GpuBatch& G, GpuPlan& plan) {
+  for_each_split_case(rng, split_epilogue_cases(rng), [&](const Batch& B, GpuBatch& G, GpuPlan&) {
+    for (const std::string& list : {every_other, every, none}) {
+      SCOPED_TRACE("SNAPMLA_FAST_SMS=" + list.substr(0, 24) + "...");
+      std::optional<GpuPlan> plan;
+      {
+        ScopedEnv planned("SNAPMLA_FAST_SMS", list.c_str());  // the plan is made under it
+        plan.emplace(G.pages(), recommended_num_workers(kGpu, B.s_q, B.h), B.s_q, B.h, B.s_q * B.h);
+      }
       auto decode = [&](const char* fast) {
         ScopedEnv env("SNAPMLA_FAST_SMS", fast);
-        plan.workspace.poison();
-        return G.decode(true, plan.options(B.softmax_scale));
+        plan->workspace.poison();
+        return G.decode(true, plan->options(B.softmax_scale));
       };
       expect_same_bits(decode(""), decode(list.c_str()), "decode_fp8, workers claimed");
-    });
-  }
+    }
+  });
 }
 
 // decode_bf16 with page A's running max handed over before its P (SNAPMLA_BF16_MAX_HANDOFF=early, a
