@@ -13,7 +13,8 @@
 # failed test whose name holds one of a variant's LAB_OWN_TESTS words (LABEL=WORD ..., a label may
 # have several) leaves that variant out, any other failure (or a time-out) all of them. By default
 # the bf16 split partials (`b16p`) and the planner's piece cost of 8 blocks (`pc8`) on both
-# kernels, and the two together on decode_fp8 (`b16pc8`): each was faster on an H100. (The narrow
+# kernels, the two together on decode_fp8 (`b16pc8`): each was faster on an H100; and the
+# programmatic combine's late trigger on decode_fp8 (`cpl`), not yet timed anywhere. (The narrow
 # tiles' Q before their pages, the narrow tile's prefetch of its next split, the base-2 score step
 # and decode_bf16's own-page PV from registers were level on an H100.) LAB_FP8= LAB_BF16= leaves
 # them out.
@@ -32,10 +33,10 @@ t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 old_fp8=${OLD_FP8:-SNAPMLA_DECODE_PDL=0}
 old_bf16=${OLD_BF16:-SNAPMLA_DECODE_PDL=0,SNAPMLA_BF16_TILE=rows64}
-lab_fp8=${LAB_FP8-b16p:SNAPMLA_PARTIALS=bf16 pc8:SNAPMLA_PLAN_PIECE_COST=8 b16pc8:SNAPMLA_PARTIALS=bf16,SNAPMLA_PLAN_PIECE_COST=8}
+lab_fp8=${LAB_FP8-b16p:SNAPMLA_PARTIALS=bf16 pc8:SNAPMLA_PLAN_PIECE_COST=8 b16pc8:SNAPMLA_PARTIALS=bf16,SNAPMLA_PLAN_PIECE_COST=8 cpl:SNAPMLA_COMBINE_PDL=late}
 lab_bf16=${LAB_BF16-b16p:SNAPMLA_PARTIALS=bf16 pc8:SNAPMLA_PLAN_PIECE_COST=8}
-lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuDecode.Bf16*:GpuPlan.*PieceCost*}
-lab_own_tests=${LAB_OWN_TESTS:-b16p=Bf16Partials pc8=PieceCost b16pc8=Bf16Partials b16pc8=PieceCost}
+lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuDecode.Bf16*:GpuPlan.*PieceCost*:GpuDecode.CombineLabOptions*}
+lab_own_tests=${LAB_OWN_TESTS:-b16p=Bf16Partials pc8=PieceCost b16pc8=Bf16Partials b16pc8=PieceCost cpl=CombineLabOptions}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$work/gpu.txt"
 stamp "the C++ GPU suite under the defaults"
 timeout "${SUITE_TIMEOUT:-90}" .devbin/snapmla_gpu_tests > "$work/gpu_suite.log" 2>&1
