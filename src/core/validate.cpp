@@ -445,32 +445,31 @@ PlanLabOptions plan_lab_options(const char* op) {
   lab.equal_shares = env_choice(op, "SNAPMLA_PLAN_SPLIT", {"rule", "equal"}) == 1;
   // A further piece's fixed cost in blocks: the rule's (4, unset) or one of a few others, to scan.
   lab.piece_cost = env_enum(op, "SNAPMLA_PLAN_PIECE_COST", {"4", "2", "6", "8", "12", "16"}, {4, 2, 6, 8, 12, 16});
-  lab.fast_workers = int(fast_sms(op).size());
+  lab.fast_workers = fast_sms(op).count;
   lab.fast_weight16 = env_enum(op, "SNAPMLA_FAST_SM_WEIGHT", {"1.25", "1.125", "1.375", "1.5"}, {20, 18, 22, 24});
   return lab;
 }
 
-std::vector<int> fast_sms(const char* op) {
-  std::vector<int> ids;
+FastSms fast_sms(const char* op) {
+  FastSms sms;
   const char* v = std::getenv("SNAPMLA_FAST_SMS");
-  if (v == nullptr || *v == 0) return ids;
+  if (v == nullptr || *v == 0) return sms;
   const std::string text(v);
-  std::vector<bool> seen(kMaxFastSmId + 1, false);
-  size_t at = 0;
-  while (at <= text.size()) {
+  for (size_t at = 0; at <= text.size();) {
     const size_t end = std::min(text.find('+', at), text.size());
     const std::string item = text.substr(at, end - at);
     char* stop = nullptr;
     const long id = item.empty() ? -1 : std::strtol(item.c_str(), &stop, 10);
-    if (item.empty() || *stop != 0 || id < 0 || id > kMaxFastSmId || seen[size_t(id)])
+    const bool ok = !item.empty() && *stop == 0 && id >= 0 && id <= kMaxFastSmId;
+    if (!ok || (sms.mask[id / 32] >> (id % 32) & 1u))
       fail(op, "SNAPMLA_FAST_SMS",
            "expected SM ids 0.." + std::to_string(kMaxFastSmId) + " separated by '+', none twice, in the environment, got '" +
                text + "'");
-    seen[size_t(id)] = true;
-    ids.push_back(int(id));
+    sms.mask[id / 32] |= 1u << (id % 32);
+    ++sms.count;
     at = end + 1;
   }
-  return ids;
+  return sms;
 }
 
 }  // namespace detail

@@ -8,9 +8,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <string>
-#include <vector>
 
 #include "core/split_rule.hpp"
 #include "snapmla/formats.hpp"
@@ -105,11 +105,16 @@ PlanLabOptions plan_lab_options(const char* op);
 
 // SNAPMLA_FAST_SMS (a lab option, read per call): SM ids (0 .. kMaxFastSmId, '+' between them,
 // none twice) whose CTAs stream the cache faster than the others' (lab/sm_balance.py finds them
-// on a GPU), or unset / empty. The planner weighs as many workers more (PlanLabOptions) at
-// SNAPMLA_FAST_SM_WEIGHT (1.125, 1.25 (unset), 1.375 or 1.5) and decode_fp8's narrow tile runs
-// them on those SMs (kernels/sm90/decode/scheduler.cuh, claimed_worker).
+// on a GPU), or unset / empty: as a bit mask (bit i % 32 of word i / 32: SM i) and their count.
+// The planner weighs as many workers more (PlanLabOptions) at SNAPMLA_FAST_SM_WEIGHT (1.125, 1.25
+// (unset), 1.375 or 1.5) and decode_fp8's narrow tile runs them on those SMs
+// (kernels/sm90/decode/scheduler.cuh, claimed_worker).
 inline constexpr int kMaxFastSmId = 255;
-std::vector<int> fast_sms(const char* op);
+struct FastSms {
+  uint32_t mask[(kMaxFastSmId + 1) / 32] = {};
+  int count = 0;
+};
+FastSms fast_sms(const char* op);
 
 // The debug checks' tables (check_page_table, check_slot_mapping): the view, then its contents
 // where they are host memory (the caller copies device tables to the host first).

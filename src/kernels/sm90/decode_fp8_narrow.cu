@@ -23,8 +23,8 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <string>
-#include <vector>
 
 #include "kernels/common/check.cuh"
 #include "kernels/common/mbarrier.cuh"
@@ -460,16 +460,17 @@ void launch_decode_fp8_narrow(RoleIndex role, const DecodeParams& params, const 
   // SNAPMLA_FAST_SMS (a lab option): the CTAs claim their workers, the plan's first ones (weighted
   // more by the planner under the same setting) on the listed SMs. The two claim counters borrow
   // the combine tail's (SNAPMLA_COMBINE_FUSED, not combined with it), zeroed before the launch.
-  const std::vector<int> fast = detail::fast_sms("decode_fp8");
-  if (!fast.empty() && options.plan != nullptr && p.worker_splits != nullptr) {
+  const detail::FastSms fast = detail::fast_sms("decode_fp8");
+  if (fast.count > 0 && options.plan != nullptr && p.worker_splits != nullptr) {
     if (combine_fused("decode_fp8"))
       detail::fail("decode_fp8", "SNAPMLA_FAST_SMS", "expected unset with SNAPMLA_COMBINE_FUSED=1 (they share the "
                    "workspace's counters), got '" + std::string(std::getenv("SNAPMLA_FAST_SMS")) + "'");
     p.worker_claims = combine_counters_of(p, options);
     check(cudaMemsetAsync(p.worker_claims, 0, 2 * sizeof(int), as_stream(options.stream)),
           "cudaMemsetAsync (worker claims)");
-    for (const int id : fast) p.fast_sm_mask[id / 32] |= 1u << (id % 32);
-    p.fast_workers = std::min(int(fast.size()), p.num_workers);
+    static_assert(sizeof(fast.mask) == sizeof(p.fast_sm_mask), "the kernel's SM mask holds every listed id");
+    std::copy(std::begin(fast.mask), std::end(fast.mask), p.fast_sm_mask);
+    p.fast_workers = std::min(fast.count, p.num_workers);
   }
   profile::before_launch();  // profiling builds only: the stamps' table and report
   if (role == RoleIndex::kUniform)  // the default: with its combine-tail twin

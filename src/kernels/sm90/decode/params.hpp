@@ -151,7 +151,7 @@ struct DecodeParams {
   // from the plan's first fast_workers (which the planner weighted more), any other from the
   // rest, either pool's overflow from the other. Two counters, zero at the launch.
   int* worker_claims = nullptr;
-  uint32_t fast_sm_mask[8] = {};  // bit i % 32 of word i / 32: SM i
+  uint32_t fast_sm_mask[8] = {};  // detail::FastSms::mask: bit i % 32 of word i / 32 is SM i
   int fast_workers = 0;
   // Outputs.
   uint16_t* out = nullptr;  // bf16 [batch, s_q, h, 512] = [batch, rows, 512]
