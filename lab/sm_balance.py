@@ -31,13 +31,25 @@ def pct(v, f):
 
 
 def corr(x, y):
-    if len(x) < 3:
+    try:
+        return statistics.correlation(x, y)
+    except statistics.StatisticsError:  # fewer than two points, or a constant side
         return float("nan")
-    mx, my = statistics.fmean(x), statistics.fmean(y)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(x, y))
-    sxx = sum((a - mx) ** 2 for a in x)
-    syy = sum((b - my) ** 2 for b in y)
-    return sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else float("nan")
+
+
+def cta_rate(r):
+    """A CTA's pages per us from its first score to its loop's end (None without pages)."""
+    p, s0, l = int(r["pages"]), float(r["first score"]), float(r["loop done"])
+    return p / (l - s0) if p > 0 and l > s0 else None
+
+
+def rates_by_sm(rows):
+    """Each SM's mean rate over the rows' CTAs on it."""
+    d = defaultdict(list)
+    for r in rows:
+        if (v := cta_rate(r)) is not None:
+            d[int(r["sm"])].append(v)
+    return {k: statistics.fmean(v) for k, v in d.items()}
 
 
 def summarize(rows):
@@ -45,7 +57,7 @@ def summarize(rows):
     pages = [int(r["pages"]) for r in rows]
     starts = [float(r["first score"]) for r in rows]
     loop = [float(r["loop done"]) for r in rows]
-    rates = [p / (l - s) for p, s, l in zip(pages, starts, loop) if p > 0 and l > s]
+    rates = [v for v in map(cta_rate, rows) if v is not None]
     before = statistics.median(s - float(r["start"]) for s, r in zip(starts, rows))
     t_bal = sum(pages) / sum(rates) + before + statistics.median(e - l for e, l in zip(ends, loop))
     return {
@@ -68,12 +80,7 @@ def main():
     with open(a.dump) as f:
         rows = [r for r in csv.DictReader(f) if float(r["stored"]) > 0]
     if a.fast_sms:
-        rates = defaultdict(list)
-        for r in rows:
-            p, s0, l = int(r["pages"]), float(r["first score"]), float(r["loop done"])
-            if p > 0 and l > s0:
-                rates[int(r["sm"])].append(p / (l - s0))
-        mean = {k: statistics.fmean(v) for k, v in rates.items()}
+        mean = rates_by_sm(rows)
         median = statistics.median(mean.values())
         print("+".join(str(k) for k in sorted(mean) if mean[k] > a.fast_sms * median))
         return
@@ -94,14 +101,7 @@ def main():
     for (case, op), launches in by_case.items():
         if len(launches) < 2:
             continue
-        per_sm = []
-        for rs in launches[:2]:
-            d = {}
-            for r in rs:
-                p, s0, l = int(r["pages"]), float(r["first score"]), float(r["loop done"])
-                if p > 0 and l > s0:
-                    d.setdefault(int(r["sm"]), []).append(p / (l - s0))
-            per_sm.append({k: statistics.fmean(v) for k, v in d.items()})
+        per_sm = [rates_by_sm(rs) for rs in launches[:2]]
         common = sorted(set(per_sm[0]) & set(per_sm[1]))
         c = corr([per_sm[0][k] for k in common], [per_sm[1][k] for k in common])
         slow = sorted(common, key=lambda k: per_sm[0][k] + per_sm[1][k])[:12]
