@@ -5,15 +5,7 @@
 # product build and the bench's sweep and grid with the peers and the option as same-run variants
 # (`fsm`: those SMs at the default weight; `pc8` and `fsmpc8`: with and without the piece cost of 8).
 #   SNAPMLA_COMMIT=... lab/h200_fast_sms.sh OUT   (carry .devbin, .whl, .peers; about five minutes)
-set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-dest=${1:-${OUT:-/tmp/h200}}
-mkdir -p "$dest"
-dest=$(cd "$dest" && pwd)
-repo=$PWD
-export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+. "$(dirname "$0")/round_start.sh" "$@"
 nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader
 stamp "the C++ GPU suite"
 timeout "${SUITE_TIMEOUT:-100}" .devbin/snapmla_gpu_tests > "$dest/gpu_suite.log" 2>&1

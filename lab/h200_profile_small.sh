@@ -10,15 +10,7 @@
 # later call that needs the product package reinstalls it. The narrow tile's cases (NARROW_CASES) run
 # once more under SNAPMLA_NARROW_Q=first.
 #   lab/h200_profile_small.sh [OUT_DIR]   (carry .devbin, .whl, .peers; about two minutes)
-set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-dest=${1:-${OUT:-/tmp/h200}}
-mkdir -p "$dest"
-dest=$(cd "$dest" && pwd)
-repo=$PWD
-export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+. "$(dirname "$0")/round_start.sh" "$@"
 stamp "pip install . (profiling build)"
 PROFILE=1 lab/h200_pip_install.sh "$dest" || exit 1
 cd /tmp || exit 1  # the installed package

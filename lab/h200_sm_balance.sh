@@ -5,15 +5,7 @@
 # SNAPMLA_PROFILE_DUMP, so that every CTA's record (its SM, pages, milestones) lands in
 # OUT/sm_balance.csv with the case and the run; lab/sm_balance.py summarizes it.
 #   [CASES="b,h,s_q,s_k ..."] lab/h200_sm_balance.sh OUT   (carry .devbin, .whl, .peers; about two minutes)
-set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-dest=${1:-${OUT:-/tmp/h200}}
-mkdir -p "$dest"
-dest=$(cd "$dest" && pwd)
-repo=$PWD
-export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+. "$(dirname "$0")/round_start.sh" "$@"
 nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader
 stamp "pip install . (profiling build)"
 PROFILE=1 lab/h200_pip_install.sh "$dest" || exit 1
