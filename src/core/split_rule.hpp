@@ -125,8 +125,8 @@ SNAPMLA_HOST_DEVICE inline PlanTotals merge(const PlanTotals& a, const PlanTotal
 // piece end about 10 us after the median at 8K, 8 us at 32K), the 64-row tile's near it.
 // fast_workers > 0 (SNAPMLA_FAST_SMS, the count of the SMs it lists) with fast_weight16: the plans of
 // calls of at most 16 query rows (the narrow tiles, which stream the cache) give their first
-// fast_workers workers fast_weight16 / 16 of a share each (worker_boundary); decode_fp8's narrow tile
-// then runs those workers on the listed SMs (scheduler.cuh, claimed_worker). On an H100 the profiling
+// fast_workers workers fast_weight16 / 16 of a share each (worker_boundary); the decode kernels then
+// run those workers on the listed SMs (scheduler.cuh, claimed_worker). On an H100 the profiling
 // build's dump had 24 of its 132 SMs (12 TPCs, the same in every launch) stream pages about 1.25x
 // as fast as the others at h = 16, and the launches ended with them idle (lab/sm_balance.py); the
 // weights did not shorten them there (the DRAM's total rate bounds the launch; docs/kernels.md).

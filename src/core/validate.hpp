@@ -107,7 +107,7 @@ PlanLabOptions plan_lab_options(const char* op);
 // none twice) whose CTAs stream the cache faster than the others' (lab/sm_balance.py finds them
 // on a GPU), or unset / empty: as a bit mask (bit i % 32 of word i / 32: SM i) and their count.
 // The planner weighs as many workers more (PlanLabOptions) at SNAPMLA_FAST_SM_WEIGHT (1.125, 1.25
-// (unset), 1.375 or 1.5) and decode_fp8's narrow tile runs them on those SMs
+// (unset), 1.375 or 1.5) and the decode kernels run them on those SMs
 // (kernels/sm90/decode/scheduler.cuh, claimed_worker).
 inline constexpr int kMaxFastSmId = 255;
 struct FastSms {

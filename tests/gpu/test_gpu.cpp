@@ -1380,15 +1380,16 @@ TEST(GpuDecode, PrefetchNextGivesTheSameBits) {
   });
 }
 
-// SNAPMLA_FAST_SMS (a lab option not yet run on the H200, hence under test_untimed()): decode_fp8's
-// narrow tile claims its workers (scheduler.cuh, claimed_worker) instead of taking blockIdx's, so
-// on a plan made under the option with the call's query rows (its first workers weighted more
-// where they are at most 16) the claims must hand out
-// every worker once: the bits of the same plan decoded by blockIdx's workers (the option unset for
-// the call), whichever SMs are listed: every other SM (both pools claimed from), every SM (no CTA
-// claims a slow worker first: they all go as overflow), and ids no SM has (no CTA claims a fast
-// one first), on split_epilogue_cases' (workers across sequence boundaries at h = 8 and 16, a bad
-// page, 12 rows at s_q = 4; the 64-row cases check that nothing else reads the option).
+// SNAPMLA_FAST_SMS (a lab option not yet run on the H200, hence under test_untimed()): on calls of
+// at most 16 rows every decode kernel claims its worker (scheduler.cuh, claimed_worker) instead of
+// taking blockIdx's, so on a plan made under the option with the call's query rows (its first
+// workers weighted more there) the claims must hand out every worker once: the bits of the same
+// plan decoded by blockIdx's workers (the option unset for the call), on every tile of both
+// decodes that runs such calls, whichever SMs are listed: every other SM (both pools claimed
+// from), every SM (no CTA claims a slow worker first: they all go as overflow), and ids no SM has
+// (no CTA claims a fast one first), on split_epilogue_cases' (workers across sequence boundaries at
+// h = 8 and 16, a bad page, 12 rows at s_q = 4; the cases of more rows check that nothing else
+// reads the option).
 TEST(GpuDecode, FastSmClaimsGiveTheSameBits) {
   REQUIRE_GPU();
   if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
@@ -1413,12 +1414,28 @@ TEST(GpuDecode, FastSmClaimsGiveTheSameBits) {
         ScopedEnv planned("SNAPMLA_FAST_SMS", list.c_str());  // the plan is made under it
         plan.emplace(G.pages(), recommended_num_workers(kGpu, B.s_q, B.h), B.s_q, B.h, B.s_q * B.h);
       }
-      auto decode = [&](const char* fast) {
-        ScopedEnv env("SNAPMLA_FAST_SMS", fast);
-        plan->workspace.poison();
-        return G.decode(true, plan->options(B.softmax_scale));
+      // Every launcher that can run a call of at most 16 rows: decode_fp8's narrow and 64-row tiles,
+      // decode_bf16's 64-row and narrow tiles.
+      struct Run {
+        bool fp8;
+        Fp8Tile tile;
+        const char* bf16_tile;
+        const char* label;
       };
-      expect_same_bits(decode(""), decode(list.c_str()), "decode_fp8, workers claimed");
+      for (const Run& run : {Run{true, Fp8Tile::kAuto, "", "decode_fp8, its tile"},
+                             Run{true, Fp8Tile::kRows64, "", "decode_fp8, 64-row tile"},
+                             Run{false, Fp8Tile::kAuto, "rows64", "decode_bf16, 64-row tile"},
+                             Run{false, Fp8Tile::kAuto, "narrow", "decode_bf16, narrow tile"}}) {
+        ScopedEnv bf16_tile("SNAPMLA_BF16_TILE", run.bf16_tile);
+        auto decode = [&](const char* fast) {
+          ScopedEnv env("SNAPMLA_FAST_SMS", fast);
+          plan->workspace.poison();
+          DecodeOptions o = plan->options(B.softmax_scale);
+          o.fp8_tile = run.tile;
+          return G.decode(run.fp8, o);
+        };
+        expect_same_bits(decode(""), decode(list.c_str()), std::string(run.label) + ", workers claimed");
+      }
     }
   });
 }

@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(Bf16NarrowConfig::kThreads, 1)
     decode_bf16_narrow_kernel(const __grid_constant__ DecodeParams p, const __grid_constant__ CUtensorMap tm_kv) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   dependents_at_start(p);  // a programmatic combine's blocks may start (they wait for this grid)
-  const SplitRange range = splits_of_worker(p, grid_worker(p));
+  const SplitRange range = cta_splits(p, reinterpret_cast<int*>(smem_raw));  // (a word of the stages, loaded later)
   if (range.first >= range.last) return;
   const Smem sm(smem_raw);
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;

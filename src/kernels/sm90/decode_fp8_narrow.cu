@@ -21,11 +21,6 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <cstdlib>
-#include <iterator>
-#include <string>
-
 #include "kernels/common/check.cuh"
 #include "kernels/common/mbarrier.cuh"
 #include "kernels/common/numeric.cuh"
@@ -175,8 +170,7 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   dependents_at_start(p);  // a programmatic combine's blocks may start (they wait for this grid)
   if (threadIdx.x == 0) SNAPMLA_MARK(kStart);  // profiling builds only (decode/profile_stamps.cuh)
-  const int worker = claimed_worker(p, reinterpret_cast<int*>(smem_raw));  // (the first stage's word, loaded later)
-  const SplitRange range = worker >= 0 ? splits_of_worker(p, worker) : SplitRange{};
+  const SplitRange range = cta_splits(p, reinterpret_cast<int*>(smem_raw));  // (a word of the stages, loaded later)
   if (range.first >= range.last) return;
   const Smem sm(smem_raw);
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
@@ -454,24 +448,8 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
 
 }  // namespace
 
-void launch_decode_fp8_narrow(RoleIndex role, const DecodeParams& params, const CUtensorMap& tm_latent,
+void launch_decode_fp8_narrow(RoleIndex role, const DecodeParams& p, const CUtensorMap& tm_latent,
                               const CUtensorMap& tm_rope, const DecodeOptions& options) {
-  DecodeParams p = params;
-  // SNAPMLA_FAST_SMS (a lab option): the CTAs claim their workers, the plan's first ones (weighted
-  // more by the planner under the same setting) on the listed SMs. The two claim counters borrow
-  // the combine tail's (SNAPMLA_COMBINE_FUSED, not combined with it), zeroed before the launch.
-  const detail::FastSms fast = detail::fast_sms("decode_fp8");
-  if (fast.count > 0 && options.plan != nullptr && p.worker_splits != nullptr) {
-    if (combine_fused("decode_fp8"))
-      detail::fail("decode_fp8", "SNAPMLA_FAST_SMS", "expected unset with SNAPMLA_COMBINE_FUSED=1 (they share the "
-                   "workspace's counters), got '" + std::string(std::getenv("SNAPMLA_FAST_SMS")) + "'");
-    p.worker_claims = combine_counters_of(p, options);
-    check(cudaMemsetAsync(p.worker_claims, 0, 2 * sizeof(int), as_stream(options.stream)),
-          "cudaMemsetAsync (worker claims)");
-    static_assert(sizeof(fast.mask) == sizeof(p.fast_sm_mask), "the kernel's SM mask holds every listed id");
-    std::copy(std::begin(fast.mask), std::end(fast.mask), p.fast_sm_mask);
-    p.fast_workers = std::min(fast.count, p.num_workers);
-  }
   profile::before_launch();  // profiling builds only: the stamps' table and report
   if (role == RoleIndex::kUniform)  // the default: with its combine-tail twin
     launch_decode<NarrowConfig, SplitKernels<decode_fp8_narrow_kernel<RoleIndex::kUniform>,

@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                            const __grid_constant__ CUtensorMap tm_q_rope) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   dependents_at_start(p);  // a programmatic combine's blocks may start (they wait for this grid)
-  const SplitRange range = splits_of_worker(p, grid_worker(p));
+  const SplitRange range = cta_splits(p, reinterpret_cast<int*>(smem_raw));  // (a word of the stages, loaded later)
   if (range.first >= range.last) return;
   const Smem sm(smem_raw);
   const int wg = threadIdx.x / 128, t = threadIdx.x % 128;

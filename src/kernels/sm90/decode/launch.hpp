@@ -4,9 +4,12 @@
 // depends on the kernels' tile.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <iterator>
 #include <string>
 #include <type_traits>
 
@@ -338,6 +341,20 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
     kp.combine_counters = combine_counters_of(p, options);
     check(cudaMemsetAsync(kp.combine_counters, 0, combine_counter_count(p, options) * sizeof(int), stream),
           "cudaMemsetAsync (combine counters)");
+  }
+  // SNAPMLA_FAST_SMS (a lab option): on calls of at most 16 rows, whose plans the planner weighs
+  // under it, the CTAs claim their workers, the plan's first ones on the listed SMs (claimed_worker).
+  // The two claim counters borrow the combine tail's, zeroed before the launch.
+  const detail::FastSms fast = detail::fast_sms(op);
+  if (fast.count > 0 && p.worker_splits != nullptr && p.rows <= detail::kNarrowRows) {
+    if (fused)
+      detail::fail(op, "SNAPMLA_FAST_SMS", "expected unset with SNAPMLA_COMBINE_FUSED=1 (they share the workspace's "
+                   "counters), got '" + std::string(std::getenv("SNAPMLA_FAST_SMS")) + "'");
+    kp.worker_claims = combine_counters_of(p, options);
+    check(cudaMemsetAsync(kp.worker_claims, 0, 2 * sizeof(int), stream), "cudaMemsetAsync (worker claims)");
+    static_assert(sizeof(fast.mask) == sizeof(kp.fast_sm_mask), "the kernels' SM mask holds every listed id");
+    std::copy(std::begin(fast.mask), std::end(fast.mask), kp.fast_sm_mask);
+    kp.fast_workers = std::min(fast.count, p.num_workers);
   }
   const bool tail =
       Kernels::launch(fused, store, kp.wait_previous_grid, grid, Config::kThreads, smem, stream, kp, extra...);

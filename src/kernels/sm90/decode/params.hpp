@@ -146,7 +146,7 @@ struct DecodeParams {
   // lab option, launch.hpp): the profiling build's stamps put a second piece's start at about
   // twice the planner's 4 pages where every CTA streams at once. The same bits either way.
   bool prefetch_next = false;
-  // Non-null (SNAPMLA_FAST_SMS, a lab option, decode_fp8's narrow tile): each CTA claims its worker
+  // Non-null (SNAPMLA_FAST_SMS, a lab option, calls of at most 16 rows): each CTA claims its worker
   // instead of taking blockIdx's (scheduler.cuh, claimed_worker): one on an SM of fast_sm_mask
   // from the plan's first fast_workers (which the planner weighted more), any other from the
   // rest, either pool's overflow from the other. Two counters, zero at the launch.

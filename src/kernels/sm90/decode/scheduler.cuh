@@ -40,8 +40,8 @@ __device__ __forceinline__ int row_tiles_of(const DecodeParams& p) { return (p.r
 __device__ __forceinline__ int grid_worker(const DecodeParams& p) { return int(blockIdx.x) / row_tiles_of(p); }
 __device__ __forceinline__ int grid_row0(const DecodeParams& p) { return int(blockIdx.x) % row_tiles_of(p) * kTileRows; }
 
-// The CTA's worker (one row tile per worker: the narrow tiles' grid), claimed where
-// p.worker_claims is set (SNAPMLA_FAST_SMS, a lab option): the plan weighs its first fast_workers
+// The CTA's worker, claimed where p.worker_claims is set (SNAPMLA_FAST_SMS, a lab option, on calls
+// of at most 16 rows: one row tile per worker, so one CTA): the plan weighs its first fast_workers
 // workers more, so a CTA on a listed SM takes the next of those, any other the next of the rest,
 // and one whose pool is used up the next of the other pool. The grid has one CTA per worker, so
 // the claims hand out every worker once, whichever SMs the CTAs land on: the same splits, the same
@@ -89,6 +89,13 @@ __device__ __forceinline__ SplitRange splits_of_worker(const DecodeParams& p, in
     r.last = min(max(p.worker_splits[worker + 1], r.first), items);
   }
   return r;
+}
+
+// The CTA's splits (every decode kernel's first step): its worker's (claimed_worker, with its
+// scratch word), or none where it has no worker.
+__device__ __forceinline__ SplitRange cta_splits(const DecodeParams& p, int* scratch) {
+  const int worker = claimed_worker(p, scratch);
+  return worker >= 0 ? splits_of_worker(p, worker) : SplitRange{};
 }
 
 // The decode kernels' two places to let a programmatic combine start (DecodeParams::dependents_late):
