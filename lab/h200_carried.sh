@@ -8,14 +8,7 @@
 # `pip install .` and the bench with --carried in the same run as the peers: the bench's data
 # (nearly flat attention) and peakier queries (--q-gain), where fewer pages keep their sigma.
 #   lab/h200_carried.sh [OUT_DIR]   (carry .devbin, .peers, .whl; CASES / PEAKY_CASES override)
-set -uo pipefail
-cd "$(dirname "$0")/.."
-dest=${1:-${OUT:-/tmp/h200}}
-mkdir -p "$dest"
-dest=$(cd "$dest" && pwd)
-export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+. "$(dirname "$0")/round_start.sh" "$@"
 summary() { grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|error:" "$1" | head -30; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 stamp "GPU tests: decode_fp8 against the reference (per-page and carried)"
