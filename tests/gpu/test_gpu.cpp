@@ -618,9 +618,9 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   const auto want16_bf = bf16_rounded(want16.out);
   // With each score step (SNAPMLA_SCORE_STEP), each source of the owner's P (SNAPMLA_BF16_OWN_PV),
   // page A's QK first (SNAPMLA_BF16_QK_ORDER), the early max hand-off (SNAPMLA_BF16_MAX_HANDOFF)
-  // and, for calls of at most 16 rows, the narrow tile (SNAPMLA_BF16_TILE), lab options (the
-  // untimed ones under test_untimed()), the same bounds (the narrow tile runs the reference's chain
-  // too: only the sums' order differs); and the own PV from registers, the QK order and the max
+  // and, for calls of at most 16 rows, the 64-row tile in place of the default narrow one
+  // (SNAPMLA_BF16_TILE=rows64), lab options (the untimed ones under test_untimed()), the same
+  // bounds (the narrow tile runs the reference's chain too: only the sums' order differs); and the own PV from registers, the QK order and the max
   // hand-off give the first run's bits (the same products: P from registers holding the P tile's
   // words, or the same values computed in another order).
   struct Bf16Run {
@@ -636,9 +636,9 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   for (const Bf16Run run : {Bf16Run{"", nullptr, nullptr, nullptr}, Bf16Run{" (folded)", "folded", nullptr, nullptr},
                             Bf16Run{" (own PV from registers)", nullptr, "registers", nullptr},
                             Bf16Run{" (page A's QK first)", nullptr, nullptr, "a_first"},
-                            Bf16Run{" (narrow tile)", nullptr, nullptr, nullptr, "narrow"},
+                            Bf16Run{" (64-row tile)", nullptr, nullptr, nullptr, "rows64"},
                             Bf16Run{" (early max hand-off)", nullptr, nullptr, nullptr, nullptr, "early"}}) {
-    if ((run.step || run.own_pv || run.qk_order || run.tile || run.max_handoff) && !test_untimed())
+    if ((run.step || run.own_pv || run.qk_order || run.max_handoff) && !test_untimed())
       continue;
     if (run.tile && c.h * c.s_q > 16) continue;
     ScopedEnv step("SNAPMLA_SCORE_STEP", run.step);
@@ -1561,8 +1561,8 @@ TEST(GpuDecode, BatchInvariantPlanGivesARowTheSameBitsInAnyBatch) {
     }
 }
 
-// The decode launched as a programmatic dependent of the kernel before it (SNAPMLA_DECODE_PDL=1, a
-// lab option not yet run on the H200, hence under test_untimed()). On a stream of its own the
+// The decode launched as a programmatic dependent of the kernel before it (SNAPMLA_DECODE_PDL: the
+// default, against the ordinary launch under =0). On a stream of its own the
 // outputs, the query and (planned) the plan's tables are poisoned (0xFF bytes: NaN in e4m3, bf16
 // and fp32, -1 in the tables), then the kernel before the decode writes them again:
 //   - quantize_query (decode_fp8 only), the producer an engine has before it, which lets its
@@ -1574,7 +1574,6 @@ TEST(GpuDecode, BatchInvariantPlanGivesARowTheSameBitsInAnyBatch) {
 // planned and not, several times: the ordinary launch's bits.
 TEST(GpuDecode, ProgrammaticLaunchWaitsForTheKernelBefore) {
   REQUIRE_GPU();
-  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
   // The fused combine's cooperative launch is never programmatic: it would make this test vacuous.
@@ -1604,11 +1603,12 @@ TEST(GpuDecode, ProgrammaticLaunchWaitsForTheKernelBefore) {
       const char* bf16;  // decode_bf16's SNAPMLA_BF16_TILE
       std::string label;
     };
-    // The tiles the H200 has run (unless SNAPMLA_TEST_PDL_TILES names one of the others) and the
-    // ones it has not (SNAPMLA_TEST_PDL_TILES unset or `all`, or naming it: `trio`, `bnarrow`), so
-    // that a lab round can tell a fault of the programmatic launch from one of an untried tile.
+    // The tiles the GPU rounds have run (`verified`, unless SNAPMLA_TEST_PDL_TILES names one of the
+    // others) and the ones they have not (`all`, or naming it: `trio`, `bnarrow`, the narrow BF16
+    // tile alone), so that a lab round can tell a fault of the programmatic launch from one of an
+    // untried tile. Unset: `all` under test_untimed(), else `verified`.
     const char* pick = std::getenv("SNAPMLA_TEST_PDL_TILES");
-    const std::string tiles = pick == nullptr ? "all" : pick;
+    const std::string tiles = pick != nullptr ? pick : test_untimed() ? "all" : "verified";
     const bool tried = tiles == "all" || tiles == "verified", trio = tiles == "all" || tiles == "trio",
                bnarrow = tiles == "all" || tiles == "bnarrow";
     std::vector<Call> calls;
@@ -1621,7 +1621,7 @@ TEST(GpuDecode, ProgrammaticLaunchWaitsForTheKernelBefore) {
     };
     for (const Fp8Tile t : fp8_tiles) calls.push_back({true, t, "rows64", std::string("decode_fp8 ") + tile_name(t) + " tile"});
     if (tried) calls.push_back({false, Fp8Tile::kAuto, "rows64", "decode_bf16"});
-    if (bnarrow && h <= 16) calls.push_back({false, Fp8Tile::kAuto, "narrow", "decode_bf16 narrow tile"});
+    if ((tried || bnarrow) && h <= 16) calls.push_back({false, Fp8Tile::kAuto, "narrow", "decode_bf16 narrow tile"});
     ASSERT_TRUE(tried || trio || bnarrow) << "SNAPMLA_TEST_PDL_TILES: expected all, verified, trio or bnarrow, got " << tiles;
     for (const Call& call : calls)
       for (const bool planned : {false, true})
@@ -1666,7 +1666,10 @@ TEST(GpuDecode, ProgrammaticLaunchWaitsForTheKernelBefore) {
             device_memory::cuda_ok(cudaStreamSynchronize(stream), label.c_str());
             return std::make_pair(G.out.download(), G.lse.download());
           };
-          const auto want = step();
+          const auto want = [&] {
+            ScopedEnv ordinary("SNAPMLA_DECODE_PDL", "0");  // the ordinary launch (the default: programmatic)
+            return step();
+          }();
           // The ordinary launch's result is a real decode, not poison passed through.
           ASSERT_TRUE(std::isfinite(to_float(want.first[0])) && std::isfinite(want.second[0])) << label;
           ScopedEnv pdl("SNAPMLA_DECODE_PDL", "1");
@@ -2054,23 +2057,23 @@ TEST(GpuErrors, NonFiniteQueryOrTokenGivesNaNInTheRowsTheReferenceDoes) {
       // base-2 one under test_untimed(); the narrow tile at h = 3 has one) and, under
       // test_untimed(), on its three-consumer tile with either step and in either order
       // (SNAPMLA_FP8_TILE=trio, SNAPMLA_FP8_TRIO_ORDER; h >= 16), then decode_bf16, and under test_untimed() decode_bf16 with the base-2 step, with
-      // its own-page PV from registers (SNAPMLA_BF16_OWN_PV) and with its narrow tile
-      // (SNAPMLA_BF16_TILE; h = 3).
+      // its own-page PV from registers (SNAPMLA_BF16_OWN_PV), and decode_bf16 on its 64-row tile
+      // in place of the default narrow one (SNAPMLA_BF16_TILE=rows64; h = 3).
       for (const char* kernel : {"decode_fp8", "decode_fp8 folded", "decode_fp8 trio", "decode_fp8 trio folded",
                                  "decode_fp8 trio softmax-first", "decode_bf16", "decode_bf16 folded",
-                                 "decode_bf16 own-pv", "decode_bf16 narrow"}) {
+                                 "decode_bf16 own-pv", "decode_bf16 rows64"}) {
         SCOPED_TRACE(kernel);
         const std::string name = kernel;
         const bool folded = name.find("folded") != std::string::npos, own_pv = name.find("own-pv") != std::string::npos;
-        const bool narrow = name.find("narrow") != std::string::npos, trio = name.find("trio") != std::string::npos;
-        if ((folded || own_pv || narrow || trio) && !test_untimed()) continue;
+        const bool rows64 = name.find("rows64") != std::string::npos, trio = name.find("trio") != std::string::npos;
+        if ((folded || own_pv || trio) && !test_untimed()) continue;
         const bool fp8 = name.compare(0, 10, "decode_fp8") == 0;
         ScopedEnv fp8_tile("SNAPMLA_FP8_TILE", trio ? "trio" : nullptr);
         ScopedEnv trio_order("SNAPMLA_FP8_TRIO_ORDER",
                              name.find("softmax-first") != std::string::npos ? "softmax_first" : nullptr);
         ScopedEnv step("SNAPMLA_SCORE_STEP", folded ? "folded" : nullptr);
         ScopedEnv own("SNAPMLA_BF16_OWN_PV", own_pv ? "registers" : nullptr);
-        ScopedEnv tile("SNAPMLA_BF16_TILE", narrow ? "narrow" : nullptr);
+        ScopedEnv tile("SNAPMLA_BF16_TILE", rows64 ? "rows64" : nullptr);
         const auto want = fp8 ? ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), cpu_opt)
                               : ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), cpu_opt);
         if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), gpu_opt);

@@ -1,5 +1,5 @@
-// decode_bf16, narrow tile: up to 16 query rows per CTA (h * s_q <= 16), a lab option
-// (SNAPMLA_BF16_TILE=narrow) until the H200 has checked and timed it. The 64-row tile
+// decode_bf16, narrow tile: up to 16 query rows per CTA (h * s_q <= 16), the default for such calls
+// (SNAPMLA_BF16_TILE=rows64 runs the 64-row tile instead). The 64-row tile
 // (decode_bf16.cu) pads such rows to a wgmma M of 64 and pays the whole tile's per-page chain, so
 // at h <= 16 its period comes close to the page's load time; here the products are transposed, as
 // in decode_fp8's narrow tile, so that the rows are the wgmma N (16) and the page's 64 tokens / 512

@@ -153,10 +153,11 @@ inline Bf16MaxHandOff bf16_max_handoff(const char* op) {
                           {Bf16MaxHandOff::kWithP, Bf16MaxHandOff::kEarly});
 }
 
-// SNAPMLA_BF16_TILE in the environment (a lab option, read per call): `rows64` (unset) or `narrow`,
-// decode_bf16's Bf16Tile for calls of at most 16 query rows (params.hpp).
+// SNAPMLA_BF16_TILE in the environment (read per call): `narrow` (unset) or `rows64`, decode_bf16's
+// Bf16Tile for calls of at most 16 query rows (params.hpp); `rows64` keeps the former default for
+// same-run A/B.
 inline Bf16Tile bf16_tile(const char* op) {
-  return detail::env_enum(op, "SNAPMLA_BF16_TILE", {"rows64", "narrow"}, {Bf16Tile::kRows64, Bf16Tile::kNarrow16});
+  return detail::env_enum(op, "SNAPMLA_BF16_TILE", {"narrow", "rows64"}, {Bf16Tile::kNarrow16, Bf16Tile::kRows64});
 }
 
 // SNAPMLA_FP8_TRIO_ORDER in the environment (a lab option, read per call): `pv_first` (unset) or
@@ -191,15 +192,15 @@ inline PartialStore partial_store(const char* op) {
                           {PartialStore::kFragments, PartialStore::kStaged, PartialStore::kBf16Rows});
 }
 
-// SNAPMLA_DECODE_PDL in the environment (a lab option, read per call like the others): `1` launches
+// SNAPMLA_DECODE_PDL in the environment (read per call like the others): `1` (unset) launches
 // the decode kernel as a programmatic dependent of the kernel before it on the stream: after
 // quantize_query, the planner or the previous step's combine or decode (each lets its dependents
 // start at its own start) its CTAs are scheduled as that kernel drains and wait in their first
 // instructions for its writes (DecodeParams::wait_previous_grid), so the launch's latency overlaps
 // the kernel before instead of following it; after any other kernel (append, say) it starts when
-// that kernel ends, as an ordinary launch does. Unset or 0: the ordinary launch. The same bits
-// either way.
-inline bool decode_pdl(const char* op) { return detail::env_flag(op, "SNAPMLA_DECODE_PDL"); }
+// that kernel ends, as an ordinary launch does. `0`: the ordinary launch (the former default, kept
+// for same-run A/B). The same bits either way.
+inline bool decode_pdl(const char* op) { return detail::env_enum(op, "SNAPMLA_DECODE_PDL", {"1", "0"}, {true, false}); }
 
 // SNAPMLA_NARROW_Q in the environment (a lab option, read per call like the others): `after_pages`
 // (unset) has the narrow tiles' producers request their split's first pages, then load the Q tile;

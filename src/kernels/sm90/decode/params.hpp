@@ -57,8 +57,8 @@ enum class Bf16MaxHandOff { kWithP, kEarly };
 
 // decode_bf16's tile for calls of at most 16 query rows (h * s_q <= 16): the 64-row tile, which
 // pads them to 64, or the narrow tile (decode_bf16_narrow.cu: S^T / O^T with the rows as the wgmma
-// N, one consumer warpgroup). A lab option (SNAPMLA_BF16_TILE) until the H200 has checked and timed
-// the narrow tile; larger calls run the 64-row tile either way.
+// N, one consumer warpgroup): the narrow tile by default, the 64-row one under SNAPMLA_BF16_TILE=rows64;
+// larger calls run the 64-row tile either way.
 enum class Bf16Tile { kRows64, kNarrow16 };
 
 // The order of the three-consumer tile's iteration over its page j (decode_fp8_trio.cu): kPvFirst
@@ -133,7 +133,7 @@ struct DecodeParams {
   // stores (SNAPMLA_COMBINE_PDL=late, launch.hpp).
   bool dependents_late = false;
   // The decode was launched as a programmatic dependent of the kernel before it on the stream
-  // (SNAPMLA_DECODE_PDL=1, a lab option, launch.hpp): its CTAs may start before that kernel's
+  // (SNAPMLA_DECODE_PDL, on unless 0, launch.hpp): its CTAs may start before that kernel's
   // writes (the query, the cache, the plan) are visible, so each waits for them before its first
   // read (grid_start).
   bool wait_previous_grid = false;
