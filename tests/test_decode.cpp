@@ -642,21 +642,23 @@ TEST(SplitKv, EveryWorkerGetsAnEqualShareAcrossSequences) {
     EXPECT_LE(worst * 66, total + 66 * 3 * detail::kPieceCostBlocks) << "b = " << b << ": near the even deal";
     EXPECT_LE(P.offsets[b], b + 65) << "b = " << b << ": one cut per worker boundary at most";
   }
-  // One long sequence among short ones: total 400 + 20 x 10 = 600 blocks, + 20 x 4 fixed = 680
-  // on 4 workers, share 170. The long one is cut at blocks 170 and 340; boundary 3 (510) falls
-  // into sequence 8 ([498, 512) on the axis: 4 fixed, then its blocks), at its block 8. Worker 2
-  // runs the long one's last split, sequences 1-7 and sequence 8's first split.
+  // One long sequence among short ones: total 400 + 20 x 10 = 600 blocks, + 20 x 8 fixed = 760
+  // on 5 workers, share 152. The long one is cut at blocks 152 and 304. Sequence i >= 1 lies over
+  // [400 + 18 (i - 1), 400 + 18 i) on the axis (8 fixed, then its 10 blocks): boundary 3 (456)
+  // falls into sequence 4's fixed cost and moves to its start; boundary 4 (608) into sequence 12's
+  // blocks, at its block 2. Worker 2 runs the long one's last split and sequences 1-3, worker 3
+  // sequences 4-11 and sequence 12's first split.
   std::vector<int32_t> mixed(21, 10 * kPageSize), table(21 * 400, 0);
   mixed[0] = 400 * kPageSize;
-  OwnedPlan P(PageTable{table.data(), mixed.data(), 21, 400, Device::cpu()}, 4);
-  EXPECT_EQ(expect_balanced_plan(P, mixed, 4, 0), 174);
+  OwnedPlan P(PageTable{table.data(), mixed.data(), 21, 400, Device::cpu()}, 5);
+  EXPECT_EQ(expect_balanced_plan(P, mixed, 5, 0), 160) << "workers 0, 1 and 4: 152 blocks, or 144 + 8, plus 8";
   ASSERT_EQ(P.offsets[1], 3);
-  EXPECT_EQ(P.begins[1], 170 * kPageSize);
-  EXPECT_EQ(P.begins[2], 340 * kPageSize);
-  for (int i = 1; i < 21; ++i) EXPECT_EQ(P.offsets[i + 1] - P.offsets[i], i == 8 ? 2 : 1) << "sequence " << i;
-  EXPECT_EQ(P.begins[11], 8 * kPageSize);
-  EXPECT_EQ((std::vector<int32_t>(P.worker_splits.begin(), P.worker_splits.begin() + 5)),
-            (std::vector<int32_t>{0, 1, 2, 11, 24}));
+  EXPECT_EQ(P.begins[1], 152 * kPageSize);
+  EXPECT_EQ(P.begins[2], 304 * kPageSize);
+  for (int i = 1; i < 21; ++i) EXPECT_EQ(P.offsets[i + 1] - P.offsets[i], i == 12 ? 2 : 1) << "sequence " << i;
+  EXPECT_EQ(P.begins[15], 2 * kPageSize);
+  EXPECT_EQ((std::vector<int32_t>(P.worker_splits.begin(), P.worker_splits.begin() + 6)),
+            (std::vector<int32_t>{0, 1, 2, 6, 15, 24}));
 }
 
 // Without worker ranges the plan's splits are the same (the ranges only group them).
@@ -700,11 +702,14 @@ void expect_random_plans_balanced(int max_len, int max_rows, detail::PlanLabOpti
 TEST(SplitKv, PlanCoversEverySequenceAndBalancesTheWorkers) { expect_random_plans_balanced(5000, 0, {}); }
 
 // SNAPMLA_PLAN_FILL=1: where the chunk is the equal share, every worker gets a share instead of
-// ceil(blocks / chunk) of them. b = 16 x 8K on 132 workers (h = 64): 128 used and 124 busy with
+// ceil(blocks / chunk) of them. b = 16 x 8K on 132 workers (h = 64), under the former piece cost of 4: 128 used and 124 busy with
 // 17 blocks (plus fixed costs) by default, all 132 busy with 16 under the option; the plans stay
 // balanced, and a small total (the sqrt rule's chunk) is left as it was. A bad value is an error
 // naming the variable.
 TEST(SplitKv, FillWorkersOptionGivesEveryWorkerAShare) {
+  // Under the former piece cost of 4, the regime the option was made for: under the rule's 8,
+  // b = 16 x 8K already deals eight workers to a sequence.
+  ScopedEnv cost("SNAPMLA_PLAN_PIECE_COST", "4");
   std::vector<int32_t> seqlens(16, 8192), table(16 * 128, 0);
   const PageTable pages{table.data(), seqlens.data(), 16, 128, Device::cpu()};
   auto busy = [](const OwnedPlan& P) {
@@ -727,7 +732,7 @@ TEST(SplitKv, FillWorkersOptionGivesEveryWorkerAShare) {
     const OwnedPlan single_filled(single, 66, 128);
     EXPECT_EQ(single_filled.offsets, single_base.offsets) << "b = 1, 8K, h = 128: the sqrt rule's 4-block splits";
     EXPECT_EQ(single_filled.begins, single_base.begins);
-    expect_random_plans_balanced(20000, 512, {true, false});
+    expect_random_plans_balanced(20000, 512, {true, false, 4});
   }
   ScopedEnv bad("SNAPMLA_PLAN_FILL", "yes");
   EXPECT_ARG_ERROR(OwnedPlan(pages, 132, 64), "SNAPMLA_PLAN_FILL");
@@ -774,10 +779,10 @@ TEST(SplitKv, EqualSharesOptionSplitsAtTheEqualShare) {
 }
 
 // SNAPMLA_PLAN_PIECE_COST=N: a further piece costs N blocks on the axis instead of
-// kPieceCostBlocks. b = 16 x 8K at h = 16 on 132 workers: the plan is balanced under the new cost,
-// and a worker that starts a second piece takes fewer pages than under the rule's cost (the
-// longest worker's pages shrink); random plans stay balanced under 2 and 12; the default's plan
-// is that of 4; a value not in its list is an error naming the variable.
+// kPieceCostBlocks (8). b = 16 x 8K at h = 16 on 132 workers: the plan is balanced under either
+// cost, and under the rule's 8 a worker that starts a second piece takes fewer pages than under the
+// former 4 (eight workers to a sequence, none with two pieces); random plans stay balanced under 2
+// and 12; the default's plan is that of 8; a value not in its list is an error naming the variable.
 TEST(SplitKv, PieceCostOptionChargesFurtherPieces) {
   std::vector<int32_t> seqlens(16, 8192), table(16 * 128, 0);
   const PageTable pages{table.data(), seqlens.data(), 16, 128, Device::cpu()};
@@ -801,22 +806,23 @@ TEST(SplitKv, PieceCostOptionChargesFurtherPieces) {
     }
     return most;
   };
+  static_assert(detail::kPieceCostBlocks == 8, "the rule's cost, which this test compares with the former 4");
   ScopedEnv cost("SNAPMLA_PLAN_PIECE_COST", "");
   const OwnedPlan rule(pages, 132, 16);
   expect_balanced_plan(rule, seqlens, 132, 16);
-  cost.set("4");
-  EXPECT_EQ(OwnedPlan(pages, 132, 16).begins, rule.begins) << "4 is the rule's cost";
   cost.set("8");
-  const OwnedPlan eight(pages, 132, 16);
-  expect_balanced_plan(eight, seqlens, 132, 16, {false, false, 8});
+  EXPECT_EQ(OwnedPlan(pages, 132, 16).begins, rule.begins) << "8 is the rule's cost";
+  cost.set("4");
+  const OwnedPlan four(pages, 132, 16);
+  expect_balanced_plan(four, seqlens, 132, 16, {false, false, 4});
+  const auto [most_four, two_four] = pages_of_workers(four, seqlens);
   const auto [most_rule, two_rule] = pages_of_workers(rule, seqlens);
-  const auto [most_eight, two_eight] = pages_of_workers(eight, seqlens);
-  EXPECT_GT(two_rule, 0) << "some worker runs two pieces";
-  EXPECT_LT(two_eight, two_rule) << "a worker with two pieces runs fewer pages";
-  EXPECT_NE(eight.begins, rule.begins);
-  for (int w = 0; w < 128; ++w) EXPECT_EQ(eight.worker_splits[size_t(w)], w) << "eight workers to a sequence";
+  EXPECT_GT(two_four, 0) << "under 4 some worker runs two pieces";
+  EXPECT_LT(two_rule, two_four) << "a worker with two pieces runs fewer pages";
+  EXPECT_NE(four.begins, rule.begins);
+  for (int w = 0; w < 128; ++w) EXPECT_EQ(rule.worker_splits[size_t(w)], w) << "eight workers to a sequence";
   std::printf("[ info ] b = 16 x 8K, 132 workers: most pages %lld (two pieces: %lld) at cost 4, %lld (%lld) at 8\n",
-              (long long)most_rule, (long long)two_rule, (long long)most_eight, (long long)two_eight);
+              (long long)most_four, (long long)two_four, (long long)most_rule, (long long)two_rule);
   for (const int c : {2, 12}) {
     cost.set(std::to_string(c).c_str());
     expect_random_plans_balanced(20000, 512, {false, false, c});

@@ -39,8 +39,11 @@ SNAPMLA_HOST_DEVICE inline int64_t split_chunk(int64_t total_blocks, int num_wor
 
 // The fixed cost of one piece of work (a split, or a whole sequence) in page-equivalents: the
 // pipeline's drain and refill between pieces (the Q tile, the first pages' latency) and the
-// epilogue's stores. (PlanLabOptions::piece_cost replaces it for a lab run.)
-inline constexpr int64_t kPieceCostBlocks = 4;
+// epilogue's stores. 8: the profiling build's stamps put the narrow tile's at about that where
+// every CTA streams at once, and the H200's same-run sweep had 8 faster than the former 4 (decode_fp8
+// 0.994x the median time, with bf16 partials 0.984x; docs/kernels.md). (PlanLabOptions::piece_cost
+// replaces it for a lab run: SNAPMLA_PLAN_PIECE_COST.)
+inline constexpr int64_t kPieceCostBlocks = 8;
 
 // The balanced division (docs/design.md, "Splits"). The sequences' costs are laid end to end on
 // one axis and worker k gets the axis from k x share to (k + 1) x share, so every worker has the
@@ -121,8 +124,8 @@ SNAPMLA_HOST_DEVICE inline PlanTotals merge(const PlanTotals& a, const PlanTotal
 // folded into the decode's tail, under which a further split no longer costs combine time.
 // piece_cost > 0: a further piece's fixed cost in blocks instead of kPieceCostBlocks
 // (SNAPMLA_PLAN_PIECE_COST). The profiling build's stamps put the narrow tile's at about twice the
-// rule's where every CTA streams pages at once (an H100, b = 16, h = 16: the CTAs with a second
-// piece end about 10 us after the median at 8K, 8 us at 32K), the 64-row tile's near it.
+// former rule's 4 where every CTA streams pages at once (an H100, b = 16, h = 16: the CTAs with a
+// second piece end about 10 us after the median at 8K, 8 us at 32K), the 64-row tile's near 4.
 // fast_workers > 0 (SNAPMLA_FAST_SMS, the count of the SMs it lists) with fast_weight16: the plans of
 // calls of at most 16 query rows (the narrow tiles, which stream the cache) give their first
 // fast_workers workers fast_weight16 / 16 of a share each (worker_boundary); the decode kernels then

@@ -436,15 +436,16 @@ int env_choice(const char* op, const char* name, std::initializer_list<const cha
 bool env_flag(const char* op, const char* name) { return env_choice(op, name, {"0", "1"}) == 1; }
 
 bool bf16_partials(const char* op) {
-  return env_choice(op, "SNAPMLA_PARTIALS", kPartialsSettings, std::size(kPartialsSettings)) == 2;
+  return env_choice(op, "SNAPMLA_PARTIALS", kPartialsSettings, std::size(kPartialsSettings)) == 0;
 }
 
 PlanLabOptions plan_lab_options(const char* op) {
   PlanLabOptions lab;
   lab.fill_workers = env_flag(op, "SNAPMLA_PLAN_FILL");
   lab.equal_shares = env_choice(op, "SNAPMLA_PLAN_SPLIT", {"rule", "equal"}) == 1;
-  // A further piece's fixed cost in blocks: the rule's (4, unset) or one of a few others, to scan.
-  lab.piece_cost = env_enum(op, "SNAPMLA_PLAN_PIECE_COST", {"4", "2", "6", "8", "12", "16"}, {4, 2, 6, 8, 12, 16});
+  // A further piece's fixed cost in blocks: the rule's (8, unset) or one of a few others, to scan
+  // (4: the former rule).
+  lab.piece_cost = env_enum(op, "SNAPMLA_PLAN_PIECE_COST", {"8", "2", "4", "6", "12", "16"}, {8, 2, 4, 6, 12, 16});
   lab.fast_workers = fast_sms(op).count;
   lab.fast_weight16 = env_enum(op, "SNAPMLA_FAST_SM_WEIGHT", {"1.25", "1.125", "1.375", "1.5"}, {20, 18, 22, 24});
   return lab;

@@ -88,17 +88,18 @@ E env_enum(const char* op, const char* name, const char* const (&names)[N], cons
 // An on/off lab option (env_choice over 0 and 1): unset, empty or 0 is off, 1 is on.
 bool env_flag(const char* op, const char* name);
 
-// SNAPMLA_PARTIALS (a lab option, read per call): how the decode stores a split's partial rows for
-// the combine. `fragments` (unset) and `staged` store fp32 (two store forms of the GPU kernels,
-// the same bits); `bf16` rounds them to bf16 (RNE) at half the bytes, which changes the result, so
-// the reference rounds its split partials alike (bf16_partials) and the kernels store so
-// (kernels/sm90/decode/launch.hpp).
-inline constexpr const char* kPartialsSettings[] = {"fragments", "staged", "bf16"};
+// SNAPMLA_PARTIALS (read per call): how the decode stores a split's partial rows for the combine.
+// `bf16` (unset) rounds each split's normalized rows to bf16 (RNE) at half the bytes of fp32, which
+// changes the result by at most the rounding (docs/accuracy.md), so the reference rounds its split
+// partials alike (bf16_partials) and the kernels store so (kernels/sm90/decode/launch.hpp);
+// `fragments` and `staged` store fp32 (two store forms of the GPU kernels, the same bits), the
+// former default, kept for same-run A/B.
+inline constexpr const char* kPartialsSettings[] = {"bf16", "fragments", "staged"};
 bool bf16_partials(const char* op);
 
 // The planner's lab options (PlanLabOptions, core/split_rule.hpp) from the environment:
 // SNAPMLA_PLAN_FILL (env_flag) for fill_workers, SNAPMLA_PLAN_SPLIT (`rule`, the default, or
-// `equal`) for equal_shares, SNAPMLA_PLAN_PIECE_COST (4, the default, or 2, 6, 8, 12, 16 blocks)
+// `equal`) for equal_shares, SNAPMLA_PLAN_PIECE_COST (8, the default, or 2, 4, 6, 12, 16 blocks)
 // for piece_cost; SNAPMLA_FAST_SMS (fast_sms) and SNAPMLA_FAST_SM_WEIGHT for fast_workers and
 // fast_weight16.
 PlanLabOptions plan_lab_options(const char* op);

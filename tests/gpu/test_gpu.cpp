@@ -420,20 +420,21 @@ TEST(GpuPlan, SameSplitsAsTheReferenceUnderEqualShares) {
   EXPECT_EQ(got[64], 64) << "64 workers with a split each";
 }
 
-// SNAPMLA_PLAN_PIECE_COST (a lab option of the planner, core/split_rule.hpp: a further piece's
-// fixed cost in blocks): the same plans on both paths under 2, 8 and 16, b = 16 x 8K at h = 16 on
-// 132 workers among them (under 8, eight workers to a sequence, none with two pieces).
+// SNAPMLA_PLAN_PIECE_COST (the planner's setting, core/split_rule.hpp: a further piece's fixed
+// cost in blocks): the same plans on both paths under 2, 4 (the former rule), 16 and unset (the
+// rule's 8), b = 16 x 8K at h = 16 on 132 workers among them (under 8, eight workers to a
+// sequence, none with two pieces).
 TEST(GpuPlan, SameSplitsAsTheReferenceUnderPieceCost) {
   REQUIRE_GPU();
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
-  for (const char* cost : {"2", "8", "16"}) {
+  for (const char* cost : {"2", "4", "16", ""}) {
     SCOPED_TRACE(std::string("SNAPMLA_PLAN_PIECE_COST=") + cost);
     ScopedEnv env("SNAPMLA_PLAN_PIECE_COST", cost);
     expect_gpu_plans_match_the_reference(rng);
     const std::vector<int32_t> got = expect_gpu_plan_matches_the_reference(
         std::vector<int32_t>(16, 8192), 132, 16, 0, split_plan_capacity(16, 132), "b=16 x 8K on 132 workers");
-    if (std::string(cost) == "8") {
+    if (std::string(cost).empty()) {
       for (int w = 0; w < 128; ++w) EXPECT_EQ(got[size_t(w)], w) << "worker " << w << ": one split each";
     }
   }
@@ -618,8 +619,8 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
   const auto want16_bf = bf16_rounded(want16.out);
   // With each score step (SNAPMLA_SCORE_STEP), each source of the owner's P (SNAPMLA_BF16_OWN_PV),
   // page A's QK first (SNAPMLA_BF16_QK_ORDER), the early max hand-off (SNAPMLA_BF16_MAX_HANDOFF)
-  // and, for calls of at most 16 rows, the 64-row tile in place of the default narrow one
-  // (SNAPMLA_BF16_TILE=rows64), lab options (the untimed ones under test_untimed()), the same
+  // and, for calls of at most 16 rows, either tile in place of the default's choice by the batch
+  // (SNAPMLA_BF16_TILE=rows64 / narrow), lab options (the untimed ones under test_untimed()), the same
   // bounds (the narrow tile runs the reference's chain too: only the sums' order differs); and the own PV from registers, the QK order and the max
   // hand-off give the first run's bits (the same products: P from registers holding the P tile's
   // words, or the same values computed in another order).
@@ -637,6 +638,7 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
                             Bf16Run{" (own PV from registers)", nullptr, "registers", nullptr},
                             Bf16Run{" (page A's QK first)", nullptr, nullptr, "a_first"},
                             Bf16Run{" (64-row tile)", nullptr, nullptr, nullptr, "rows64"},
+                            Bf16Run{" (narrow tile)", nullptr, nullptr, nullptr, "narrow"},
                             Bf16Run{" (early max hand-off)", nullptr, nullptr, nullptr, nullptr, "early"}}) {
     if ((run.step || run.own_pv || run.qk_order || run.max_handoff) && !test_untimed())
       continue;

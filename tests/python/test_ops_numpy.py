@@ -110,7 +110,8 @@ def test_plan_splits_covers_every_sequence(rng):
             assert len(b) >= 1 and b[0] == 0 and np.all(b % 64 == 0)
             assert np.all(np.diff(b) > 0) and (n == 0 or b[-1] < n)
         # The worker ranges: contiguous runs from split 0 to the last, in order, every worker
-        # with at most an equal share of the cost (pages, plus 4 per piece after its first).
+        # with at most an equal share of the cost (pages, plus the planner's fixed cost of 8 pages
+        # per piece after its first).
         k = int(off[-1])
         ends = np.append(begin[1:k], 0)
         seq = np.searchsorted(off, np.arange(k), side="right") - 1
@@ -120,12 +121,13 @@ def test_plan_splits_covers_every_sequence(rng):
         ws = plan.worker_splits[:workers + 1].astype(np.int64)
         assert ws[0] == 0 and ws[-1] == k and np.all(np.diff(ws) >= 0)
         assert np.all(plan.worker_splits[workers + 1:] == -1)
-        axis = int(((seqlens.astype(np.int64) + 63) // 64).sum()) + 4 * (len(seqlens) - 1)
+        piece = 8
+        axis = int(((seqlens.astype(np.int64) + 63) // 64).sum()) + piece * (len(seqlens) - 1)
         share = -(-axis // workers)
-        cost = [int(pages[ws[w]:ws[w + 1]].sum()) + 4 * max(0, int(ws[w + 1] - ws[w]) - 1)
+        cost = [int(pages[ws[w]:ws[w + 1]].sum()) + piece * max(0, int(ws[w + 1] - ws[w]) - 1)
                 for w in range(workers)]
-        assert max(cost) <= share + 4, (workers, cost, share)
-        assert sum(cost) >= axis - 4 * workers  # nothing is left out
+        assert max(cost) <= share + piece, (workers, cost, share)
+        assert sum(cost) >= axis - piece * workers  # nothing is left out
 
 
 def test_plan_splits_query_rows_lengthens_short_splits():

@@ -601,7 +601,7 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
   p.num_pages = cache.num_pages;
   const CUtensorMap tm_kv =
       plane_map(cache.data, cache.num_pages * kPageSize, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
-  if (tile == Bf16Tile::kNarrow16 && p.rows <= kNarrowTileRows) return launch_decode_bf16_narrow(p, tm_kv, options);
+  if (bf16_narrow_tile(tile, p.rows, q.batch)) return launch_decode_bf16_narrow(p, tm_kv, options);
   const CUtensorMap tm_q = plane_map(q.data, int64_t(q.batch) * p.rows, kHeadDim * 2, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2);
   if (step == ScoreStep::kFolded) launch_bf16<ScoreStep::kFolded>(role, lab, p, options, tm_kv, tm_q);
   else launch_bf16<ScoreStep::kReference>(role, lab, p, options, tm_kv, tm_q);

@@ -153,11 +153,17 @@ inline Bf16MaxHandOff bf16_max_handoff(const char* op) {
                           {Bf16MaxHandOff::kWithP, Bf16MaxHandOff::kEarly});
 }
 
-// SNAPMLA_BF16_TILE in the environment (read per call): `narrow` (unset) or `rows64`, decode_bf16's
-// Bf16Tile for calls of at most 16 query rows (params.hpp); `rows64` keeps the former default for
-// same-run A/B.
+// SNAPMLA_BF16_TILE in the environment (read per call): `auto` (unset), `narrow` or `rows64`,
+// decode_bf16's Bf16Tile for calls of at most 16 query rows (params.hpp); `rows64` keeps the
+// former default for same-run A/B.
 inline Bf16Tile bf16_tile(const char* op) {
-  return detail::env_enum(op, "SNAPMLA_BF16_TILE", {"narrow", "rows64"}, {Bf16Tile::kNarrow16, Bf16Tile::kRows64});
+  return detail::env_enum(op, "SNAPMLA_BF16_TILE", {"auto", "narrow", "rows64"},
+                          {Bf16Tile::kAuto, Bf16Tile::kNarrow16, Bf16Tile::kRows64});
+}
+// Whether decode_bf16 runs its narrow tile on a call of `rows` query rows over `batch` sequences.
+inline bool bf16_narrow_tile(Bf16Tile tile, int rows, int batch) {
+  if (rows > detail::kNarrowRows) return false;
+  return tile == Bf16Tile::kNarrow16 || (tile == Bf16Tile::kAuto && batch <= kBf16NarrowMaxBatch);
 }
 
 // SNAPMLA_FP8_TRIO_ORDER in the environment (a lab option, read per call): `pv_first` (unset) or
@@ -182,14 +188,13 @@ inline RoleIndex role_index(const char* op) {
 // than decode + combine at b = 1-8), so not the default.
 inline bool combine_fused(const char* op) { return detail::env_flag(op, "SNAPMLA_COMBINE_FUSED"); }
 
-// SNAPMLA_PARTIALS in the environment (a lab option, read per call like the others), the
-// PartialStore: `fragments` (unset); `staged`, for the kernels that have a staged instantiation (the
-// default 64-row kernels: decode_fp8's transposing tile and decode_bf16), elsewhere the fragments';
-// `bf16` (every tile, through DecodeParams::partial_bf16; the reference rounds its partials alike,
-// detail::bf16_partials).
+// SNAPMLA_PARTIALS in the environment (read per call like the others), the PartialStore: `bf16`
+// (unset; every tile, through DecodeParams::partial_bf16; the reference rounds its partials alike,
+// detail::bf16_partials); `fragments`, fp32 (the former default); `staged`, fp32 for the kernels that have a staged instantiation (the
+// default 64-row kernels: decode_fp8's transposing tile and decode_bf16), elsewhere the fragments'.
 inline PartialStore partial_store(const char* op) {
   return detail::env_enum(op, "SNAPMLA_PARTIALS", detail::kPartialsSettings,
-                          {PartialStore::kFragments, PartialStore::kStaged, PartialStore::kBf16Rows});
+                          {PartialStore::kBf16Rows, PartialStore::kFragments, PartialStore::kStaged});
 }
 
 // SNAPMLA_DECODE_PDL in the environment (read per call like the others): `1` (unset) launches

@@ -57,9 +57,14 @@ enum class Bf16MaxHandOff { kWithP, kEarly };
 
 // decode_bf16's tile for calls of at most 16 query rows (h * s_q <= 16): the 64-row tile, which
 // pads them to 64, or the narrow tile (decode_bf16_narrow.cu: S^T / O^T with the rows as the wgmma
-// N, one consumer warpgroup): the narrow tile by default, the 64-row one under SNAPMLA_BF16_TILE=rows64;
-// larger calls run the 64-row tile either way.
-enum class Bf16Tile { kRows64, kNarrow16 };
+// N, one consumer warpgroup). kAuto (the default) runs the narrow tile on batches of at most
+// kBf16NarrowMaxBatch, where its shorter per-page chain shortens the calls' fixed costs (the H200's
+// same-run sweep: 1.03-1.24x faster at h <= 16, b <= 32), and the 64-row tile on larger ones, where
+// the launch streams the cache at the DRAM's rate and the narrow tile's two page stages keep less
+// in flight (there it took up to 1.12x the 64-row tile's time at b >= 100, 32K).
+// SNAPMLA_BF16_TILE=narrow / rows64 force either. Larger calls run the 64-row tile either way.
+enum class Bf16Tile { kAuto, kRows64, kNarrow16 };
+inline constexpr int kBf16NarrowMaxBatch = 32;
 
 // The order of the three-consumer tile's iteration over its page j (decode_fp8_trio.cu): kPvFirst
 // issues the PV of page j - 2 before the softmax of page j, so that it runs under the softmax;
