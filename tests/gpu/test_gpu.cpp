@@ -393,12 +393,15 @@ void expect_gpu_plans_match_the_reference(std::mt19937_64& rng) {
 }
 
 // SNAPMLA_PLAN_FILL=1 (a lab option of the planner, core/split_rule.hpp): the same plans on both
-// paths, b = 16 x 8K on 132 workers among them (every worker busy under the option).
+// paths, and under the former piece cost of 4 (the option's regime: under the rule's 8, b = 16 x
+// 8K already deals eight workers to a sequence) b = 16 x 8K on 132 workers with every worker busy.
 TEST(GpuPlan, SameSplitsAsTheReferenceUnderPlanFill) {
   REQUIRE_GPU();
   ScopedEnv fill("SNAPMLA_PLAN_FILL", "1");
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
+  expect_gpu_plans_match_the_reference(rng);
+  ScopedEnv cost("SNAPMLA_PLAN_PIECE_COST", "4");
   expect_gpu_plans_match_the_reference(rng);
   const std::vector<int32_t> got =
       expect_gpu_plan_matches_the_reference(std::vector<int32_t>(16, 8192), 132, 64, 0, split_plan_capacity(16, 132),
