@@ -4,20 +4,17 @@
 # the same-run variant `old` (OLD_FP8 for decode_fp8, OLD_BF16 for decode_bf16, as --env and
 # --bf16-env settings), into OUT_DIR/results (docs/results/h200_sweep.* and h200.* at this commit).
 # Everything comes back as OUT_DIR/defaults_check.tgz plus the results' JSON.
-# Its default variant `old` is the former defaults of the change made in 83ec01f (decode_bf16's
-# narrow tile on calls of at most 16 rows, the programmatic decode launch), which waits for an H200:
-# it was last reverted in bffbbcb, and `git revert --no-edit bffbbcb` makes it again (checked to
-# give bffbbcb's parent's tree exactly).
+# Its default variant `old` is the defaults before the H200's run at 3178c1c made four changes
+# (the programmatic decode launch, bf16 split partials, the planner's piece cost of 8, decode_bf16's
+# narrow tile on calls of at most 16 rows at batches of at most 32): fp32 partials, piece cost 4,
+# the ordinary launch, decode_bf16's 64-row tile on every call.
 # LAB_FP8 / LAB_BF16 (space-separated LABEL:NAME=VALUE,... settings) add lab options to the same run
 # as further variants, once their bits tests (SNAPMLA_TEST_UNTIMED=1, LAB_TESTS) have passed: a
 # failed test whose name holds one of a variant's LAB_OWN_TESTS words (LABEL=WORD ..., a label may
 # have several) leaves that variant out, any other failure (or a time-out) all of them. By default
-# the bf16 split partials (`b16p`) and the planner's piece cost of 8 blocks (`pc8`) on both
-# kernels, the two together on decode_fp8 (`b16pc8`): each was faster on an H100; and the
-# programmatic combine's late trigger on decode_fp8 (`cpl`), not yet timed anywhere. (The narrow
-# tiles' Q before their pages, the narrow tile's prefetch of its next split, the base-2 score step
-# and decode_bf16's own-page PV from registers were level on an H100.) LAB_FP8= LAB_BF16= leaves
-# them out.
+# the programmatic combine's late trigger on decode_fp8 (`cpl`: 0.995x the default's median time on
+# the H200 at 3178c1c, level) and decode_bf16's narrow tile at every batch (`bn`).
+# LAB_FP8= LAB_BF16= leaves them out.
 #   SNAPMLA_COMMIT=... [OLD_FP8=NAME=VALUE,...] [OLD_BF16=...] [LAB_FP8=...] [LAB_BF16=...]
 #   lab/h200_defaults_check.sh OUT_DIR   (carry .devbin, .whl, .peers; about five minutes)
 set -uo pipefail
@@ -31,12 +28,12 @@ export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVE
 repo=$PWD
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-old_fp8=${OLD_FP8:-SNAPMLA_DECODE_PDL=0}
-old_bf16=${OLD_BF16:-SNAPMLA_DECODE_PDL=0,SNAPMLA_BF16_TILE=rows64}
-lab_fp8=${LAB_FP8-b16p:SNAPMLA_PARTIALS=bf16 pc8:SNAPMLA_PLAN_PIECE_COST=8 b16pc8:SNAPMLA_PARTIALS=bf16,SNAPMLA_PLAN_PIECE_COST=8 cpl:SNAPMLA_COMBINE_PDL=late}
-lab_bf16=${LAB_BF16-b16p:SNAPMLA_PARTIALS=bf16 pc8:SNAPMLA_PLAN_PIECE_COST=8}
-lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuDecode.Bf16*:GpuPlan.*PieceCost*:GpuDecode.CombineLabOptions*}
-lab_own_tests=${LAB_OWN_TESTS:-b16p=Bf16Partials pc8=PieceCost b16pc8=Bf16Partials b16pc8=PieceCost cpl=CombineLabOptions}
+old_fp8=${OLD_FP8:-SNAPMLA_DECODE_PDL=0,SNAPMLA_PARTIALS=fragments,SNAPMLA_PLAN_PIECE_COST=4}
+old_bf16=${OLD_BF16:-SNAPMLA_DECODE_PDL=0,SNAPMLA_PARTIALS=fragments,SNAPMLA_PLAN_PIECE_COST=4,SNAPMLA_BF16_TILE=rows64}
+lab_fp8=${LAB_FP8-cpl:SNAPMLA_COMBINE_PDL=late}
+lab_bf16=${LAB_BF16-bn:SNAPMLA_BF16_TILE=narrow}
+lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuDecode.Bf16*:GpuDecode.CombineLabOptions*}
+lab_own_tests=${LAB_OWN_TESTS:-cpl=CombineLabOptions}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$work/gpu.txt"
 stamp "the C++ GPU suite under the defaults"
 timeout "${SUITE_TIMEOUT:-90}" .devbin/snapmla_gpu_tests > "$work/gpu_suite.log" 2>&1

@@ -3,7 +3,7 @@
 # tests (SNAPMLA_TEST_UNTIMED=1); then which SMs of this GPU stream faster (the profiling build's
 # dump at b = 128, h = 16, 32K: lab/h200_sm_balance.sh, lab/sm_balance.py --fast-sms 1.12); then the
 # product build and the bench's sweep and grid with the peers and the option as same-run variants
-# (`fsm`: those SMs at the default weight; `pc8` and `fsmpc8`: with and without the piece cost of 8).
+# (`fsm`: those SMs at the default weight; `pc4` and `fsmpc4`: with and without the former piece cost of 4).
 #   SNAPMLA_COMMIT=... lab/h200_fast_sms.sh OUT   (carry .devbin, .whl, .peers; about five minutes)
 . "$(dirname "$0")/round_start.sh" "$@"
 nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader
@@ -27,8 +27,8 @@ echo "fast SMs: $fast ($(echo "$fast" | tr '+' '\n' | grep -c .))"
 stamp "pip install . (the product build)"
 lab/h200_pip_install.sh "$dest" || exit 1
 cd /tmp || exit 1
-variants=(--env "fsm:SNAPMLA_FAST_SMS=$fast" --env "pc8:SNAPMLA_PLAN_PIECE_COST=8"
-          --env "fsmpc8:SNAPMLA_FAST_SMS=$fast,SNAPMLA_PLAN_PIECE_COST=8")
+variants=(--env "fsm:SNAPMLA_FAST_SMS=$fast" --env "pc4:SNAPMLA_PLAN_PIECE_COST=4"
+          --env "fsmpc4:SNAPMLA_FAST_SMS=$fast,SNAPMLA_PLAN_PIECE_COST=4")
 for what in sweep grid; do
   stamp "bench $what"
   args=--sweep

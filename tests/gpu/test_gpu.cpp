@@ -618,15 +618,27 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
                 std::log2(std::max(lse_ratio, 1e-30)), row_ratio);
   }
 
-  const auto want16 = ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), cpu_opt);
-  const auto want16_bf = bf16_rounded(want16.out);
-  // With each score step (SNAPMLA_SCORE_STEP), each source of the owner's P (SNAPMLA_BF16_OWN_PV),
-  // page A's QK first (SNAPMLA_BF16_QK_ORDER), the early max hand-off (SNAPMLA_BF16_MAX_HANDOFF)
-  // and, for calls of at most 16 rows, either tile in place of the default's choice by the batch
-  // (SNAPMLA_BF16_TILE=rows64 / narrow), lab options (the untimed ones under test_untimed()), the same
-  // bounds (the narrow tile runs the reference's chain too: only the sums' order differs); and the own PV from registers, the QK order and the max
-  // hand-off give the first run's bits (the same products: P from registers holding the P tile's
-  // words, or the same values computed in another order).
+  // The default (bf16 split partials) against the reference's default; every other run under fp32
+  // split partials (SNAPMLA_PARTIALS=fragments, the lab kernels' only form: they have no
+  // bf16-partials twin) against the reference's fp32 partials. With each score step
+  // (SNAPMLA_SCORE_STEP), each source of the owner's P (SNAPMLA_BF16_OWN_PV), page A's QK first
+  // (SNAPMLA_BF16_QK_ORDER), the early max hand-off (SNAPMLA_BF16_MAX_HANDOFF) and, for calls of at
+  // most 16 rows, either tile in place of the default's choice by the batch (SNAPMLA_BF16_TILE=rows64
+  // / narrow), lab options (the untimed ones under test_untimed()), the same bounds (the narrow tile
+  // runs the reference's chain too: only the sums' order differs); and the own PV from registers,
+  // the QK order and the max hand-off give the fp32 run's bits (the same products: P from registers
+  // holding the P tile's words, or the same values computed in another order).
+  struct Bf16Want {
+    ref::DecodeResultF32 result;
+    std::vector<float> out_bf;
+  };
+  auto bf16_want = [&](const char* partials) {
+    ScopedEnv env("SNAPMLA_PARTIALS", partials);
+    Bf16Want w{ref::decode_bf16_f32(B.query(), B.bf16_cache(), B.pages(), cpu_opt), {}};
+    w.out_bf = bf16_rounded(w.result.out);
+    return w;
+  };
+  const Bf16Want want_default = bf16_want(nullptr), want_fp32 = bf16_want("fragments");
   struct Bf16Run {
     const char* label;
     const char* step;  // null: the environment's own
@@ -635,9 +647,10 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
     const char* tile = nullptr;
     const char* max_handoff = nullptr;
   };
-  std::vector<bf16> first_out;
-  std::vector<float> first_lse;
-  for (const Bf16Run run : {Bf16Run{"", nullptr, nullptr, nullptr}, Bf16Run{" (folded)", "folded", nullptr, nullptr},
+  std::vector<bf16> fp32_out;
+  std::vector<float> fp32_lse;
+  for (const Bf16Run run : {Bf16Run{"", nullptr, nullptr, nullptr}, Bf16Run{" (fp32 partials)", nullptr, nullptr, nullptr},
+                            Bf16Run{" (folded)", "folded", nullptr, nullptr},
                             Bf16Run{" (own PV from registers)", nullptr, "registers", nullptr},
                             Bf16Run{" (page A's QK first)", nullptr, nullptr, "a_first"},
                             Bf16Run{" (64-row tile)", nullptr, nullptr, nullptr, "rows64"},
@@ -646,6 +659,9 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
     if ((run.step || run.own_pv || run.qk_order || run.max_handoff) && !test_untimed())
       continue;
     if (run.tile && c.h * c.s_q > 16) continue;
+    const bool default_run = run.label[0] == 0, bitwise = run.own_pv || run.qk_order || run.max_handoff;
+    const Bf16Want& want16 = default_run ? want_default : want_fp32;
+    ScopedEnv partials("SNAPMLA_PARTIALS", default_run ? nullptr : "fragments");
     ScopedEnv step("SNAPMLA_SCORE_STEP", run.step);
     ScopedEnv own_pv("SNAPMLA_BF16_OWN_PV", run.own_pv);
     ScopedEnv qk_order("SNAPMLA_BF16_QK_ORDER", run.qk_order);
@@ -655,22 +671,22 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
     G.lse.poison();
     decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), gpu_opt);
     device_memory::cuda_ok(cudaDeviceSynchronize(), "decode_bf16");
-    if (first_out.empty()) {
-      first_out = G.out.download();
-      first_lse = G.lse.download();
-    } else if (run.own_pv || run.qk_order || run.max_handoff) {
+    if (std::string(run.label) == " (fp32 partials)") {
+      fp32_out = G.out.download();
+      fp32_lse = G.lse.download();
+    } else if (bitwise) {
       const auto out = G.out.download();
       const auto lse = G.lse.download();
-      for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i].bits, first_out[i].bits) << run.label << " out " << i;
-      ASSERT_EQ(std::memcmp(lse.data(), first_lse.data(), lse.size() * sizeof(float)), 0) << run.label << " lse";
+      for (size_t i = 0; i < out.size(); ++i) ASSERT_EQ(out[i].bits, fp32_out[i].bits) << run.label << " out " << i;
+      ASSERT_EQ(std::memcmp(lse.data(), fp32_lse.data(), lse.size() * sizeof(float)), 0) << run.label << " lse";
     }
     const auto got16 = as_float(G.out.download());
-    const Diff d16 = compare(got16, want16_bf);
+    const Diff d16 = compare(got16, want16.out_bf);
     std::printf("[ info ] decode_bf16%s h=%d s_q=%d: rel-L2 %.2e, max |err| %.2e\n", run.label, c.h,
                 c.s_q, d16.rel_l2, d16.max_abs);
     EXPECT_EQ(d16.nonfinite, 0u);
     EXPECT_LE(d16.rel_l2, 2e-3);
-    expect_lse(G.lse.download(), want16.lse, 1e-6, 8.0 / 65536, c.workers ? 2 : 1);
+    expect_lse(G.lse.download(), want16.result.lse, 1e-6, 8.0 / 65536, c.workers ? 2 : 1);
   }
 }
 
@@ -1071,8 +1087,8 @@ TEST(GpuDecode, StagedPartialsGiveTheSameBits) {
   });
 }
 
-// The bf16 partials (SNAPMLA_PARTIALS=bf16, a lab option not yet run on the H200, hence under
-// test_untimed()) are the fp32 partials rounded to bf16, and the combine merges them as they are:
+// The bf16 partials (SNAPMLA_PARTIALS=bf16, the default) are the fp32 partials
+// (SNAPMLA_PARTIALS=fragments) rounded to bf16, and the combine merges them as they are:
 // - every split row of a split sequence in the workspace is the RNE rounding of the fp32 run's
 //   row there, bit for bit (NaN where that is NaN), and the partial lse are bytewise the fp32
 //   run's (the workspace is poisoned before each call, so a row stored elsewhere or not at all
@@ -1084,11 +1100,10 @@ TEST(GpuDecode, StagedPartialsGiveTheSameBits) {
 //   the output's rounding, which adds at most one bf16 ulp of the larger (2^-7 of it).
 // On every tile that stores bf16 partials: decode_fp8's narrow, transposing (also under the
 // carried P' scales) and V^T-register tiles, decode_bf16's narrow and 64-row tiles; and the tile
-// that keeps fp32 (the three-consumer tile) gives the fp32 run's bits. The cases:
-// split_epilogue_cases.
+// that keeps fp32 (the three-consumer tile) gives the fp32 run's bits; the lab tiles (V^T-register,
+// three-consumer, carried scales) under test_untimed(). The cases: split_epilogue_cases.
 TEST(GpuDecode, Bf16PartialsAreTheRoundedFp32Partials) {
   REQUIRE_GPU();
-  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
   const std::vector<SplitCase> cases = split_epilogue_cases(rng);
@@ -1114,6 +1129,9 @@ TEST(GpuDecode, Bf16PartialsAreTheRoundedFp32Partials) {
     const size_t row_count = size_t(plan.plan.capacity) * rows;  // partial rows in the workspace
     const size_t partial_bytes = row_count * (kLatentDim + 1) * sizeof(float);
     for (const Kernel& k : kernels) {
+      const bool lab_tile =
+          k.tile == Fp8Tile::kRows64VRegs || k.tile == Fp8Tile::kRows64Trio || k.p_scale == Fp8PScale::kCarried;
+      if (lab_tile && !test_untimed()) continue;
       SCOPED_TRACE(k.label);
       DecodeOptions options = plan.options(B.softmax_scale);
       options.fp8_tile = k.tile;
@@ -1287,6 +1305,8 @@ TEST(GpuDecode, UniformRoleIndexGivesTheSameBits) {
   if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
+  // The lab kernels keep fp32 split partials (no bf16-partials twin): the default's too, for its bits.
+  ScopedEnv fp32("SNAPMLA_PARTIALS", "fragments");
   for_each_bits_case(rng, [](GpuBatch& G, const DecodeOptions& options) {
     struct Run {
       const char* kernel;
@@ -1322,6 +1342,8 @@ TEST(GpuDecode, Bf16QkOrderGivesTheSameBits) {
   if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
+  // The lab kernels keep fp32 split partials (no bf16-partials twin): the default's too, for its bits.
+  ScopedEnv fp32("SNAPMLA_PARTIALS", "fragments");
   for_each_bits_case(rng, [](GpuBatch& G, const DecodeOptions& options) {
     auto decode = [&](const char* order) {
       ScopedEnv env("SNAPMLA_BF16_QK_ORDER", order);
@@ -1455,6 +1477,8 @@ TEST(GpuDecode, Bf16MaxHandOffGivesTheSameBits) {
   if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
+  // The lab kernels keep fp32 split partials (no bf16-partials twin): the default's too, for its bits.
+  ScopedEnv fp32("SNAPMLA_PARTIALS", "fragments");
   for (const char* step : {"reference", "folded"})
     for (const char* own_pv : {"shared", "registers"}) {
       ScopedEnv score_step("SNAPMLA_SCORE_STEP", step);
