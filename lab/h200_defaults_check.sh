@@ -5,7 +5,7 @@
 # --bf16-env settings), into OUT_DIR/results (docs/results/h200_sweep.* and h200.* at this commit).
 # Everything comes back as OUT_DIR/defaults_check.tgz plus the results' JSON.
 # Its default variant `old` is the defaults before the H200's run at 3178c1c made four changes
-# (the programmatic decode launch, bf16 split partials, the planner's piece cost of 8, decode_bf16's
+# (the programmatic decode launch, bf16 split partials on decode_fp8, the planner's piece cost of 8, decode_bf16's
 # narrow tile on calls of at most 16 rows at batches of at most 32): fp32 partials, piece cost 4,
 # the ordinary launch, decode_bf16's 64-row tile on every call.
 # LAB_FP8 / LAB_BF16 (space-separated LABEL:NAME=VALUE,... settings) add lab options to the same run

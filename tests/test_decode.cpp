@@ -414,8 +414,8 @@ TEST(SplitKv, SplitPlusCombineEqualsUnsplitWithinFloatRounding) {
   EXPECT_LT(test::rel_l2(split16.out, w16), 2e-3);  // bf16(P) depends on the running max: 2^-8
 }
 
-// SNAPMLA_PARTIALS=bf16 (a lab option): a split sequence's partial rows are rounded to bf16 before
-// the combine, as the kernels then store them. A sequence with one split, and every lse, keep the
+// SNAPMLA_PARTIALS=bf16 (decode_fp8's default, `auto`; decode_bf16's is fp32): a split sequence's
+// partial rows are rounded to bf16 before the combine, as the kernels then store them. A sequence with one split, and every lse, keep the
 // fp32 partials' bits; a split sequence's rows move, by at most the rounding of its partials:
 // 2^-8 (bf16's unit roundoff) of sum_k w_k |v_k| <= max_k |v_k|, and a partial row is a weighted
 // mean of the sequence's V rows under P' (whose e4m3 rounding leaves its weights' sum within
@@ -439,6 +439,10 @@ TEST(SplitKv, Bf16PartialsMoveSplitRowsByTheirRoundingOnly) {
     EXPECT_EQ(decode().out, fp32.out);
     store.set("bf16");
     const auto b16 = decode();
+    for (const char* unset : {"", "auto"}) {
+      store.set(unset);
+      EXPECT_EQ(decode().out, fp8 ? b16.out : fp32.out) << "the default: bf16 partials for decode_fp8, fp32 for decode_bf16";
+    }
     store.set("fragments");
     EXPECT_EQ(b16.lse, fp32.lse);
     size_t moved = 0;

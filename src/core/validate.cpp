@@ -435,8 +435,9 @@ int env_choice(const char* op, const char* name, std::initializer_list<const cha
 
 bool env_flag(const char* op, const char* name) { return env_choice(op, name, {"0", "1"}) == 1; }
 
-bool bf16_partials(const char* op) {
-  return env_choice(op, "SNAPMLA_PARTIALS", kPartialsSettings, std::size(kPartialsSettings)) == 0;
+bool bf16_partials(const char* op, DecodePath path) {
+  const int choice = env_choice(op, "SNAPMLA_PARTIALS", kPartialsSettings, std::size(kPartialsSettings));
+  return choice == 1 || (choice == 0 && path == DecodePath::kFp8);
 }
 
 PlanLabOptions plan_lab_options(const char* op) {

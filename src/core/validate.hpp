@@ -88,14 +88,18 @@ E env_enum(const char* op, const char* name, const char* const (&names)[N], cons
 // An on/off lab option (env_choice over 0 and 1): unset, empty or 0 is off, 1 is on.
 bool env_flag(const char* op, const char* name);
 
+// Which decode a setting is read for, where their defaults differ.
+enum class DecodePath { kFp8, kBf16 };
+
 // SNAPMLA_PARTIALS (read per call): how the decode stores a split's partial rows for the combine.
-// `bf16` (unset) rounds each split's normalized rows to bf16 (RNE) at half the bytes of fp32, which
+// `bf16` rounds each split's normalized rows to bf16 (RNE) at half the bytes of fp32, which
 // changes the result by at most the rounding (docs/accuracy.md), so the reference rounds its split
 // partials alike (bf16_partials) and the kernels store so (kernels/sm90/decode/launch.hpp);
-// `fragments` and `staged` store fp32 (two store forms of the GPU kernels, the same bits), the
-// former default, kept for same-run A/B.
-inline constexpr const char* kPartialsSettings[] = {"bf16", "fragments", "staged"};
-bool bf16_partials(const char* op);
+// `fragments` and `staged` store fp32 (two store forms of the GPU kernels, the same bits). `auto`
+// (unset): bf16 for decode_fp8, where the rounding is a twentieth to a fortieth of the FP8 error,
+// fp32 for decode_bf16, where it would add 1-17% to the BF16 path's own error (the CPU study).
+inline constexpr const char* kPartialsSettings[] = {"auto", "bf16", "fragments", "staged"};
+bool bf16_partials(const char* op, DecodePath path);
 
 // The planner's lab options (PlanLabOptions, core/split_rule.hpp) from the environment:
 // SNAPMLA_PLAN_FILL (env_flag) for fill_workers, SNAPMLA_PLAN_SPLIT (`rule`, the default, or

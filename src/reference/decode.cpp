@@ -223,7 +223,7 @@ DecodeResultF32 fp8_f32(const QuantizedQuery& q, const PagedFp8Cache& cache, con
   const detail::PvMode mode =
       detail::fp8_pv_mode(detail::resolved_p_scale("decode_fp8", options, q.seqlen_q * q.num_heads));
   DecodeResultF32 r = run_decode({q.batch, q.seqlen_q, q.num_heads}, qv, qf, pages, cache.num_pages, options,
-                    mode, detail::bf16_partials("decode_fp8"), [&](int b, int len, float* kv, float* scale) {
+                    mode, detail::bf16_partials("decode_fp8", detail::DecodePath::kFp8), [&](int b, int len, float* kv, float* scale) {
                       const int32_t* table = pages.block_table + int64_t(b) * pages.max_pages;
                       for (int t = 0; t < len; ++t) {
                         const int64_t slot = int64_t(table[t / kPageSize]) * kPageSize + t % kPageSize;
@@ -245,7 +245,7 @@ DecodeResultF32 bf16_f32(const QueryBf16& q, const PagedBf16Cache& cache, const 
   std::vector<float> qv(rows * kHeadDim), qf(rows, options.softmax_scale);
   for (int64_t i = 0; i < rows * kHeadDim; ++i) qv[i] = to_float(q.data[i]);
   DecodeResultF32 r = run_decode({q.batch, q.seqlen_q, q.num_heads}, qv, qf, pages, cache.num_pages, options,
-                    detail::PvMode::kBf16, detail::bf16_partials("decode_bf16"),
+                    detail::PvMode::kBf16, detail::bf16_partials("decode_bf16", detail::DecodePath::kBf16),
                     [&](int b, int len, float* kv, float* scale) {
                       const int32_t* table = pages.block_table + int64_t(b) * pages.max_pages;
                       for (int t = 0; t < len; ++t) {

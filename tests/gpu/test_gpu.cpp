@@ -618,9 +618,9 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
                 std::log2(std::max(lse_ratio, 1e-30)), row_ratio);
   }
 
-  // The default (bf16 split partials) against the reference's default; every other run under fp32
-  // split partials (SNAPMLA_PARTIALS=fragments, the lab kernels' only form: they have no
-  // bf16-partials twin) against the reference's fp32 partials. With each score step
+  // Each run against the reference under the same SNAPMLA_PARTIALS: the default (the environment's
+  // setting; unset, fp32 split partials for decode_bf16), fp32 and bf16 partials, and every lab run
+  // under fp32 (the lab kernels have no bf16-partials twin). With each score step
   // (SNAPMLA_SCORE_STEP), each source of the owner's P (SNAPMLA_BF16_OWN_PV), page A's QK first
   // (SNAPMLA_BF16_QK_ORDER), the early max hand-off (SNAPMLA_BF16_MAX_HANDOFF) and, for calls of at
   // most 16 rows, either tile in place of the default's choice by the batch (SNAPMLA_BF16_TILE=rows64
@@ -638,7 +638,7 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
     w.out_bf = bf16_rounded(w.result.out);
     return w;
   };
-  const Bf16Want want_default = bf16_want(nullptr), want_fp32 = bf16_want("fragments");
+  const Bf16Want want_default = bf16_want(nullptr), want_fp32 = bf16_want("fragments"), want_b16 = bf16_want("bf16");
   struct Bf16Run {
     const char* label;
     const char* step;  // null: the environment's own
@@ -646,10 +646,13 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
     const char* qk_order;
     const char* tile = nullptr;
     const char* max_handoff = nullptr;
+    const char* partials = "fragments";  // SNAPMLA_PARTIALS (null: the environment's)
   };
   std::vector<bf16> fp32_out;
   std::vector<float> fp32_lse;
-  for (const Bf16Run run : {Bf16Run{"", nullptr, nullptr, nullptr}, Bf16Run{" (fp32 partials)", nullptr, nullptr, nullptr},
+  for (const Bf16Run run : {Bf16Run{"", nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
+                            Bf16Run{" (fp32 partials)", nullptr, nullptr, nullptr},
+                            Bf16Run{" (bf16 partials)", nullptr, nullptr, nullptr, nullptr, nullptr, "bf16"},
                             Bf16Run{" (folded)", "folded", nullptr, nullptr},
                             Bf16Run{" (own PV from registers)", nullptr, "registers", nullptr},
                             Bf16Run{" (page A's QK first)", nullptr, nullptr, "a_first"},
@@ -659,9 +662,11 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
     if ((run.step || run.own_pv || run.qk_order || run.max_handoff) && !test_untimed())
       continue;
     if (run.tile && c.h * c.s_q > 16) continue;
-    const bool default_run = run.label[0] == 0, bitwise = run.own_pv || run.qk_order || run.max_handoff;
-    const Bf16Want& want16 = default_run ? want_default : want_fp32;
-    ScopedEnv partials("SNAPMLA_PARTIALS", default_run ? nullptr : "fragments");
+    const bool bitwise = run.own_pv || run.qk_order || run.max_handoff;
+    const Bf16Want& want16 = run.partials == nullptr                  ? want_default
+                             : std::string(run.partials) == "bf16" ? want_b16
+                                                                   : want_fp32;
+    ScopedEnv partials("SNAPMLA_PARTIALS", run.partials);
     ScopedEnv step("SNAPMLA_SCORE_STEP", run.step);
     ScopedEnv own_pv("SNAPMLA_BF16_OWN_PV", run.own_pv);
     ScopedEnv qk_order("SNAPMLA_BF16_QK_ORDER", run.qk_order);

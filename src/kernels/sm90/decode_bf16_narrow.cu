@@ -1,5 +1,6 @@
 // decode_bf16, narrow tile: up to 16 query rows per CTA (h * s_q <= 16), the default for such calls
-// (SNAPMLA_BF16_TILE=rows64 runs the 64-row tile instead). The 64-row tile
+// at batches of at most 32 (Bf16Tile::kAuto, params.hpp; SNAPMLA_BF16_TILE=narrow / rows64 force
+// either). The 64-row tile
 // (decode_bf16.cu) pads such rows to a wgmma M of 64 and pays the whole tile's per-page chain, so
 // at h <= 16 its period comes close to the page's load time; here the products are transposed, as
 // in decode_fp8's narrow tile, so that the rows are the wgmma N (16) and the page's 64 tokens / 512

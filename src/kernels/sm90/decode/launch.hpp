@@ -188,13 +188,16 @@ inline RoleIndex role_index(const char* op) {
 // than decode + combine at b = 1-8), so not the default.
 inline bool combine_fused(const char* op) { return detail::env_flag(op, "SNAPMLA_COMBINE_FUSED"); }
 
-// SNAPMLA_PARTIALS in the environment (read per call like the others), the PartialStore: `bf16`
-// (unset; every tile, through DecodeParams::partial_bf16; the reference rounds its partials alike,
-// detail::bf16_partials); `fragments`, fp32 (the former default); `staged`, fp32 for the kernels that have a staged instantiation (the
-// default 64-row kernels: decode_fp8's transposing tile and decode_bf16), elsewhere the fragments'.
-inline PartialStore partial_store(const char* op) {
+// SNAPMLA_PARTIALS in the environment (read per call like the others), the PartialStore for the
+// decode `path`: `bf16` (every tile, through DecodeParams::partial_bf16; the reference rounds its
+// partials alike, detail::bf16_partials); `fragments`, fp32; `staged`, fp32 for the kernels that
+// have a staged instantiation (the default 64-row kernels: decode_fp8's transposing tile and
+// decode_bf16), elsewhere the fragments'; `auto` (unset), bf16 for decode_fp8 and fp32 for
+// decode_bf16 (core/validate.hpp).
+inline PartialStore partial_store(const char* op, detail::DecodePath path) {
+  const PartialStore auto_store = path == detail::DecodePath::kFp8 ? PartialStore::kBf16Rows : PartialStore::kFragments;
   return detail::env_enum(op, "SNAPMLA_PARTIALS", detail::kPartialsSettings,
-                          {PartialStore::kBf16Rows, PartialStore::kFragments, PartialStore::kStaged});
+                          {auto_store, PartialStore::kBf16Rows, PartialStore::kFragments, PartialStore::kStaged});
 }
 
 // SNAPMLA_DECODE_PDL in the environment (read per call like the others): `1` (unset) launches
@@ -324,7 +327,9 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
   const CombineLaunch launch = combine_launch(op);
   const bool wave_over_workers = combine_wave_over_workers(op);
   const CombineTasks tasks = combine_tasks(op);
-  const PartialStore store = partial_store(op);
+  // (decode_bf16's params carry its BF16 query; decode_fp8's do not.)
+  const PartialStore store =
+      partial_store(op, p.q_bf16 != nullptr ? detail::DecodePath::kBf16 : detail::DecodePath::kFp8);
   const bool programmatic = decode_pdl(op);
   const bool q_first = narrow_q_first(op);
   const bool prefetch = prefetch_next(op);

@@ -85,16 +85,18 @@ enum class TrioOrder { kPvFirst, kSoftmaxFirst };
 // kernels' median, decode_bf16's 0.973x); SNAPMLA_ROLE_INDEX=thread keeps kThread for A/B.
 enum class RoleIndex { kThread, kUniform };
 
-// How the 64-row tiles' CTAs store a split's fp32 partials (epilogue.cuh): kFragments, from the
-// accumulator fragment (write_partials: 8 rows x 32 bytes per store instruction); kStaged, through
-// shared memory as whole rows (write_partials_staged: 512 contiguous bytes per instruction, a
-// quarter of the write requests). The same values at the same addresses. A lab option
-// (SNAPMLA_PARTIALS): level with kFragments on the H200 (kernel timeline at fc4dfc1, within 1%),
-// so not the default. kBf16Rows (SNAPMLA_PARTIALS=bf16, a lab option): the normalized rows rounded
-// to bf16 (RNE) and stored as whole rows, as a sequence with one split stores its output, at half
-// the bytes, and the combine reads them so (DecodeParams::partial_bf16). Not the fp32 partials'
-// bits: the rounding (at most 2^-8 relative) is the price, a twentieth to a fortieth of the FP8 error
-// on the CPU reference (lab/bf16_partials_error.py). The default 64-row kernels (and the carried
+// How the 64-row tiles' CTAs store a split's partials (epilogue.cuh). kBf16Rows (decode_fp8's
+// default, SNAPMLA_PARTIALS unset or `bf16`, since the H200's same-run sweep at 3178c1c: 0.991x
+// the fp32 partials' median time, 0.95-0.97x at h = 64-128; decode_bf16 keeps fp32 unless asked): the normalized rows rounded to bf16
+// (RNE) and stored as whole rows, as a sequence with one split stores its output, at half the
+// bytes, and the combine reads them so (DecodeParams::partial_bf16). Not the fp32 partials' bits:
+// the rounding (at most 2^-8 relative) is the price, a twentieth to a fortieth of the FP8 error on
+// the CPU reference (lab/bf16_partials_error.py), which rounds alike. fp32 (SNAPMLA_PARTIALS=
+// fragments; decode_bf16's default): kFragments, from the accumulator fragment (write_partials: 8 rows
+// x 32 bytes per store instruction); kStaged (`staged`), through shared memory as whole rows
+// (write_partials_staged: 512 contiguous bytes per instruction, a quarter of the write requests),
+// the same values at the same addresses, level with kFragments on the H200 (kernel timeline at
+// fc4dfc1, within 1%). The default 64-row kernels (and the carried
 // scales' one) have kBf16Rows twins; the narrow and V^T-register tiles choose at run time from
 // partial_bf16; kernels without either keep fp32 (SplitKernels::kHasBf16Rows, launch.hpp).
 enum class PartialStore { kFragments, kStaged, kBf16Rows };
@@ -115,7 +117,7 @@ struct DecodeParams {
   float softmax_scale = 0.f;
   bool causal = true;
   float empty_lse = 0.f;  // the final lse of a row that sees no token (-inf or +inf)
-  // Split plan (null: one split per sequence) and the fp32 partials of split sequences.
+  // Split plan (null: one split per sequence) and the partials of split sequences.
   const int32_t* split_offsets = nullptr;
   const int32_t* split_begin = nullptr;
   // The plan's worker ranges (null: one worker per split): worker k runs splits
@@ -124,7 +126,7 @@ struct DecodeParams {
   int num_workers = 0;  // the grid's workers: the plan's capacity - batch, or its capacity without ranges
   float* partial_out = nullptr;  // [capacity, rows, 512]
   float* partial_lse = nullptr;  // [capacity, rows]
-  // Non-null (SNAPMLA_PARTIALS=bf16, PartialStore::kBf16Rows): the split partials are bf16 rows
+  // Non-null (PartialStore::kBf16Rows, decode_fp8's default): the split partials are bf16 rows
   // here ([capacity, rows, 512], the first half of partial_out's bytes) instead of fp32 in
   // partial_out; their lse stays in partial_lse.
   uint16_t* partial_bf16 = nullptr;

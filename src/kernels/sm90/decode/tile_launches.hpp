@@ -2,7 +2,7 @@
 // decode_bf16.cu: the narrow tiles (decode_fp8_narrow.cu, decode_bf16_narrow.cu: CTAs of up to 16
 // query rows computed as S^T / O^T, for h * s_q <= 16) and decode_fp8's three-consumer 64-row tile
 // (decode_fp8_trio.cu). Which tile a call uses: decode_fp8.cu's Fp8Tile (core/validate.hpp's
-// fp8_tile_of_call); decode_bf16.cu's Bf16Tile (a lab option).
+// fp8_tile_of_call); decode_bf16.cu's Bf16Tile (launch.hpp, bf16_narrow_tile).
 #pragma once
 
 #include <cuda.h>
