@@ -435,9 +435,10 @@ int env_choice(const char* op, const char* name, std::initializer_list<const cha
 
 bool env_flag(const char* op, const char* name) { return env_choice(op, name, {"0", "1"}) == 1; }
 
-bool bf16_partials(const char* op, DecodePath path) {
-  const int choice = env_choice(op, "SNAPMLA_PARTIALS", kPartialsSettings, std::size(kPartialsSettings));
-  return choice == 1 || (choice == 0 && path == DecodePath::kFp8);
+PartialsSetting partials_setting(const char* op, DecodePath path) {
+  const PartialsSetting auto_setting = path == DecodePath::kFp8 ? PartialsSetting::kBf16 : PartialsSetting::kFp32Fragments;
+  return env_enum(op, "SNAPMLA_PARTIALS", {"auto", "bf16", "fragments", "staged"},
+                  {auto_setting, PartialsSetting::kBf16, PartialsSetting::kFp32Fragments, PartialsSetting::kFp32Staged});
 }
 
 PlanLabOptions plan_lab_options(const char* op) {

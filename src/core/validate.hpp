@@ -98,8 +98,13 @@ enum class DecodePath { kFp8, kBf16 };
 // `fragments` and `staged` store fp32 (two store forms of the GPU kernels, the same bits). `auto`
 // (unset): bf16 for decode_fp8, where the rounding is a twentieth to a fortieth of the FP8 error,
 // fp32 for decode_bf16, where it would add 1-17% to the BF16 path's own error (the CPU study).
-inline constexpr const char* kPartialsSettings[] = {"auto", "bf16", "fragments", "staged"};
-bool bf16_partials(const char* op, DecodePath path);
+// partials_setting resolves `auto` for the path: the one rule the reference (bf16_partials) and
+// the kernels' launch (PartialStore) both read.
+enum class PartialsSetting { kBf16, kFp32Fragments, kFp32Staged };
+PartialsSetting partials_setting(const char* op, DecodePath path);
+inline bool bf16_partials(const char* op, DecodePath path) {
+  return partials_setting(op, path) == PartialsSetting::kBf16;
+}
 
 // The planner's lab options (PlanLabOptions, core/split_rule.hpp) from the environment:
 // SNAPMLA_PLAN_FILL (env_flag) for fill_workers, SNAPMLA_PLAN_SPLIT (`rule`, the default, or

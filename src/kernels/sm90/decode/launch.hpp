@@ -188,16 +188,17 @@ inline RoleIndex role_index(const char* op) {
 // than decode + combine at b = 1-8), so not the default.
 inline bool combine_fused(const char* op) { return detail::env_flag(op, "SNAPMLA_COMBINE_FUSED"); }
 
-// SNAPMLA_PARTIALS in the environment (read per call like the others), the PartialStore for the
-// decode `path`: `bf16` (every tile, through DecodeParams::partial_bf16; the reference rounds its
-// partials alike, detail::bf16_partials); `fragments`, fp32; `staged`, fp32 for the kernels that
-// have a staged instantiation (the default 64-row kernels: decode_fp8's transposing tile and
-// decode_bf16), elsewhere the fragments'; `auto` (unset), bf16 for decode_fp8 and fp32 for
-// decode_bf16 (core/validate.hpp).
+// SNAPMLA_PARTIALS in the environment (read per call like the others) as the decode `path`'s
+// PartialStore (detail::partials_setting, the reference's rule too): bf16 rows (every tile, through
+// DecodeParams::partial_bf16); fp32 from the fragments; fp32 staged, for the kernels that have a
+// staged instantiation (the default 64-row kernels: decode_fp8's transposing tile and decode_bf16),
+// elsewhere the fragments'.
 inline PartialStore partial_store(const char* op, detail::DecodePath path) {
-  const PartialStore auto_store = path == detail::DecodePath::kFp8 ? PartialStore::kBf16Rows : PartialStore::kFragments;
-  return detail::env_enum(op, "SNAPMLA_PARTIALS", detail::kPartialsSettings,
-                          {auto_store, PartialStore::kBf16Rows, PartialStore::kFragments, PartialStore::kStaged});
+  switch (detail::partials_setting(op, path)) {
+    case detail::PartialsSetting::kBf16: return PartialStore::kBf16Rows;
+    case detail::PartialsSetting::kFp32Staged: return PartialStore::kStaged;
+    default: return PartialStore::kFragments;
+  }
 }
 
 // SNAPMLA_DECODE_PDL in the environment (read per call like the others): `1` (unset) launches

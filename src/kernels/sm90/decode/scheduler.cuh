@@ -52,7 +52,7 @@ __device__ __forceinline__ int claimed_worker(const DecodeParams& p, int* scratc
   if (threadIdx.x == 0) {
     unsigned sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    const bool fast = sm < 256 && (p.fast_sm_mask[sm / 32] >> (sm % 32) & 1u);
+    const bool fast = sm < 8 * sizeof(p.fast_sm_mask) && (p.fast_sm_mask[sm / 32] >> (sm % 32) & 1u);
     const int fast_pool = p.fast_workers, slow_pool = p.num_workers - p.fast_workers;
     int k = atomicAdd(&p.worker_claims[fast ? 0 : 1], 1), worker = -1;
     if (fast && k < fast_pool) {
