@@ -24,6 +24,7 @@ using test::make_rng;
 using test::options;
 using test::OwnedPlan;
 using test::ScopedEnv;
+using test::sm_list;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -545,6 +546,24 @@ TEST(SplitKv, CombineRowIsLogSumExpWeighting) {
   for (float v : out) ASSERT_EQ(v, 0.0f);
 }
 
+// The pages of each split of plan P over sequences of `lens` tokens (the last one may be partial),
+// and a worker's cost under it: its splits' pages plus a fixed cost F per split.
+std::vector<int64_t> split_pages(const OwnedPlan& P, const std::vector<int32_t>& lens) {
+  const int b = int(lens.size());
+  std::vector<int64_t> pages(size_t(std::max(P.offsets[size_t(b)], 0)), 0);
+  for (int i = 0; i < b; ++i)
+    for (int k = P.offsets[size_t(i)]; k < P.offsets[size_t(i + 1)]; ++k) {
+      const int end = k + 1 < P.offsets[size_t(i + 1)] ? P.begins[size_t(k + 1)] : lens[size_t(i)];
+      pages[size_t(k)] = (end - P.begins[size_t(k)] + kPageSize - 1) / kPageSize;
+    }
+  return pages;
+}
+int64_t worker_cost(const OwnedPlan& P, const std::vector<int64_t>& pages, int w, int64_t F) {
+  int64_t cost = 0;
+  for (int k = P.worker_splits[size_t(w)]; k < P.worker_splits[size_t(w + 1)]; ++k) cost += pages[size_t(k)] + F;
+  return cost;
+}
+
 // The plan's structure and its balance, from its definition (formats.hpp, SplitPlan; the cost
 // model of core/split_rule.hpp), not from the planner's arithmetic:
 // - every sequence has at least one split, the first at 0, each of whole pages, increasing and,
@@ -566,7 +585,6 @@ int64_t expect_balanced_plan(const OwnedPlan& P, const std::vector<int32_t>& seq
   EXPECT_EQ(P.offsets[0], 0);
   const int splits = P.offsets[b];
   EXPECT_LE(splits, capacity);
-  std::vector<int64_t> pages_of(size_t(std::max(splits, 0)), 0);
   int64_t total_blocks = 0;
   for (int i = 0; i < b; ++i) {
     const int lo = P.offsets[i], hi = P.offsets[i + 1];
@@ -580,9 +598,9 @@ int64_t expect_balanced_plan(const OwnedPlan& P, const std::vector<int32_t>& seq
       if (seqlens[i] > 0) {
         EXPECT_GT(end, P.begins[k]) << "split " << k;
       }
-      pages_of[size_t(k)] = (end - P.begins[k] + kPageSize - 1) / kPageSize;
     }
   }
+  const std::vector<int64_t> pages_of = split_pages(P, seqlens);
   for (int k = splits; k < capacity; ++k) EXPECT_EQ(P.begins[size_t(k)], -1) << "unused split_begin " << k;
   EXPECT_EQ(P.worker_splits[0], 0);
   EXPECT_EQ(P.worker_splits[size_t(slots)], splits) << "the last worker's end";
@@ -612,8 +630,7 @@ int64_t expect_balanced_plan(const OwnedPlan& P, const std::vector<int32_t>& seq
   int64_t worst = 0, sum = 0;
   int working = 0;
   for (int w = 0; w < slots; ++w) {
-    int64_t cost = 0;
-    for (int k = P.worker_splits[size_t(w)]; k < P.worker_splits[size_t(w + 1)]; ++k) cost += pages_of[size_t(k)] + F;
+    const int64_t cost = worker_cost(P, pages_of, w, F);
     if (w >= used) {
       EXPECT_EQ(cost, 0) << "worker " << w << " past the " << used << " the total is worth";
     }
@@ -623,11 +640,8 @@ int64_t expect_balanced_plan(const OwnedPlan& P, const std::vector<int32_t>& seq
     sum += cost;
   }
   // Every worker before the last working one has its share, less at most one fixed cost.
-  for (int w = 0; w + 1 < working; ++w) {
-    int64_t cost = 0;
-    for (int k = P.worker_splits[size_t(w)]; k < P.worker_splits[size_t(w + 1)]; ++k) cost += pages_of[size_t(k)] + F;
-    EXPECT_GE(cost, share - F) << "worker " << w << ", share " << share;
-  }
+  for (int w = 0; w + 1 < working; ++w)
+    EXPECT_GE(worker_cost(P, pages_of, w, F), share - F) << "worker " << w << ", share " << share;
   // The costs add up to the axis plus the first pieces' fixed costs off it.
   EXPECT_GE(sum, total);
   EXPECT_LE(sum, total + F * working);
@@ -793,20 +807,11 @@ TEST(SplitKv, PieceCostOptionChargesFurtherPieces) {
   // The most pages any worker runs, and the most pages of a worker with two pieces or more.
   auto pages_of_workers = [](const OwnedPlan& P, const std::vector<int32_t>& lens) {
     std::pair<int64_t, int64_t> most{0, 0};
-    const int b = int(lens.size()), slots = int(P.begins.size()) - b;
-    std::vector<int> seq_of(size_t(P.offsets[size_t(b)]));
-    for (int i = 0; i < b; ++i)
-      for (int k = P.offsets[size_t(i)]; k < P.offsets[size_t(i + 1)]; ++k) seq_of[size_t(k)] = i;
-    for (int w = 0; w < slots; ++w) {
-      int64_t pages = 0;
-      const int lo = P.worker_splits[size_t(w)], hi = P.worker_splits[size_t(w + 1)];
-      for (int k = lo; k < hi; ++k) {
-        const int i = seq_of[size_t(k)];
-        const int end = k + 1 < P.offsets[size_t(i + 1)] ? P.begins[size_t(k + 1)] : lens[size_t(i)];
-        pages += (end - P.begins[size_t(k)] + kPageSize - 1) / kPageSize;
-      }
+    const std::vector<int64_t> pages_of = split_pages(P, lens);
+    for (int w = 0; w < int(P.begins.size()) - int(lens.size()); ++w) {
+      const int64_t pages = worker_cost(P, pages_of, w, 0);
       most.first = std::max(most.first, pages);
-      if (hi - lo >= 2) most.second = std::max(most.second, pages);
+      if (P.worker_splits[size_t(w + 1)] - P.worker_splits[size_t(w)] >= 2) most.second = std::max(most.second, pages);
     }
     return most;
   };
@@ -857,12 +862,7 @@ TEST(SplitKv, FastSmsWeighTheFirstWorkers) {
     sms.set("");
     const OwnedPlan plain(pages, workers, rows), plain64(pages, workers, 64);
     const int listed = 1 + int(rng() % std::min(workers + 10, 60)), wi = int(rng() % 4);
-    std::string list;
-    for (int i = 0; i < listed; ++i) {
-      if (i > 0) list += '+';
-      list += std::to_string(2 * i + int(trial % 2));
-    }
-    sms.set(list.c_str());
+    sms.set(sm_list(listed, int(trial % 2), 2).c_str());
     weight.set(weights[wi]);
     const OwnedPlan P(pages, workers, rows);
     EXPECT_EQ(OwnedPlan(pages, workers, 64).begins, plain64.begins) << "64 rows: no weights";
@@ -874,21 +874,16 @@ TEST(SplitKv, FastSmsWeighTheFirstWorkers) {
     const int64_t total = blocks + F * (b - 1);
     const int64_t fast = std::min<int64_t>(listed, used), w16 = weight16s[wi];
     const double wsum = double(16 * used + (w16 - 16) * fast);
-    std::vector<int64_t> pages_of(size_t(P.offsets[size_t(b)]), 0);
+    const std::vector<int64_t> pages_of = split_pages(P, lens);
     for (int i = 0; i < b; ++i) {
       int64_t covered = 0;
-      for (int k = P.offsets[size_t(i)]; k < P.offsets[size_t(i + 1)]; ++k) {
-        const int end = k + 1 < P.offsets[size_t(i + 1)] ? P.begins[size_t(k + 1)] : lens[size_t(i)];
-        pages_of[size_t(k)] = (end - P.begins[size_t(k)] + kPageSize - 1) / kPageSize;
-        covered += pages_of[size_t(k)];
-      }
+      for (int k = P.offsets[size_t(i)]; k < P.offsets[size_t(i + 1)]; ++k) covered += pages_of[size_t(k)];
       EXPECT_EQ(covered, (lens[size_t(i)] + kPageSize - 1) / kPageSize) << "sequence " << i;
     }
     const int slots = int(P.begins.size()) - b;
     int64_t fast_cost = 0, slow_cost = 0;
     for (int w = 0; w < slots; ++w) {
-      int64_t cost = 0;
-      for (int k = P.worker_splits[size_t(w)]; k < P.worker_splits[size_t(w + 1)]; ++k) cost += pages_of[size_t(k)] + F;
+      const int64_t cost = worker_cost(P, pages_of, w, F);
       if (w >= used) {
         EXPECT_EQ(cost, 0) << "worker " << w;
         continue;
@@ -911,24 +906,11 @@ TEST(SplitKv, FastSmsWeighTheFirstWorkers) {
   // b = 128 x 32K on 132 workers, 24 SMs listed: the first 24 workers run 1.25x the others' pages.
   std::vector<int32_t> lens(128, 32768), table(128 * 512, 0);
   const PageTable pages{table.data(), lens.data(), 128, 512, Device::cpu()};
-  std::string list;
-  for (int i = 0; i < 24; ++i) {
-    if (i > 0) list += '+';
-    list += std::to_string(i);
-  }
-  sms.set(list.c_str());
+  sms.set(sm_list(24).c_str());
   weight.set("");
   const OwnedPlan P(pages, 132, 16);
-  auto worker_pages = [&](int w) {
-    int64_t n = 0;
-    for (int k = P.worker_splits[size_t(w)]; k < P.worker_splits[size_t(w + 1)]; ++k) {
-      int i = 0;
-      while (P.offsets[size_t(i + 1)] <= k) ++i;
-      const int end = k + 1 < P.offsets[size_t(i + 1)] ? P.begins[size_t(k + 1)] : lens[size_t(i)];
-      n += (end - P.begins[size_t(k)]) / kPageSize;
-    }
-    return n;
-  };
+  const std::vector<int64_t> pages_of = split_pages(P, lens);
+  auto worker_pages = [&](int w) { return worker_cost(P, pages_of, w, 0); };
   const double ratio = double(worker_pages(5)) / double(worker_pages(100));
   EXPECT_NEAR(ratio, 1.25, 0.02) << "worker 5: " << worker_pages(5) << " pages, worker 100: " << worker_pages(100);
   for (const char* bad : {"3+3", "x", "256", "1++2", "-1"}) {

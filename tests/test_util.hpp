@@ -216,6 +216,16 @@ inline double rel_l2(const std::vector<float>& a, const std::vector<double>& b) 
 // An environment variable set for a scope (the lab options are read from the environment per
 // call) and put back as it was, unset included, when the scope ends. A null value leaves the
 // environment's own setting as it is.
+// An SNAPMLA_FAST_SMS list: `count` SM ids first, first + stride, ..., joined by '+'.
+inline std::string sm_list(int count, int first = 0, int stride = 1) {
+  std::string list;
+  for (int i = 0; i < count; ++i) {
+    if (i > 0) list += '+';
+    list += std::to_string(first + stride * i);
+  }
+  return list;
+}
+
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name) {

@@ -28,6 +28,7 @@ using device_memory::DeviceBuffer;
 using test::make_batch;
 using test::make_rng;
 using test::ScopedEnv;
+using test::sm_list;
 
 // The lab kernels not yet run through this suite on the H200 - the base-2 score step
 // (SNAPMLA_SCORE_STEP=folded) and decode_bf16's own-page PV from registers
@@ -452,11 +453,7 @@ TEST(GpuPlan, SameSplitsAsTheReferenceUnderFastSms) {
   SNAPMLA_TRACE_SEED();
   for (const int listed : {24, 66})
     for (const char* weight : {"1.25", "1.5"}) {
-      std::string list;
-      for (int i = 0; i < listed; ++i) {
-        if (i > 0) list += '+';
-        list += std::to_string(2 * i);
-      }
+      const std::string list = sm_list(listed, 0, 2);
       SCOPED_TRACE(std::to_string(listed) + " SMs listed at " + weight);
       ScopedEnv sms("SNAPMLA_FAST_SMS", list.c_str()), w("SNAPMLA_FAST_SM_WEIGHT", weight);
       expect_gpu_plans_match_the_reference(rng);
@@ -1092,7 +1089,7 @@ TEST(GpuDecode, StagedPartialsGiveTheSameBits) {
   });
 }
 
-// The bf16 partials (SNAPMLA_PARTIALS=bf16, the default) are the fp32 partials
+// The bf16 partials (SNAPMLA_PARTIALS=bf16; decode_fp8's default) are the fp32 partials
 // (SNAPMLA_PARTIALS=fragments) rounded to bf16, and the combine merges them as they are:
 // - every split row of a split sequence in the workspace is the RNE rounding of the fp32 run's
 //   row there, bit for bit (NaN where that is NaN), and the partial lse are bytewise the fp32
@@ -1429,15 +1426,7 @@ TEST(GpuDecode, FastSmClaimsGiveTheSameBits) {
   SNAPMLA_TRACE_SEED();
   int sms = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  std::string every_other, every, none = "250+251+252+253";
-  auto add = [](std::string& list, int id) {
-    if (!list.empty()) list += '+';
-    list += std::to_string(id);
-  };
-  for (int i = 0; i < sms; ++i) {
-    if (i % 2 == 0) add(every_other, i);
-    add(every, i);
-  }
+  const std::string every_other = sm_list((sms + 1) / 2, 0, 2), every = sm_list(sms), none = sm_list(4, 250);
   for_each_split_case(rng, split_epilogue_cases(rng), [&](const Batch& B, GpuBatch& G, GpuPlan&) {
     for (const std::string& list : {every_other, every, none}) {
       SCOPED_TRACE("SNAPMLA_FAST_SMS=" + list.substr(0, 24) + "...");
