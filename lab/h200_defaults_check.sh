@@ -13,7 +13,8 @@
 # failed test whose name holds one of a variant's LAB_OWN_TESTS words (LABEL=WORD ..., a label may
 # have several) leaves that variant out, any other failure (or a time-out) all of them. By default
 # the programmatic combine's late trigger on decode_fp8 (`cpl`: 0.995x the default's median time on
-# the H200 at 3178c1c, level) and decode_bf16's narrow tile at every batch (`bn`).
+# the H200 at 3178c1c, level), decode_bf16's narrow tile at every batch (`bn`), and on both paths
+# the planner's workers counted on the cost axis (`ax`, SNAPMLA_PLAN_WORKERS=axis).
 # LAB_FP8= LAB_BF16= leaves them out.
 #   SNAPMLA_COMMIT=... [OLD_FP8=NAME=VALUE,...] [OLD_BF16=...] [LAB_FP8=...] [LAB_BF16=...]
 #   lab/h200_defaults_check.sh OUT_DIR   (carry .devbin, .whl, .peers; about five minutes)
@@ -30,10 +31,10 @@ t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 old_fp8=${OLD_FP8:-SNAPMLA_DECODE_PDL=0,SNAPMLA_PARTIALS=fragments,SNAPMLA_PLAN_PIECE_COST=4}
 old_bf16=${OLD_BF16:-SNAPMLA_DECODE_PDL=0,SNAPMLA_PARTIALS=fragments,SNAPMLA_PLAN_PIECE_COST=4,SNAPMLA_BF16_TILE=rows64}
-lab_fp8=${LAB_FP8-cpl:SNAPMLA_COMBINE_PDL=late}
-lab_bf16=${LAB_BF16-bn:SNAPMLA_BF16_TILE=narrow}
-lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuDecode.Bf16*:GpuDecode.CombineLabOptions*}
-lab_own_tests=${LAB_OWN_TESTS:-cpl=CombineLabOptions}
+lab_fp8=${LAB_FP8-cpl:SNAPMLA_COMBINE_PDL=late ax:SNAPMLA_PLAN_WORKERS=axis}
+lab_bf16=${LAB_BF16-bn:SNAPMLA_BF16_TILE=narrow ax:SNAPMLA_PLAN_WORKERS=axis}
+lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuDecode.Bf16*:GpuDecode.CombineLabOptions*:GpuPlan.*WorkersOnAxis*}
+lab_own_tests=${LAB_OWN_TESTS:-cpl=CombineLabOptions ax=WorkersOnAxis}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$work/gpu.txt"
 stamp "the C++ GPU suite under the defaults"
 timeout "${SUITE_TIMEOUT:-90}" .devbin/snapmla_gpu_tests > "$work/gpu_suite.log" 2>&1

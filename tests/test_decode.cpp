@@ -575,7 +575,8 @@ int64_t worker_cost(const OwnedPlan& P, const std::vector<int64_t>& pages, int w
 //   boundary moves back by at most one fixed cost, and a cut worker's first piece adds one.
 // lab: the planner's lab options the plan was made under (SNAPMLA_PLAN_FILL=1: every worker gets a
 // share where the chunk is the equal share; SNAPMLA_PLAN_SPLIT=equal: the chunk is the equal share;
-// SNAPMLA_PLAN_PIECE_COST: F is that instead of kPieceCostBlocks).
+// SNAPMLA_PLAN_PIECE_COST: F is that instead of kPieceCostBlocks; SNAPMLA_PLAN_WORKERS=axis: the
+// workers used are counted on the cost axis, fixed costs included).
 // Returns the largest worker cost.
 int64_t expect_balanced_plan(const OwnedPlan& P, const std::vector<int32_t>& seqlens, int workers, int query_rows,
                              detail::PlanLabOptions lab = {}) {
@@ -610,9 +611,10 @@ int64_t expect_balanced_plan(const OwnedPlan& P, const std::vector<int32_t>& seq
   const int64_t F = lab.piece_cost > 0 ? lab.piece_cost : detail::kPieceCostBlocks;
   const int64_t chunk = detail::split_chunk(total_blocks, workers, lab.equal_shares ? 0 : query_rows);
   const int64_t equal_share = (total_blocks + workers - 1) / workers;
-  const int64_t used = std::clamp<int64_t>(
-      lab.fill_workers && chunk <= equal_share ? workers : (total_blocks + chunk - 1) / chunk, 1, workers);
   const int64_t total = total_blocks + F * std::max(b - 1, 0);
+  const int64_t counted = lab.workers_on_axis ? total : total_blocks;
+  const int64_t used = std::clamp<int64_t>(
+      lab.fill_workers && chunk <= equal_share ? workers : (counted + chunk - 1) / chunk, 1, workers);
   const int64_t share = std::max<int64_t>(1, (total + used - 1) / used);
   // Whole sequences instead (n per worker, in order, no cuts) where even the longest make a
   // worker's time no more than the share plus the cuts' cost (16 blocks at a 64-row tile with
@@ -754,6 +756,44 @@ TEST(SplitKv, FillWorkersOptionGivesEveryWorkerAShare) {
   }
   ScopedEnv bad("SNAPMLA_PLAN_FILL", "yes");
   EXPECT_ARG_ERROR(OwnedPlan(pages, 132, 64), "SNAPMLA_PLAN_FILL");
+}
+
+// SNAPMLA_PLAN_WORKERS=axis: the workers a total is worth are counted on the cost axis (blocks plus
+// the further pieces' fixed costs) rather than on the blocks. b = 2 x 8K at h = 16 on 132 workers
+// (chunk 2, axis 256 + 8 = 264): by default 128 workers used, shares of 3, so the axis ends at
+// worker 88, and two of those (boundaries 129 and 132, in sequence 1's fixed cost) start at
+// sequence 1 with nothing to do: 86 busy, the busiest with 3 blocks plus a piece's 8. Under the
+// option all 132 are used with shares of 2: four boundaries (128-134) fall into that fixed cost,
+// so 128 busy with at most 2 blocks plus 8. A single sequence has no further pieces, so its plan is
+// the same; the random plans stay balanced; a bad value is an error naming the variable.
+TEST(SplitKv, WorkersOnAxisOptionCountsTheFixedCosts) {
+  std::vector<int32_t> seqlens(2, 8192), table(2 * 128, 0);
+  const PageTable pages{table.data(), seqlens.data(), 2, 128, Device::cpu()};
+  auto busy = [](const OwnedPlan& P) {
+    int n = 0;
+    for (size_t w = 0; w + 1 < P.worker_splits.size(); ++w) n += P.worker_splits[w + 1] > P.worker_splits[w];
+    return n;
+  };
+  const OwnedPlan base(pages, 132, 16);
+  EXPECT_EQ(expect_balanced_plan(base, seqlens, 132, 16), 3 + detail::kPieceCostBlocks);
+  EXPECT_EQ(busy(base), 86);
+  std::vector<int32_t> one = {32768}, tab1(512, 0);
+  const PageTable single{tab1.data(), one.data(), 1, 512, Device::cpu()};
+  const OwnedPlan single_base(single, 66, 128);
+  detail::PlanLabOptions lab;
+  lab.workers_on_axis = true;
+  {
+    ScopedEnv on("SNAPMLA_PLAN_WORKERS", "axis");
+    const OwnedPlan axis(pages, 132, 16);
+    EXPECT_EQ(expect_balanced_plan(axis, seqlens, 132, 16, lab), 2 + detail::kPieceCostBlocks);
+    EXPECT_EQ(busy(axis), 128);
+    const OwnedPlan single_axis(single, 66, 128);
+    EXPECT_EQ(single_axis.offsets, single_base.offsets) << "b = 1: no fixed cost on the axis";
+    EXPECT_EQ(single_axis.begins, single_base.begins);
+    expect_random_plans_balanced(20000, 512, lab);
+  }
+  ScopedEnv bad("SNAPMLA_PLAN_WORKERS", "all");
+  EXPECT_ARG_ERROR(OwnedPlan(pages, 132, 16), "SNAPMLA_PLAN_WORKERS");
 }
 
 // SNAPMLA_PLAN_SPLIT=equal: the split length is the equal share whatever the query rows (the

@@ -133,12 +133,19 @@ SNAPMLA_HOST_DEVICE inline PlanTotals merge(const PlanTotals& a, const PlanTotal
 // build's dump had 24 of its 132 SMs (12 TPCs, the same in every launch) stream pages about 1.25x
 // as fast as the others at h = 16, and the launches ended with them idle (lab/sm_balance.py); the
 // weights did not shorten them there (the DRAM's total rate bounds the launch; docs/kernels.md).
+// workers_on_axis (SNAPMLA_PLAN_WORKERS=axis): the workers a total is worth are counted on the cost
+// axis, ceil((blocks + the further pieces' fixed costs) / chunk), not on its blocks alone: a
+// worker's time is its share of the axis, so counting the blocks alone leaves the fixed costs to
+// the same workers and rounds their share up a block (b = 2, 8K, h = 16 on 132 workers: 264 blocks
+// of cost over 128 workers, shares of 3 on 88 busy ones, where 132 take 2 each; b = 2, 8K, h = 64:
+// 53 busy with 5 against 66 with 4).
 struct PlanLabOptions {
   bool fill_workers = false;
   bool equal_shares = false;
   int piece_cost = 0;
   int fast_workers = 0;
   int fast_weight16 = 16;
+  bool workers_on_axis = false;
 };
 
 // How many of num_workers a total of `t.blocks` over `batch` sequences is worth (split_chunk:
@@ -162,14 +169,14 @@ SNAPMLA_HOST_DEVICE inline WorkerShares worker_shares(const PlanTotals& t, int b
     query_rows = 0;
   }
   const int64_t chunk = split_chunk(t.blocks, num_workers, lab.equal_shares ? 0 : query_rows);
-  int64_t used = (t.blocks + chunk - 1) / chunk;
+  s.piece = lab.piece_cost > 0 ? lab.piece_cost : kPieceCostBlocks;
+  s.total = t.blocks + (batch > 1 ? int64_t(batch - 1) * s.piece : 0);
+  int64_t used = ((lab.workers_on_axis ? s.total : t.blocks) + chunk - 1) / chunk;
   const int64_t equal_share = (t.blocks + num_workers - 1) / num_workers;
   if (lab.fill_workers && chunk <= equal_share) used = num_workers;
   if (used < 1) used = 1;
   if (used > num_workers) used = num_workers;
   s.workers = int(used);
-  s.piece = lab.piece_cost > 0 ? lab.piece_cost : kPieceCostBlocks;
-  s.total = t.blocks + (batch > 1 ? int64_t(batch - 1) * s.piece : 0);
   s.share = (s.total + used - 1) / used;
   if (s.share < 1) s.share = 1;
   if (lab.fast_workers > 0 && lab.fast_weight16 > 16 && query_rows > 0 && query_rows <= 16 && s.fixed == 0 &&

@@ -410,6 +410,22 @@ TEST(GpuPlan, SameSplitsAsTheReferenceUnderPlanFill) {
   for (int w = 0; w < 132; ++w) EXPECT_LT(got[size_t(w)], got[size_t(w + 1)]) << "worker " << w << " has work";
 }
 
+// SNAPMLA_PLAN_WORKERS=axis (a lab option of the planner, core/split_rule.hpp: the workers used
+// counted on the cost axis): the same plans on both paths, b = 2 x 8K at h = 16 on 132 workers
+// among them (128 busy under the option, 86 without).
+TEST(GpuPlan, SameSplitsAsTheReferenceUnderWorkersOnAxis) {
+  REQUIRE_GPU();
+  ScopedEnv axis("SNAPMLA_PLAN_WORKERS", "axis");
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  expect_gpu_plans_match_the_reference(rng);
+  const std::vector<int32_t> got = expect_gpu_plan_matches_the_reference(
+      std::vector<int32_t>(2, 8192), 132, 16, 0, split_plan_capacity(2, 132), "b=2 x 8K on 132 workers");
+  int busy = 0;
+  for (int w = 0; w < 132; ++w) busy += got[size_t(w + 1)] > got[size_t(w)];
+  EXPECT_EQ(busy, 128);
+}
+
 // SNAPMLA_PLAN_SPLIT=equal (a lab option of the planner, core/split_rule.hpp: the equal share as
 // the split length): the same plans on both paths, b = 1 x 8K at h = 128 on 66 workers among them
 // (64 splits of 2 blocks under the option).
