@@ -6,15 +6,17 @@
 # Everything comes back as OUT_DIR/defaults_check.tgz plus the results' JSON.
 # Its default variant `old` is the defaults before the H200's run at 3178c1c made four changes
 # (the programmatic decode launch, bf16 split partials on decode_fp8, the planner's piece cost of 8, decode_bf16's
-# narrow tile on calls of at most 16 rows at batches of at most 32): fp32 partials, piece cost 4,
-# the ordinary launch, decode_bf16's 64-row tile on every call.
+# narrow tile on calls of at most 16 rows at batches of at most 32) and an H100's at a557844 a fifth
+# (the planner's workers counted on the cost axis): fp32 partials, piece cost 4, the ordinary
+# launch, decode_bf16's 64-row tile on every call, workers counted on the blocks.
 # LAB_FP8 / LAB_BF16 (space-separated LABEL:NAME=VALUE,... settings) add lab options to the same run
 # as further variants, once their bits tests (SNAPMLA_TEST_UNTIMED=1, LAB_TESTS) have passed: a
 # failed test whose name holds one of a variant's LAB_OWN_TESTS words (LABEL=WORD ..., a label may
 # have several) leaves that variant out, any other failure (or a time-out) all of them. By default
 # the programmatic combine's late trigger on decode_fp8 (`cpl`: 0.995x the default's median time on
 # the H200 at 3178c1c, level), decode_bf16's narrow tile at every batch (`bn`), and on both paths
-# the planner's workers counted on the cost axis (`ax`, SNAPMLA_PLAN_WORKERS=axis).
+# the planner's former count of workers, on the blocks alone (`blk`, SNAPMLA_PLAN_WORKERS=blocks:
+# the default counts them on the cost axis since a557844's same-run sweep on an H100).
 # LAB_FP8= LAB_BF16= leaves them out.
 #   SNAPMLA_COMMIT=... [OLD_FP8=NAME=VALUE,...] [OLD_BF16=...] [LAB_FP8=...] [LAB_BF16=...]
 #   lab/h200_defaults_check.sh OUT_DIR   (carry .devbin, .whl, .peers; about five minutes)
@@ -29,12 +31,12 @@ export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVE
 repo=$PWD
 t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
-old_fp8=${OLD_FP8:-SNAPMLA_DECODE_PDL=0,SNAPMLA_PARTIALS=fragments,SNAPMLA_PLAN_PIECE_COST=4}
-old_bf16=${OLD_BF16:-SNAPMLA_DECODE_PDL=0,SNAPMLA_PARTIALS=fragments,SNAPMLA_PLAN_PIECE_COST=4,SNAPMLA_BF16_TILE=rows64}
-lab_fp8=${LAB_FP8-cpl:SNAPMLA_COMBINE_PDL=late ax:SNAPMLA_PLAN_WORKERS=axis}
-lab_bf16=${LAB_BF16-bn:SNAPMLA_BF16_TILE=narrow ax:SNAPMLA_PLAN_WORKERS=axis}
-lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuDecode.Bf16*:GpuDecode.CombineLabOptions*:GpuPlan.*WorkersOnAxis*}
-lab_own_tests=${LAB_OWN_TESTS:-cpl=CombineLabOptions ax=WorkersOnAxis}
+old_fp8=${OLD_FP8:-SNAPMLA_DECODE_PDL=0,SNAPMLA_PARTIALS=fragments,SNAPMLA_PLAN_PIECE_COST=4,SNAPMLA_PLAN_WORKERS=blocks}
+old_bf16=${OLD_BF16:-SNAPMLA_DECODE_PDL=0,SNAPMLA_PARTIALS=fragments,SNAPMLA_PLAN_PIECE_COST=4,SNAPMLA_PLAN_WORKERS=blocks,SNAPMLA_BF16_TILE=rows64}
+lab_fp8=${LAB_FP8-cpl:SNAPMLA_COMBINE_PDL=late blk:SNAPMLA_PLAN_WORKERS=blocks}
+lab_bf16=${LAB_BF16-bn:SNAPMLA_BF16_TILE=narrow blk:SNAPMLA_PLAN_WORKERS=blocks}
+lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuDecode.Bf16*:GpuDecode.CombineLabOptions*:GpuPlan.*WorkersOnBlocks*}
+lab_own_tests=${LAB_OWN_TESTS:-cpl=CombineLabOptions blk=WorkersOnBlocks}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$work/gpu.txt"
 stamp "the C++ GPU suite under the defaults"
 timeout "${SUITE_TIMEOUT:-90}" .devbin/snapmla_gpu_tests > "$work/gpu_suite.log" 2>&1

@@ -575,8 +575,8 @@ int64_t worker_cost(const OwnedPlan& P, const std::vector<int64_t>& pages, int w
 //   boundary moves back by at most one fixed cost, and a cut worker's first piece adds one.
 // lab: the planner's lab options the plan was made under (SNAPMLA_PLAN_FILL=1: every worker gets a
 // share where the chunk is the equal share; SNAPMLA_PLAN_SPLIT=equal: the chunk is the equal share;
-// SNAPMLA_PLAN_PIECE_COST: F is that instead of kPieceCostBlocks; SNAPMLA_PLAN_WORKERS=axis: the
-// workers used are counted on the cost axis, fixed costs included).
+// SNAPMLA_PLAN_PIECE_COST: F is that instead of kPieceCostBlocks; SNAPMLA_PLAN_WORKERS=blocks: the
+// workers used are counted on the blocks alone, not on the cost axis with the fixed costs).
 // Returns the largest worker cost.
 int64_t expect_balanced_plan(const OwnedPlan& P, const std::vector<int32_t>& seqlens, int workers, int query_rows,
                              detail::PlanLabOptions lab = {}) {
@@ -612,7 +612,7 @@ int64_t expect_balanced_plan(const OwnedPlan& P, const std::vector<int32_t>& seq
   const int64_t chunk = detail::split_chunk(total_blocks, workers, lab.equal_shares ? 0 : query_rows);
   const int64_t equal_share = (total_blocks + workers - 1) / workers;
   const int64_t total = total_blocks + F * std::max(b - 1, 0);
-  const int64_t counted = lab.workers_on_axis ? total : total_blocks;
+  const int64_t counted = lab.workers_on_blocks ? total_blocks : total;
   const int64_t used = std::clamp<int64_t>(
       lab.fill_workers && chunk <= equal_share ? workers : (counted + chunk - 1) / chunk, 1, workers);
   const int64_t share = std::max<int64_t>(1, (total + used - 1) / used);
@@ -727,9 +727,10 @@ TEST(SplitKv, PlanCoversEverySequenceAndBalancesTheWorkers) { expect_random_plan
 // balanced, and a small total (the sqrt rule's chunk) is left as it was. A bad value is an error
 // naming the variable.
 TEST(SplitKv, FillWorkersOptionGivesEveryWorkerAShare) {
-  // Under the former piece cost of 4, the regime the option was made for: under the rule's 8,
-  // b = 16 x 8K already deals eight workers to a sequence.
-  ScopedEnv cost("SNAPMLA_PLAN_PIECE_COST", "4");
+  // Under the former piece cost of 4 and workers counted on the blocks, the regime the option
+  // was made for: under the rule's 8, b = 16 x 8K already deals eight workers to a sequence, and
+  // counted on the cost axis all 132 are used.
+  ScopedEnv cost("SNAPMLA_PLAN_PIECE_COST", "4"), counted("SNAPMLA_PLAN_WORKERS", "blocks");
   std::vector<int32_t> seqlens(16, 8192), table(16 * 128, 0);
   const PageTable pages{table.data(), seqlens.data(), 16, 128, Device::cpu()};
   auto busy = [](const OwnedPlan& P) {
@@ -737,36 +738,41 @@ TEST(SplitKv, FillWorkersOptionGivesEveryWorkerAShare) {
     for (size_t w = 0; w + 1 < P.worker_splits.size(); ++w) n += P.worker_splits[w + 1] > P.worker_splits[w];
     return n;
   };
+  detail::PlanLabOptions lab;
+  lab.piece_cost = 4;
+  lab.workers_on_blocks = true;
   const OwnedPlan base(pages, 132, 64);
-  const int64_t worst_base = expect_balanced_plan(base, seqlens, 132, 64);
+  const int64_t worst_base = expect_balanced_plan(base, seqlens, 132, 64, lab);
   EXPECT_EQ(busy(base), 124);
+  lab.fill_workers = true;
   std::vector<int32_t> one = {8192}, tab1(128, 0);
   const PageTable single{tab1.data(), one.data(), 1, 128, Device::cpu()};
   const OwnedPlan single_base(single, 66, 128);
   {
     ScopedEnv on("SNAPMLA_PLAN_FILL", "1");
     const OwnedPlan filled(pages, 132, 64);
-    const int64_t worst = expect_balanced_plan(filled, seqlens, 132, 64, {true, false});
+    const int64_t worst = expect_balanced_plan(filled, seqlens, 132, 64, lab);
     EXPECT_EQ(busy(filled), 132);
     EXPECT_LT(worst, worst_base);
     const OwnedPlan single_filled(single, 66, 128);
     EXPECT_EQ(single_filled.offsets, single_base.offsets) << "b = 1, 8K, h = 128: the sqrt rule's 4-block splits";
     EXPECT_EQ(single_filled.begins, single_base.begins);
-    expect_random_plans_balanced(20000, 512, {true, false, 4});
+    expect_random_plans_balanced(20000, 512, lab);
   }
   ScopedEnv bad("SNAPMLA_PLAN_FILL", "yes");
   EXPECT_ARG_ERROR(OwnedPlan(pages, 132, 64), "SNAPMLA_PLAN_FILL");
 }
 
-// SNAPMLA_PLAN_WORKERS=axis: the workers a total is worth are counted on the cost axis (blocks plus
-// the further pieces' fixed costs) rather than on the blocks. b = 2 x 8K at h = 16 on 132 workers
-// (chunk 2, axis 256 + 8 = 264): by default 128 workers used, shares of 3, so the axis ends at
-// worker 88, and two of those (boundaries 129 and 132, in sequence 1's fixed cost) start at
-// sequence 1 with nothing to do: 86 busy, the busiest with 3 blocks plus a piece's 8. Under the
-// option all 132 are used with shares of 2: four boundaries (128-134) fall into that fixed cost,
-// so 128 busy with at most 2 blocks plus 8. A single sequence has no further pieces, so its plan is
-// the same; the random plans stay balanced; a bad value is an error naming the variable.
-TEST(SplitKv, WorkersOnAxisOptionCountsTheFixedCosts) {
+// The workers a total is worth are counted on the cost axis (blocks plus the further pieces'
+// fixed costs); SNAPMLA_PLAN_WORKERS=blocks counts them on the blocks alone (the former rule).
+// b = 2 x 8K at h = 16 on 132 workers (chunk 2, axis 256 + 8 = 264): on the blocks 128 workers are
+// used, shares of 3, so the axis ends at worker 88, and two of those (boundaries 129 and 132, in
+// sequence 1's fixed cost) start at sequence 1 with nothing to do: 86 busy, the busiest with 3
+// blocks plus a piece's 8. On the axis all 132 are used with shares of 2: four boundaries
+// (128-134) fall into that fixed cost, so 128 busy with at most 2 blocks plus 8. A single sequence
+// has no further pieces, so its plan is the same either way; the random plans stay balanced under
+// the option; a bad value is an error naming the variable.
+TEST(SplitKv, WorkersAreCountedOnTheCostAxis) {
   std::vector<int32_t> seqlens(2, 8192), table(2 * 128, 0);
   const PageTable pages{table.data(), seqlens.data(), 2, 128, Device::cpu()};
   auto busy = [](const OwnedPlan& P) {
@@ -774,22 +780,22 @@ TEST(SplitKv, WorkersOnAxisOptionCountsTheFixedCosts) {
     for (size_t w = 0; w + 1 < P.worker_splits.size(); ++w) n += P.worker_splits[w + 1] > P.worker_splits[w];
     return n;
   };
-  const OwnedPlan base(pages, 132, 16);
-  EXPECT_EQ(expect_balanced_plan(base, seqlens, 132, 16), 3 + detail::kPieceCostBlocks);
-  EXPECT_EQ(busy(base), 86);
+  const OwnedPlan axis(pages, 132, 16);
+  EXPECT_EQ(expect_balanced_plan(axis, seqlens, 132, 16), 2 + detail::kPieceCostBlocks);
+  EXPECT_EQ(busy(axis), 128);
   std::vector<int32_t> one = {32768}, tab1(512, 0);
   const PageTable single{tab1.data(), one.data(), 1, 512, Device::cpu()};
-  const OwnedPlan single_base(single, 66, 128);
+  const OwnedPlan single_axis(single, 66, 128);
   detail::PlanLabOptions lab;
-  lab.workers_on_axis = true;
+  lab.workers_on_blocks = true;
   {
-    ScopedEnv on("SNAPMLA_PLAN_WORKERS", "axis");
-    const OwnedPlan axis(pages, 132, 16);
-    EXPECT_EQ(expect_balanced_plan(axis, seqlens, 132, 16, lab), 2 + detail::kPieceCostBlocks);
-    EXPECT_EQ(busy(axis), 128);
-    const OwnedPlan single_axis(single, 66, 128);
-    EXPECT_EQ(single_axis.offsets, single_base.offsets) << "b = 1: no fixed cost on the axis";
-    EXPECT_EQ(single_axis.begins, single_base.begins);
+    ScopedEnv on("SNAPMLA_PLAN_WORKERS", "blocks");
+    const OwnedPlan counted(pages, 132, 16);
+    EXPECT_EQ(expect_balanced_plan(counted, seqlens, 132, 16, lab), 3 + detail::kPieceCostBlocks);
+    EXPECT_EQ(busy(counted), 86);
+    const OwnedPlan single_blocks(single, 66, 128);
+    EXPECT_EQ(single_blocks.offsets, single_axis.offsets) << "b = 1: no fixed cost on the axis";
+    EXPECT_EQ(single_blocks.begins, single_axis.begins);
     expect_random_plans_balanced(20000, 512, lab);
   }
   ScopedEnv bad("SNAPMLA_PLAN_WORKERS", "all");
@@ -799,14 +805,15 @@ TEST(SplitKv, WorkersOnAxisOptionCountsTheFixedCosts) {
 // SNAPMLA_PLAN_SPLIT=equal: the split length is the equal share whatever the query rows (the
 // rule for the combine folded into the decode's tail, where a further split costs no combine
 // time). b = 1, 8K at h = 128 on 66 workers: 64 splits of 2 blocks (the rule's: 32 of 4), the
-// plan of query_rows = 0; b = 4 at h = 64 on 132 workers likewise; b = 128 x 8K at h = 128 keeps the
+// plan of query_rows = 0; b = 2 at h = 128 likewise (shares of 4 against the rule's 5); b = 128 x 8K
+// at h = 128 keeps the
 // whole sequences (2 per worker) that the query rows choose; random plans stay balanced; a bad
 // value is an error naming the variable.
 TEST(SplitKv, EqualSharesOptionSplitsAtTheEqualShare) {
   struct Case {
     int b, workers, rows;
   };
-  for (const Case c : {Case{1, 66, 128}, Case{4, 132, 64}, Case{128, 66, 128}}) {
+  for (const Case c : {Case{1, 66, 128}, Case{2, 66, 128}, Case{128, 66, 128}}) {
     SCOPED_TRACE("b=" + std::to_string(c.b));
     std::vector<int32_t> seqlens(size_t(c.b), 8192), table(size_t(c.b) * 128, 0);
     const PageTable pages{table.data(), seqlens.data(), c.b, 128, Device::cpu()};
@@ -910,8 +917,8 @@ TEST(SplitKv, FastSmsWeighTheFirstWorkers) {
     int64_t blocks = 0;
     for (int32_t l : lens) blocks += (l + kPageSize - 1) / kPageSize;
     const int64_t chunk = detail::split_chunk(blocks, workers, rows);
-    const int64_t used = std::clamp<int64_t>((blocks + chunk - 1) / chunk, 1, workers);
     const int64_t total = blocks + F * (b - 1);
+    const int64_t used = std::clamp<int64_t>((total + chunk - 1) / chunk, 1, workers);
     const int64_t fast = std::min<int64_t>(listed, used), w16 = weight16s[wi];
     const double wsum = double(16 * used + (w16 - 16) * fast);
     const std::vector<int64_t> pages_of = split_pages(P, lens);

@@ -133,27 +133,31 @@ SNAPMLA_HOST_DEVICE inline PlanTotals merge(const PlanTotals& a, const PlanTotal
 // build's dump had 24 of its 132 SMs (12 TPCs, the same in every launch) stream pages about 1.25x
 // as fast as the others at h = 16, and the launches ended with them idle (lab/sm_balance.py); the
 // weights did not shorten them there (the DRAM's total rate bounds the launch; docs/kernels.md).
-// workers_on_axis (SNAPMLA_PLAN_WORKERS=axis): the workers a total is worth are counted on the cost
-// axis, ceil((blocks + the further pieces' fixed costs) / chunk), not on its blocks alone: a
-// worker's time is its share of the axis, so counting the blocks alone leaves the fixed costs to
-// the same workers and rounds their share up a block (b = 2, 8K, h = 16 on 132 workers: 264 blocks
-// of cost over 128 workers, shares of 3 on 88 busy ones, where 132 take 2 each; b = 2, 8K, h = 64:
-// 53 busy with 5 against 66 with 4).
+// workers_on_blocks (SNAPMLA_PLAN_WORKERS=blocks, the rule until 2026-12-05): the workers a total
+// is worth counted on its blocks alone, ceil(blocks / chunk), instead of on the cost axis (the
+// rule, worker_shares).
 struct PlanLabOptions {
   bool fill_workers = false;
   bool equal_shares = false;
   int piece_cost = 0;
   int fast_workers = 0;
   int fast_weight16 = 16;
-  bool workers_on_axis = false;
+  bool workers_on_blocks = false;
 };
 
 // How many of num_workers a total of `t.blocks` over `batch` sequences is worth (split_chunk:
 // all of them, or fewer for a small total given query_rows), and the share of each. The workers
-// are ceil(blocks / chunk): where the chunk is the equal share, its rounding up to whole blocks
-// can leave workers without work (b = 16, 8K on 132 workers: 128 of them, then 124 busy with 17
-// blocks each where 132 could take 16). lab.fill_workers (a lab option, SNAPMLA_PLAN_FILL=1) gives
-// every worker a share in that case. Given
+// are ceil(total / chunk), the total being the cost axis (the blocks plus the further pieces'
+// fixed costs), since a worker's time is its share of the axis: counted on the blocks alone
+// (lab.workers_on_blocks, the former rule) the fixed costs fall on the same workers and round
+// their share up a block (b = 2, 8K, h = 16 on 132 workers: 264 blocks of cost on 128 workers,
+// shares of 3 with 86 busy, where 132 take 2 each and 128 are busy; b = 2, 8K, h = 64: 53 busy
+// with 5 against 66 with 4). On an H100 (same-run sweep, a557844) that took decode_fp8's time at
+// b = 2, 8K to 0.85-0.95x (h = 8-128), and the other 38 changed cases of 123 to 0.96-1.02x
+// (decode_bf16 0.97-1.06x, the most at b = 32, 8K, h = 64, whose former shares fell on sequence
+// starts; docs/design.md). Where the chunk is the
+// equal share, its rounding up to whole blocks can still leave workers without work;
+// lab.fill_workers (a lab option, SNAPMLA_PLAN_FILL=1) gives every worker a share in that case. Given
 // query_rows, whole sequences (n = ceil(batch / workers) each) are chosen instead when even the
 // longest ones make a worker's time no longer than the balanced share plus the cuts' cost: on
 // uniform lengths whose count fills the workers (b = 128 on 66 workers: two each), where the balanced
@@ -171,7 +175,7 @@ SNAPMLA_HOST_DEVICE inline WorkerShares worker_shares(const PlanTotals& t, int b
   const int64_t chunk = split_chunk(t.blocks, num_workers, lab.equal_shares ? 0 : query_rows);
   s.piece = lab.piece_cost > 0 ? lab.piece_cost : kPieceCostBlocks;
   s.total = t.blocks + (batch > 1 ? int64_t(batch - 1) * s.piece : 0);
-  int64_t used = ((lab.workers_on_axis ? s.total : t.blocks) + chunk - 1) / chunk;
+  int64_t used = ((lab.workers_on_blocks ? t.blocks : s.total) + chunk - 1) / chunk;
   const int64_t equal_share = (t.blocks + num_workers - 1) / num_workers;
   if (lab.fill_workers && chunk <= equal_share) used = num_workers;
   if (used < 1) used = 1;

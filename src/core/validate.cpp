@@ -448,7 +448,7 @@ PlanLabOptions plan_lab_options(const char* op) {
   // A further piece's fixed cost in blocks: the rule's (8, unset) or one of a few others, to scan
   // (4: the former rule).
   lab.piece_cost = env_enum(op, "SNAPMLA_PLAN_PIECE_COST", {"8", "2", "4", "6", "12", "16"}, {8, 2, 4, 6, 12, 16});
-  lab.workers_on_axis = env_choice(op, "SNAPMLA_PLAN_WORKERS", {"blocks", "axis"}) == 1;
+  lab.workers_on_blocks = env_choice(op, "SNAPMLA_PLAN_WORKERS", {"axis", "blocks"}) == 1;
   lab.fast_workers = fast_sms(op).count;
   lab.fast_weight16 = env_enum(op, "SNAPMLA_FAST_SM_WEIGHT", {"1.25", "1.125", "1.375", "1.5"}, {20, 18, 22, 24});
   return lab;

@@ -109,7 +109,7 @@ inline bool bf16_partials(const char* op, DecodePath path) {
 // The planner's lab options (PlanLabOptions, core/split_rule.hpp) from the environment:
 // SNAPMLA_PLAN_FILL (env_flag) for fill_workers, SNAPMLA_PLAN_SPLIT (`rule`, the default, or
 // `equal`) for equal_shares, SNAPMLA_PLAN_PIECE_COST (8, the default, or 2, 4, 6, 12, 16 blocks)
-// for piece_cost; SNAPMLA_PLAN_WORKERS (`blocks`, the default, or `axis`) for workers_on_axis;
+// for piece_cost; SNAPMLA_PLAN_WORKERS (`axis`, the default, or `blocks`) for workers_on_blocks;
 // SNAPMLA_FAST_SMS (fast_sms) and SNAPMLA_FAST_SM_WEIGHT for fast_workers and
 // fast_weight16.
 PlanLabOptions plan_lab_options(const char* op);

@@ -410,20 +410,24 @@ TEST(GpuPlan, SameSplitsAsTheReferenceUnderPlanFill) {
   for (int w = 0; w < 132; ++w) EXPECT_LT(got[size_t(w)], got[size_t(w + 1)]) << "worker " << w << " has work";
 }
 
-// SNAPMLA_PLAN_WORKERS=axis (a lab option of the planner, core/split_rule.hpp: the workers used
-// counted on the cost axis): the same plans on both paths, b = 2 x 8K at h = 16 on 132 workers
-// among them (128 busy under the option, 86 without).
-TEST(GpuPlan, SameSplitsAsTheReferenceUnderWorkersOnAxis) {
+// SNAPMLA_PLAN_WORKERS=blocks (a lab option of the planner, core/split_rule.hpp: the workers used
+// counted on the blocks alone, the former rule): the same plans on both paths; b = 2 x 8K at h = 16
+// on 132 workers has 128 busy workers by default (counted on the cost axis) and 86 under it.
+TEST(GpuPlan, SameSplitsAsTheReferenceUnderWorkersOnBlocks) {
   REQUIRE_GPU();
-  ScopedEnv axis("SNAPMLA_PLAN_WORKERS", "axis");
+  auto busy_workers = [](const std::string& what) {
+    const std::vector<int32_t> got = expect_gpu_plan_matches_the_reference(
+        std::vector<int32_t>(2, 8192), 132, 16, 0, split_plan_capacity(2, 132), "b=2 x 8K on 132 workers" + what);
+    int busy = 0;
+    for (int w = 0; w < 132; ++w) busy += got[size_t(w + 1)] > got[size_t(w)];
+    return busy;
+  };
+  EXPECT_EQ(busy_workers(""), 128);
+  ScopedEnv blocks("SNAPMLA_PLAN_WORKERS", "blocks");
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
   expect_gpu_plans_match_the_reference(rng);
-  const std::vector<int32_t> got = expect_gpu_plan_matches_the_reference(
-      std::vector<int32_t>(2, 8192), 132, 16, 0, split_plan_capacity(2, 132), "b=2 x 8K on 132 workers");
-  int busy = 0;
-  for (int w = 0; w < 132; ++w) busy += got[size_t(w + 1)] > got[size_t(w)];
-  EXPECT_EQ(busy, 128);
+  EXPECT_EQ(busy_workers(", workers on blocks"), 86);
 }
 
 // SNAPMLA_PLAN_SPLIT=equal (a lab option of the planner, core/split_rule.hpp: the equal share as
