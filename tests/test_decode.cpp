@@ -563,6 +563,12 @@ int64_t worker_cost(const OwnedPlan& P, const std::vector<int64_t>& pages, int w
   for (int k = P.worker_splits[size_t(w)]; k < P.worker_splits[size_t(w + 1)]; ++k) cost += pages[size_t(k)] + F;
   return cost;
 }
+// The workers of plan P with at least one split.
+int busy_workers(const OwnedPlan& P) {
+  int n = 0;
+  for (size_t w = 0; w + 1 < P.worker_splits.size(); ++w) n += P.worker_splits[w + 1] > P.worker_splits[w];
+  return n;
+}
 
 // The plan's structure and its balance, from its definition (formats.hpp, SplitPlan; the cost
 // model of core/split_rule.hpp), not from the planner's arithmetic:
@@ -733,17 +739,12 @@ TEST(SplitKv, FillWorkersOptionGivesEveryWorkerAShare) {
   ScopedEnv cost("SNAPMLA_PLAN_PIECE_COST", "4"), counted("SNAPMLA_PLAN_WORKERS", "blocks");
   std::vector<int32_t> seqlens(16, 8192), table(16 * 128, 0);
   const PageTable pages{table.data(), seqlens.data(), 16, 128, Device::cpu()};
-  auto busy = [](const OwnedPlan& P) {
-    int n = 0;
-    for (size_t w = 0; w + 1 < P.worker_splits.size(); ++w) n += P.worker_splits[w + 1] > P.worker_splits[w];
-    return n;
-  };
   detail::PlanLabOptions lab;
   lab.piece_cost = 4;
   lab.workers_on_blocks = true;
   const OwnedPlan base(pages, 132, 64);
   const int64_t worst_base = expect_balanced_plan(base, seqlens, 132, 64, lab);
-  EXPECT_EQ(busy(base), 124);
+  EXPECT_EQ(busy_workers(base), 124);
   lab.fill_workers = true;
   std::vector<int32_t> one = {8192}, tab1(128, 0);
   const PageTable single{tab1.data(), one.data(), 1, 128, Device::cpu()};
@@ -752,7 +753,7 @@ TEST(SplitKv, FillWorkersOptionGivesEveryWorkerAShare) {
     ScopedEnv on("SNAPMLA_PLAN_FILL", "1");
     const OwnedPlan filled(pages, 132, 64);
     const int64_t worst = expect_balanced_plan(filled, seqlens, 132, 64, lab);
-    EXPECT_EQ(busy(filled), 132);
+    EXPECT_EQ(busy_workers(filled), 132);
     EXPECT_LT(worst, worst_base);
     const OwnedPlan single_filled(single, 66, 128);
     EXPECT_EQ(single_filled.offsets, single_base.offsets) << "b = 1, 8K, h = 128: the sqrt rule's 4-block splits";
@@ -775,14 +776,9 @@ TEST(SplitKv, FillWorkersOptionGivesEveryWorkerAShare) {
 TEST(SplitKv, WorkersAreCountedOnTheCostAxis) {
   std::vector<int32_t> seqlens(2, 8192), table(2 * 128, 0);
   const PageTable pages{table.data(), seqlens.data(), 2, 128, Device::cpu()};
-  auto busy = [](const OwnedPlan& P) {
-    int n = 0;
-    for (size_t w = 0; w + 1 < P.worker_splits.size(); ++w) n += P.worker_splits[w + 1] > P.worker_splits[w];
-    return n;
-  };
   const OwnedPlan axis(pages, 132, 16);
   EXPECT_EQ(expect_balanced_plan(axis, seqlens, 132, 16), 2 + detail::kPieceCostBlocks);
-  EXPECT_EQ(busy(axis), 128);
+  EXPECT_EQ(busy_workers(axis), 128);
   std::vector<int32_t> one = {32768}, tab1(512, 0);
   const PageTable single{tab1.data(), one.data(), 1, 512, Device::cpu()};
   const OwnedPlan single_axis(single, 66, 128);
@@ -792,7 +788,7 @@ TEST(SplitKv, WorkersAreCountedOnTheCostAxis) {
     ScopedEnv on("SNAPMLA_PLAN_WORKERS", "blocks");
     const OwnedPlan counted(pages, 132, 16);
     EXPECT_EQ(expect_balanced_plan(counted, seqlens, 132, 16, lab), 3 + detail::kPieceCostBlocks);
-    EXPECT_EQ(busy(counted), 86);
+    EXPECT_EQ(busy_workers(counted), 86);
     const OwnedPlan single_blocks(single, 66, 128);
     EXPECT_EQ(single_blocks.offsets, single_axis.offsets) << "b = 1: no fixed cost on the axis";
     EXPECT_EQ(single_blocks.begins, single_axis.begins);
