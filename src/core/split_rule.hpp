@@ -155,7 +155,8 @@ struct PlanLabOptions {
 // with 5 against 66 with 4). On an H100 (same-run sweep, a557844) that took decode_fp8's time at
 // b = 2, 8K to 0.85-0.95x (h = 8-128), and the other 38 changed cases of 123 to 0.96-1.02x
 // (decode_bf16 0.97-1.06x, the most at b = 32, 8K, h = 64, whose former shares fell on sequence
-// starts; docs/design.md). Where the chunk is the
+// starts); on the H200 (b416bc1) b = 2, 8K 0.85-0.95x again and the other changed shares level
+// (docs/design.md). Where the chunk is the
 // equal share, its rounding up to whole blocks can still leave workers without work;
 // lab.fill_workers (a lab option, SNAPMLA_PLAN_FILL=1) gives every worker a share in that case. Given
 // query_rows, whole sequences (n = ceil(batch / workers) each) are chosen instead when even the
