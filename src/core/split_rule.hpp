@@ -148,21 +148,17 @@ struct PlanLabOptions {
 // How many of num_workers a total of `t.blocks` over `batch` sequences is worth (split_chunk:
 // all of them, or fewer for a small total given query_rows), and the share of each. The workers
 // are ceil(total / chunk), the total being the cost axis (the blocks plus the further pieces'
-// fixed costs), since a worker's time is its share of the axis: counted on the blocks alone
-// (lab.workers_on_blocks, the former rule) the fixed costs fall on the same workers and round
-// their share up a block (b = 2, 8K, h = 16 on 132 workers: 264 blocks of cost on 128 workers,
-// shares of 3 with 86 busy, where 132 take 2 each and 128 are busy; b = 2, 8K, h = 64: 53 busy
-// with 5 against 66 with 4). On an H100 (same-run sweep, a557844) that took decode_fp8's time at
-// b = 2, 8K to 0.85-0.95x (h = 8-128), and the other 38 changed cases of 123 to 0.96-1.02x
-// (decode_bf16 0.97-1.06x, the most at b = 32, 8K, h = 64, whose former shares fell on sequence
-// starts); on the H200 (b416bc1) b = 2, 8K 0.85-0.95x again and the other changed shares level
-// (docs/design.md). Where the chunk is the
-// equal share, its rounding up to whole blocks can still leave workers without work;
-// lab.fill_workers (a lab option, SNAPMLA_PLAN_FILL=1) gives every worker a share in that case. Given
-// query_rows, whole sequences (n = ceil(batch / workers) each) are chosen instead when even the
-// longest ones make a worker's time no longer than the balanced share plus the cuts' cost: on
-// uniform lengths whose count fills the workers (b = 128 on 66 workers: two each), where the balanced
-// division would cut a sequence per worker for nothing. split_blocks > 0 asks for a
+// fixed costs), since a worker's time is its share of the axis. Counted on the blocks alone
+// (lab.workers_on_blocks, the former rule), the fixed costs fall on the same workers and round
+// their share up a block: b = 2, 8K, h = 16 on 132 workers had 264 blocks of cost on 128 workers,
+// shares of 3 with 86 busy, where 132 take 2 each (128 busy); on the H200 (b416bc1, same run) the
+// axis count took b = 2, 8K to 0.85-0.95x the former time and left the other changed shares level
+// (docs/design.md). Where the chunk is the equal share, its rounding up to whole blocks can still
+// leave workers without work; lab.fill_workers (a lab option, SNAPMLA_PLAN_FILL=1) gives every
+// worker a share in that case. Given query_rows, whole sequences (n = ceil(batch / workers) each)
+// are chosen instead when even the longest ones make a worker's time no longer than the balanced
+// share plus the cuts' cost: on uniform lengths whose count fills the workers (b = 128 on 66
+// workers: two each), where the balanced division would cut a sequence per worker for nothing. split_blocks > 0 asks for a
 // batch-invariant plan, made where the plan's capacity holds its splits (else the default plan:
 // the GPU planner cannot report the overflow, and both planners make the same plan); the
 // workers' shares are then the equal ones.
