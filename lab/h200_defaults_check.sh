@@ -16,7 +16,8 @@
 # the programmatic combine's late trigger on decode_fp8 (`cpl`: 0.995x the default's median time on
 # the H200 at 3178c1c, level), decode_bf16's narrow tile at every batch (`bn`), and on both paths
 # the planner's former count of workers, on the blocks alone (`blk`, SNAPMLA_PLAN_WORKERS=blocks:
-# the default counts them on the cost axis since a557844's same-run sweep on an H100).
+# the default counts them on the cost axis since a557844's same-run sweep on an H100), and the
+# planner's piece cost by tile (`pct`, SNAPMLA_PLAN_PIECE_COST=tile: 4 above 16 query rows).
 # LAB_FP8= LAB_BF16= leaves them out.
 #   SNAPMLA_COMMIT=... [OLD_FP8=NAME=VALUE,...] [OLD_BF16=...] [LAB_FP8=...] [LAB_BF16=...]
 #   lab/h200_defaults_check.sh OUT_DIR   (carry .devbin, .whl, .peers; about five minutes)
@@ -33,10 +34,10 @@ t0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 old_fp8=${OLD_FP8:-SNAPMLA_DECODE_PDL=0,SNAPMLA_PARTIALS=fragments,SNAPMLA_PLAN_PIECE_COST=4,SNAPMLA_PLAN_WORKERS=blocks}
 old_bf16=${OLD_BF16:-SNAPMLA_DECODE_PDL=0,SNAPMLA_PARTIALS=fragments,SNAPMLA_PLAN_PIECE_COST=4,SNAPMLA_PLAN_WORKERS=blocks,SNAPMLA_BF16_TILE=rows64}
-lab_fp8=${LAB_FP8-cpl:SNAPMLA_COMBINE_PDL=late blk:SNAPMLA_PLAN_WORKERS=blocks}
-lab_bf16=${LAB_BF16-bn:SNAPMLA_BF16_TILE=narrow blk:SNAPMLA_PLAN_WORKERS=blocks}
-lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuDecode.Bf16*:GpuDecode.CombineLabOptions*:GpuPlan.*WorkersOnBlocks*}
-lab_own_tests=${LAB_OWN_TESTS:-cpl=CombineLabOptions blk=WorkersOnBlocks}
+lab_fp8=${LAB_FP8-cpl:SNAPMLA_COMBINE_PDL=late blk:SNAPMLA_PLAN_WORKERS=blocks pct:SNAPMLA_PLAN_PIECE_COST=tile}
+lab_bf16=${LAB_BF16-bn:SNAPMLA_BF16_TILE=narrow blk:SNAPMLA_PLAN_WORKERS=blocks pct:SNAPMLA_PLAN_PIECE_COST=tile}
+lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuDecode.Bf16*:GpuDecode.CombineLabOptions*:GpuPlan.*WorkersOnBlocks*:GpuPlan.*PieceCost*}
+lab_own_tests=${LAB_OWN_TESTS:-cpl=CombineLabOptions blk=WorkersOnBlocks pct=PieceCost}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$work/gpu.txt"
 stamp "the C++ GPU suite under the defaults"
 timeout "${SUITE_TIMEOUT:-90}" .devbin/snapmla_gpu_tests > "$work/gpu_suite.log" 2>&1

@@ -581,7 +581,8 @@ int busy_workers(const OwnedPlan& P) {
 //   boundary moves back by at most one fixed cost, and a cut worker's first piece adds one.
 // lab: the planner's lab options the plan was made under (SNAPMLA_PLAN_FILL=1: every worker gets a
 // share where the chunk is the equal share; SNAPMLA_PLAN_SPLIT=equal: the chunk is the equal share;
-// SNAPMLA_PLAN_PIECE_COST: F is that instead of kPieceCostBlocks; SNAPMLA_PLAN_WORKERS=blocks: the
+// SNAPMLA_PLAN_PIECE_COST: F is that instead of kPieceCostBlocks, or with `tile` kPieceCostRows64Blocks
+// above kNarrowRows query rows; SNAPMLA_PLAN_WORKERS=blocks: the
 // workers used are counted on the blocks alone, not on the cost axis with the fixed costs).
 // Returns the largest worker cost.
 int64_t expect_balanced_plan(const OwnedPlan& P, const std::vector<int32_t>& seqlens, int workers, int query_rows,
@@ -614,7 +615,9 @@ int64_t expect_balanced_plan(const OwnedPlan& P, const std::vector<int32_t>& seq
   for (int w = 1; w <= slots; ++w) EXPECT_LE(P.worker_splits[size_t(w - 1)], P.worker_splits[size_t(w)]) << w;
   for (int w = slots + 1; w < capacity; ++w) EXPECT_EQ(P.worker_splits[size_t(w)], -1) << "unused entry " << w;
 
-  const int64_t F = lab.piece_cost > 0 ? lab.piece_cost : detail::kPieceCostBlocks;
+  const int64_t F = lab.piece_cost > 0                                        ? lab.piece_cost
+                    : lab.piece_cost_by_tile && query_rows > detail::kNarrowRows ? detail::kPieceCostRows64Blocks
+                                                                                  : detail::kPieceCostBlocks;
   const int64_t chunk = detail::split_chunk(total_blocks, workers, lab.equal_shares ? 0 : query_rows);
   const int64_t equal_share = (total_blocks + workers - 1) / workers;
   const int64_t total = total_blocks + F * std::max(b - 1, 0);
@@ -881,6 +884,44 @@ TEST(SplitKv, PieceCostOptionChargesFurtherPieces) {
   }
   cost.set("5");
   EXPECT_ARG_ERROR(OwnedPlan(pages, 132, 16), "SNAPMLA_PLAN_PIECE_COST");
+}
+
+// SNAPMLA_PLAN_PIECE_COST=tile: the cost by the tile the query rows select, the 64-row tile's
+// (kPieceCostRows64Blocks, 4) above kNarrowRows rows, else the rule's 8. b = 16 x 8K on 132 workers
+// at h = 64 gets cost 4's plan, at h = 16 the rule's; b = 46 x 32K at h = 128 on 66 workers cost
+// 4's too, and it differs from the rule's there; random plans stay balanced under it.
+TEST(SplitKv, PieceCostByTileChargesTheTilesCost) {
+  static_assert(detail::kPieceCostRows64Blocks == 4 && detail::kPieceCostBlocks == 8,
+                "the costs this test compares with the explicit settings");
+  struct Case {
+    int b, len, workers, rows;
+  };
+  for (const Case c : {Case{16, 8192, 132, 64}, Case{16, 8192, 132, 16}, Case{46, 32768, 66, 128}}) {
+    SCOPED_TRACE("b=" + std::to_string(c.b) + " rows=" + std::to_string(c.rows));
+    const int max_pages = (c.len + kPageSize - 1) / kPageSize;
+    std::vector<int32_t> seqlens(size_t(c.b), c.len), table(size_t(c.b) * size_t(max_pages), 0);
+    const PageTable pages{table.data(), seqlens.data(), c.b, max_pages, Device::cpu()};
+    ScopedEnv cost("SNAPMLA_PLAN_PIECE_COST", "4");
+    const OwnedPlan four(pages, c.workers, c.rows);
+    cost.set("");
+    const OwnedPlan rule(pages, c.workers, c.rows);
+    cost.set("tile");
+    const OwnedPlan tile(pages, c.workers, c.rows);
+    detail::PlanLabOptions lab;
+    lab.piece_cost_by_tile = true;
+    expect_balanced_plan(tile, seqlens, c.workers, c.rows, lab);
+    const OwnedPlan& want = c.rows > detail::kNarrowRows ? four : rule;
+    EXPECT_EQ(tile.offsets, want.offsets);
+    EXPECT_EQ(tile.begins, want.begins);
+    EXPECT_EQ(tile.worker_splits, want.worker_splits);
+    if (c.rows == 128) {
+      EXPECT_NE(four.begins, rule.begins) << "a case where the two costs make different plans";
+    }
+  }
+  ScopedEnv cost("SNAPMLA_PLAN_PIECE_COST", "tile");
+  detail::PlanLabOptions lab;
+  lab.piece_cost_by_tile = true;
+  expect_random_plans_balanced(20000, 512, lab);
 }
 
 // SNAPMLA_FAST_SMS (with SNAPMLA_FAST_SM_WEIGHT): on calls of at most 16 query rows the plan's first

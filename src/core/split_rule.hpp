@@ -13,6 +13,10 @@
 
 namespace snapmla::detail {
 
+// Calls of at most this many query rows per sequence run the narrow tile under kAuto (decode_fp8;
+// decode_bf16 by its batch rule), more the 64-row tile.
+inline constexpr int kNarrowRows = 16;
+
 // The share of one worker in 64-token blocks. Equal shares of the total (num_workers of them),
 // but, given the decode's query rows per sequence (seqlen_q x num_heads; 0: equal shares only),
 // no shorter than a split is worth: each split costs its fp32 partials (rows x 2 KB, written by
@@ -44,6 +48,14 @@ SNAPMLA_HOST_DEVICE inline int64_t split_chunk(int64_t total_blocks, int num_wor
 // 0.994x the median time, with bf16 partials 0.984x; docs/kernels.md). (PlanLabOptions::piece_cost
 // replaces it for a lab run: SNAPMLA_PLAN_PIECE_COST.)
 inline constexpr int64_t kPieceCostBlocks = 8;
+
+// The 64-row tile's own fixed cost per piece, which the profiling build's stamps put near 4 (its
+// CTAs end within 1-3 us of each other where the narrow tile's with a second piece end ~10 us
+// late). Under PlanLabOptions::piece_cost_by_tile (SNAPMLA_PLAN_PIECE_COST=tile) a call of more
+// than kNarrowRows query rows, which decode_fp8 runs on the 64-row tile, is planned with it, the
+// others with kPieceCostBlocks. On the H200's sweep at 3178c1c with bf16 partials, 8 against 4 took
+// 1.005x the median time at h = 128 and 1.012x at h = 64, 0.994x at h = 16 and 0.992x at h = 8.
+inline constexpr int64_t kPieceCostRows64Blocks = 4;
 
 // The balanced division (docs/design.md, "Splits"). The sequences' costs are laid end to end on
 // one axis and worker k gets the axis from k x share to (k + 1) x share, so every worker has the
@@ -123,7 +135,8 @@ SNAPMLA_HOST_DEVICE inline PlanTotals merge(const PlanTotals& a, const PlanTotal
 // rule's fixed cost per split left out; the choice of whole sequences keeps them): for the combine
 // folded into the decode's tail, under which a further split no longer costs combine time.
 // piece_cost > 0: a further piece's fixed cost in blocks instead of kPieceCostBlocks
-// (SNAPMLA_PLAN_PIECE_COST). The profiling build's stamps put the narrow tile's at about twice the
+// (SNAPMLA_PLAN_PIECE_COST); piece_cost_by_tile: kPieceCostRows64Blocks for calls of more than
+// kNarrowRows query rows (SNAPMLA_PLAN_PIECE_COST=tile). The profiling build's stamps put the narrow tile's at about twice the
 // former rule's 4 where every CTA streams pages at once (an H100, b = 16, h = 16: the CTAs with a
 // second piece end about 10 us after the median at 8K, 8 us at 32K), the 64-row tile's near 4.
 // fast_workers > 0 (SNAPMLA_FAST_SMS, the count of the SMs it lists) with fast_weight16: the plans of
@@ -143,6 +156,7 @@ struct PlanLabOptions {
   int fast_workers = 0;
   int fast_weight16 = 16;
   bool workers_on_blocks = false;
+  bool piece_cost_by_tile = false;
 };
 
 // How many of num_workers a total of `t.blocks` over `batch` sequences is worth (split_chunk:
@@ -165,12 +179,14 @@ struct PlanLabOptions {
 SNAPMLA_HOST_DEVICE inline WorkerShares worker_shares(const PlanTotals& t, int batch, int num_workers, int query_rows,
                                                       int split_blocks, int capacity, PlanLabOptions lab) {
   WorkerShares s;
+  s.piece = lab.piece_cost > 0                                      ? lab.piece_cost
+            : lab.piece_cost_by_tile && query_rows > kNarrowRows ? kPieceCostRows64Blocks
+                                                                    : kPieceCostBlocks;
   if (split_blocks > 0 && t.fixed_splits <= capacity) {
     s.fixed = split_blocks;
     query_rows = 0;
   }
   const int64_t chunk = split_chunk(t.blocks, num_workers, lab.equal_shares ? 0 : query_rows);
-  s.piece = lab.piece_cost > 0 ? lab.piece_cost : kPieceCostBlocks;
   s.total = t.blocks + (batch > 1 ? int64_t(batch - 1) * s.piece : 0);
   int64_t used = ((lab.workers_on_blocks ? t.blocks : s.total) + chunk - 1) / chunk;
   const int64_t equal_share = (t.blocks + num_workers - 1) / num_workers;

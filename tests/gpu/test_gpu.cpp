@@ -475,20 +475,20 @@ TEST(GpuPlan, SameSplitsAsTheReferenceUnderEqualShares) {
 }
 
 // SNAPMLA_PLAN_PIECE_COST (the planner's setting, core/split_rule.hpp: a further piece's fixed
-// cost in blocks): the same plans on both paths under 2, 4 (the former rule), 16 and unset (the
-// rule's 8), b = 16 x 8K at h = 16 on 132 workers among them (under 8, eight workers to a
-// sequence, none with two pieces).
+// cost in blocks): the same plans on both paths under 2, 4 (the former rule), 16, `tile` (4 above
+// 16 query rows, else 8) and unset (the rule's 8), b = 16 x 8K at h = 16 on 132 workers among them
+// (under 8, eight workers to a sequence, none with two pieces).
 TEST(GpuPlan, SameSplitsAsTheReferenceUnderPieceCost) {
   REQUIRE_GPU();
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
-  for (const char* cost : {"2", "4", "16", ""}) {
+  for (const char* cost : {"2", "4", "16", "tile", ""}) {
     SCOPED_TRACE(std::string("SNAPMLA_PLAN_PIECE_COST=") + cost);
     ScopedEnv env("SNAPMLA_PLAN_PIECE_COST", cost);
     expect_gpu_plans_match_the_reference(rng);
     const std::vector<int32_t> got = expect_gpu_plan_matches_the_reference(
         std::vector<int32_t>(16, 8192), 132, 16, 0, split_plan_capacity(16, 132), "b=16 x 8K on 132 workers");
-    if (std::string(cost).empty()) {
+    if (std::string(cost).empty() || std::string(cost) == "tile") {
       for (int w = 0; w < 128; ++w) EXPECT_EQ(got[size_t(w)], w) << "worker " << w << ": one split each";
     }
   }
