@@ -312,6 +312,28 @@ def bf16_variants(args):
     return [label for label, _ in bf16_env_variants(args)]
 
 
+def same_plan(torch, a, b):
+    """Whether two split plans are the same, entry for entry (the unused capacity too)."""
+    fields = ("split_offsets", "split_begin", "worker_splits")
+    return all((getattr(a, f) is None and getattr(b, f) is None) or
+               (getattr(a, f) is not None and getattr(b, f) is not None and
+                torch.equal(getattr(a, f), getattr(b, f))) for f in fields)
+
+
+def plan_split_line(rows, key, changed_key):
+    """A variant's time ratio (rows[i][key]) split by whether its plan differs from the default's
+    (rows[i][changed_key]): a planner variant's effect is in the changed cases, and the unchanged
+    ones (the same plan, run twice) show the run's noise. None where the rows do not say."""
+    if not rows or any(changed_key not in r for r in rows):
+        return None
+    parts = []
+    for what, sel in (("changed plans", True), ("unchanged", False)):
+        over = [r[key] for r in rows if r[changed_key] == sel]
+        parts.append(f"{what} {len(over)}: " + (f"median {statistics.median(over):.3f} "
+                                                  f"({min(over):.3f}-{max(over):.3f})" if over else "none"))
+    return "; ".join(parts)
+
+
 def run_case(case, args, peers, torch, snapmla, nvml, sms):
     b, h, s_q, s_k = case
     x = case_inputs(torch, snapmla, case, args.calls, getattr(args, "q_gain", 1.0))
@@ -328,14 +350,17 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
         with env_settings(settings):
             return snapmla.plan_splits(seqlens, workers, query_rows=s_q * h)
 
+    plan_changed = {}  # per variant kernel: whether its plan differs from the default's
     for label, settings in env_variants(args):
+        own = variant_plan(settings)
+        plan_changed[f"fp8_{label}"] = not same_plan(torch, own, plan)
         kernels[f"fp8_{label}"] = with_env_settings(
-            lambda t, p=variant_plan(settings): snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale,
-                                                                   plan=p), settings)
+            lambda t, p=own: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=p), settings)
     for label, settings in bf16_env_variants(args):
+        own = variant_plan(settings)
+        plan_changed[f"bf16_{label}"] = not same_plan(torch, own, plan)
         kernels[f"bf16_{label}"] = with_env_settings(
-            lambda t, p=variant_plan(settings): snapmla.decode_bf16(q, bf_cache, t, seqlens, softmax_scale=scale,
-                                                                    plan=p), settings)
+            lambda t, p=own: snapmla.decode_bf16(q, bf_cache, t, seqlens, softmax_scale=scale, plan=p), settings)
     if args.split_blocks:
         fixed = fixed_split_plan(snapmla, lens, seqlens, workers, s_q * h, args.split_blocks)
         kernels["fp8_fixed"] = lambda t: snapmla.decode_fp8(qq, fp8_cache, t, seqlens, softmax_scale=scale, plan=fixed)
@@ -355,6 +380,8 @@ def run_case(case, args, peers, torch, snapmla, nvml, sms):
     for name, ts in times.items():
         row[f"{name}_us"] = round(statistics.median(ts), 2)
         row[f"{name}_us_range"] = [round(min(ts), 2), round(max(ts), 2)]
+    for name, changed in plan_changed.items():
+        row[f"{name}_plan_changed"] = changed
     row["sm_mhz"] = round(statistics.mean(clocks)) if clocks else None
     rows = h * s_q
     tiles = math.ceil(rows / snapmla._C.TILE_ROWS) if rows > 16 else 1  # (the narrow tile: 16 rows at most)
@@ -428,12 +455,16 @@ def sweep_summary(rows, peers, labels=(), bf16_labels=()):
     """The sweep's checks as lines: the worst ratios against the peers, and per (h, s_k) the
     largest deviation of decode_fp8's time per cached token at b >= 16 from its b = 256 value;
     for each lab variant, the same ratios and its time against the default's (and decode_bf16's
-    under the variants in bf16_labels)."""
+    under the variants in bf16_labels), split by whether the variant's plan differs from the
+    default's where the rows say (plan_split_line)."""
     lines = []
     for v in bf16_labels:
         over = [r[f"bf16_{v}_over_bf16"] for r in rows]
         line = (f"- variant {v} on decode_bf16: time / decode_bf16's median {statistics.median(over):.3f} "
                 f"(range {min(over):.3f}-{max(over):.3f})")
+        split = plan_split_line(rows, f"bf16_{v}_over_bf16", f"bf16_{v}_plan_changed")
+        if split:
+            line += f" [{split}]"
         if peers:
             line += (f"; / FlashMLA BF16 worst {max(r[f'bf16_{v}_over_flashmla_bf16'] for r in rows)}, "
                      f"{sum(r[f'bf16_{v}_over_flashmla_bf16'] > 1.1 for r in rows)} of {len(rows)} above 1.1")
@@ -442,6 +473,9 @@ def sweep_summary(rows, peers, labels=(), bf16_labels=()):
         over = [r[f"fp8_{v}_over_fp8"] for r in rows]
         line = (f"- variant {v}: time / decode_fp8's median {statistics.median(over):.3f} "
                 f"(range {min(over):.3f}-{max(over):.3f})")
+        split = plan_split_line(rows, f"fp8_{v}_over_fp8", f"fp8_{v}_plan_changed")
+        if split:
+            line += f" [{split}]"
         if peers:
             worst = min(rows, key=lambda r: r[f"fp8_{v}_speedup_vs_flashmla_bf16"])
             line += (f"; vs FlashMLA BF16 worst {worst[f'fp8_{v}_speedup_vs_flashmla_bf16']}x "

@@ -113,6 +113,34 @@ def test_sweep_summary_reports_each_variant_against_the_default_and_the_peers():
     assert lines[-1].startswith("- h=128, s_k=8192: decode_fp8 time per cached token at b >= 16 within +0.0%")
 
 
+def test_sweep_summary_splits_a_planner_variant_by_whether_its_plan_changed():
+    rows = [{"b": b, "h": 16, "s_q": 1, "s_k": 8192, "fp8_us": 10.0 * b, "fp8_ax_us": 10.0 * b * r,
+             "fp8_ax_over_fp8": r, "fp8_ax_plan_changed": changed, "bf16_ax_over_bf16": r,
+             "bf16_ax_plan_changed": changed}
+            for b, r, changed in ((1, 1.02, False), (2, 0.85, True), (4, 0.95, True), (16, 0.98, False),
+                                  (256, 1.0, False))]
+    lines = bench.sweep_summary(rows, False, ["ax"], ["ax"])
+    assert lines[0].endswith("[changed plans 2: median 0.900 (0.850-0.950); unchanged 3: median 1.000 (0.980-1.020)]")
+    assert lines[1].startswith("- variant ax: time / decode_fp8's median 0.980")
+    assert "[changed plans 2: median 0.900 (0.850-0.950); unchanged 3:" in lines[1]
+    for r in rows:
+        r["fp8_ax_plan_changed"] = False
+    assert "changed plans 0: none; unchanged 5: median 0.980" in bench.sweep_summary(rows, False, ["ax"])[0]
+    del rows[0]["fp8_ax_plan_changed"]  # rows of an older file: no split
+    assert "[" not in bench.sweep_summary(rows, False, ["ax"])[0]
+
+
+def test_same_plan_compares_every_entry():
+    torch = __import__("pytest").importorskip("torch")
+    import snapmla
+    lens = torch.tensor([8192, 8192], dtype=torch.int32)
+    a = snapmla.plan_splits(lens, 132, query_rows=16)
+    assert bench.same_plan(torch, a, snapmla.plan_splits(lens.clone(), 132, query_rows=16))
+    with bench.env_settings((("SNAPMLA_PLAN_WORKERS", "blocks"),)):
+        b = snapmla.plan_splits(lens, 132, query_rows=16)
+    assert not bench.same_plan(torch, a, b)  # 86 busy workers against 128
+
+
 def test_bf16_variants_are_the_env_variants_when_asked():
     args = bench.argparse.Namespace(vregs=True, env=["folded:SNAPMLA_SCORE_STEP=folded"], env_bf16=False)
     assert bench.bf16_variants(args) == []
