@@ -10,6 +10,7 @@
 #include <bit>
 #include <chrono>
 #include <random>
+#include <string>
 
 #include "core/split_rule.hpp"
 #include "core/validate.hpp"
@@ -563,6 +564,12 @@ int64_t worker_cost(const OwnedPlan& P, const std::vector<int64_t>& pages, int w
   for (int k = P.worker_splits[size_t(w)]; k < P.worker_splits[size_t(w + 1)]; ++k) cost += pages[size_t(k)] + F;
   return cost;
 }
+// Plans a and b the same, entry for entry: offsets, split begins and worker ranges.
+void expect_same_plan(const OwnedPlan& a, const OwnedPlan& b, const std::string& what) {
+  EXPECT_EQ(a.offsets, b.offsets) << what;
+  EXPECT_EQ(a.begins, b.begins) << what;
+  EXPECT_EQ(a.worker_splits, b.worker_splits) << what;
+}
 // The workers of plan P with at least one split.
 int busy_workers(const OwnedPlan& P) {
   int n = 0;
@@ -615,9 +622,7 @@ int64_t expect_balanced_plan(const OwnedPlan& P, const std::vector<int32_t>& seq
   for (int w = 1; w <= slots; ++w) EXPECT_LE(P.worker_splits[size_t(w - 1)], P.worker_splits[size_t(w)]) << w;
   for (int w = slots + 1; w < capacity; ++w) EXPECT_EQ(P.worker_splits[size_t(w)], -1) << "unused entry " << w;
 
-  const int64_t F = lab.piece_cost > 0                                        ? lab.piece_cost
-                    : lab.piece_cost_by_tile && query_rows > detail::kNarrowRows ? detail::kPieceCostRows64Blocks
-                                                                                  : detail::kPieceCostBlocks;
+  const int64_t F = detail::piece_cost_blocks(lab, query_rows);
   const int64_t chunk = detail::split_chunk(total_blocks, workers, lab.equal_shares ? 0 : query_rows);
   const int64_t equal_share = (total_blocks + workers - 1) / workers;
   const int64_t total = total_blocks + F * std::max(b - 1, 0);
@@ -759,8 +764,7 @@ TEST(SplitKv, FillWorkersOptionGivesEveryWorkerAShare) {
     EXPECT_EQ(busy_workers(filled), 132);
     EXPECT_LT(worst, worst_base);
     const OwnedPlan single_filled(single, 66, 128);
-    EXPECT_EQ(single_filled.offsets, single_base.offsets) << "b = 1, 8K, h = 128: the sqrt rule's 4-block splits";
-    EXPECT_EQ(single_filled.begins, single_base.begins);
+    expect_same_plan(single_filled, single_base, "b = 1, 8K, h = 128: the sqrt rule's 4-block splits");
     expect_random_plans_balanced(20000, 512, lab);
   }
   ScopedEnv bad("SNAPMLA_PLAN_FILL", "yes");
@@ -793,8 +797,7 @@ TEST(SplitKv, WorkersAreCountedOnTheCostAxis) {
     EXPECT_EQ(expect_balanced_plan(counted, seqlens, 132, 16, lab), 3 + detail::kPieceCostBlocks);
     EXPECT_EQ(busy_workers(counted), 86);
     const OwnedPlan single_blocks(single, 66, 128);
-    EXPECT_EQ(single_blocks.offsets, single_axis.offsets) << "b = 1: no fixed cost on the axis";
-    EXPECT_EQ(single_blocks.begins, single_axis.begins);
+    expect_same_plan(single_blocks, single_axis, "b = 1: no fixed cost on the axis");
     expect_random_plans_balanced(20000, 512, lab);
   }
   ScopedEnv bad("SNAPMLA_PLAN_WORKERS", "all");
@@ -910,10 +913,7 @@ TEST(SplitKv, PieceCostByTileChargesTheTilesCost) {
     detail::PlanLabOptions lab;
     lab.piece_cost_by_tile = true;
     expect_balanced_plan(tile, seqlens, c.workers, c.rows, lab);
-    const OwnedPlan& want = c.rows > detail::kNarrowRows ? four : rule;
-    EXPECT_EQ(tile.offsets, want.offsets);
-    EXPECT_EQ(tile.begins, want.begins);
-    EXPECT_EQ(tile.worker_splits, want.worker_splits);
+    expect_same_plan(tile, c.rows > detail::kNarrowRows ? four : rule, "the tile's cost");
     if (c.rows == 128) {
       EXPECT_NE(four.begins, rule.begins) << "a case where the two costs make different plans";
     }

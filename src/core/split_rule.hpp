@@ -136,9 +136,7 @@ SNAPMLA_HOST_DEVICE inline PlanTotals merge(const PlanTotals& a, const PlanTotal
 // folded into the decode's tail, under which a further split no longer costs combine time.
 // piece_cost > 0: a further piece's fixed cost in blocks instead of kPieceCostBlocks
 // (SNAPMLA_PLAN_PIECE_COST); piece_cost_by_tile: kPieceCostRows64Blocks for calls of more than
-// kNarrowRows query rows (SNAPMLA_PLAN_PIECE_COST=tile). The profiling build's stamps put the narrow tile's at about twice the
-// former rule's 4 where every CTA streams pages at once (an H100, b = 16, h = 16: the CTAs with a
-// second piece end about 10 us after the median at 8K, 8 us at 32K), the 64-row tile's near 4.
+// kNarrowRows query rows (SNAPMLA_PLAN_PIECE_COST=tile; piece_cost_blocks).
 // fast_workers > 0 (SNAPMLA_FAST_SMS, the count of the SMs it lists) with fast_weight16: the plans of
 // calls of at most 16 query rows (the narrow tiles, which stream the cache) give their first
 // fast_workers workers fast_weight16 / 16 of a share each (worker_boundary); the decode kernels then
@@ -158,6 +156,12 @@ struct PlanLabOptions {
   bool workers_on_blocks = false;
   bool piece_cost_by_tile = false;
 };
+
+// A further piece's fixed cost in blocks for a call of query_rows rows per sequence, under lab.
+SNAPMLA_HOST_DEVICE inline int64_t piece_cost_blocks(const PlanLabOptions& lab, int query_rows) {
+  if (lab.piece_cost > 0) return lab.piece_cost;
+  return lab.piece_cost_by_tile && query_rows > kNarrowRows ? kPieceCostRows64Blocks : kPieceCostBlocks;
+}
 
 // How many of num_workers a total of `t.blocks` over `batch` sequences is worth (split_chunk:
 // all of them, or fewer for a small total given query_rows), and the share of each. The workers
@@ -179,9 +183,7 @@ struct PlanLabOptions {
 SNAPMLA_HOST_DEVICE inline WorkerShares worker_shares(const PlanTotals& t, int batch, int num_workers, int query_rows,
                                                       int split_blocks, int capacity, PlanLabOptions lab) {
   WorkerShares s;
-  s.piece = lab.piece_cost > 0                                      ? lab.piece_cost
-            : lab.piece_cost_by_tile && query_rows > kNarrowRows ? kPieceCostRows64Blocks
-                                                                    : kPieceCostBlocks;
+  s.piece = piece_cost_blocks(lab, query_rows);
   if (split_blocks > 0 && t.fixed_splits <= capacity) {
     s.fixed = split_blocks;
     query_rows = 0;
@@ -196,7 +198,7 @@ SNAPMLA_HOST_DEVICE inline WorkerShares worker_shares(const PlanTotals& t, int b
   s.workers = int(used);
   s.share = (s.total + used - 1) / used;
   if (s.share < 1) s.share = 1;
-  if (lab.fast_workers > 0 && lab.fast_weight16 > 16 && query_rows > 0 && query_rows <= 16 && s.fixed == 0 &&
+  if (lab.fast_workers > 0 && lab.fast_weight16 > 16 && query_rows > 0 && query_rows <= kNarrowRows && s.fixed == 0 &&
       s.total > 0) {
     s.fast = lab.fast_workers < s.workers ? lab.fast_workers : s.workers;
     s.weight16 = lab.fast_weight16;

@@ -446,9 +446,9 @@ PlanLabOptions plan_lab_options(const char* op) {
   lab.fill_workers = env_flag(op, "SNAPMLA_PLAN_FILL");
   lab.equal_shares = env_choice(op, "SNAPMLA_PLAN_SPLIT", {"rule", "equal"}) == 1;
   // A further piece's fixed cost in blocks: the rule's (8, unset) or one of a few others, to scan
-  // (4: the former rule).
-  // `tile`: by the tile the query rows select (kPieceCostRows64Blocks above kNarrowRows).
-  lab.piece_cost = env_enum(op, "SNAPMLA_PLAN_PIECE_COST", {"8", "2", "4", "6", "12", "16", "tile"}, {8, 2, 4, 6, 12, 16, 0});
+  // (4: the former rule), or `tile` (0 here): by the tile the query rows select (piece_cost_blocks).
+  lab.piece_cost =
+      env_enum(op, "SNAPMLA_PLAN_PIECE_COST", {"8", "2", "4", "6", "12", "16", "tile"}, {8, 2, 4, 6, 12, 16, 0});
   lab.piece_cost_by_tile = lab.piece_cost == 0;
   lab.workers_on_blocks = env_choice(op, "SNAPMLA_PLAN_WORKERS", {"axis", "blocks"}) == 1;
   lab.fast_workers = fast_sms(op).count;

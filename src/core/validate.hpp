@@ -52,8 +52,6 @@ void check_decode(const char* op, const QueryBf16& q, const PagedBf16Cache& cach
 // options.p_scale (or `argument`): kAuto, kPerPage or kCarried, else an error naming it.
 void check_p_scale(const char* op, const char* argument, Fp8PScale p_scale);
 
-// kNarrowRows (core/split_rule.hpp): calls of at most this many rows run the narrow tile under kAuto.
-
 // The tile decode_fp8 runs a call of `rows` query rows per sequence on, under the P' scale rule
 // p_scale (resolved): `tile` (DecodeOptions::fp8_tile) where it forces one. Under kAuto, the
 // narrow tile where the rows fit it, else kRows64, unless the environment's SNAPMLA_FP8_TILE
@@ -109,9 +107,9 @@ inline bool bf16_partials(const char* op, DecodePath path) {
 // The planner's lab options (PlanLabOptions, core/split_rule.hpp) from the environment:
 // SNAPMLA_PLAN_FILL (env_flag) for fill_workers, SNAPMLA_PLAN_SPLIT (`rule`, the default, or
 // `equal`) for equal_shares, SNAPMLA_PLAN_PIECE_COST (8, the default, or 2, 4, 6, 12, 16 blocks)
-// for piece_cost, or `tile` for piece_cost_by_tile; SNAPMLA_PLAN_WORKERS (`axis`, the default, or `blocks`) for workers_on_blocks;
-// SNAPMLA_FAST_SMS (fast_sms) and SNAPMLA_FAST_SM_WEIGHT for fast_workers and
-// fast_weight16.
+// for piece_cost, or `tile` for piece_cost_by_tile; SNAPMLA_PLAN_WORKERS (`axis`, the default, or
+// `blocks`) for workers_on_blocks; SNAPMLA_FAST_SMS (fast_sms) and SNAPMLA_FAST_SM_WEIGHT for
+// fast_workers and fast_weight16.
 PlanLabOptions plan_lab_options(const char* op);
 
 // SNAPMLA_FAST_SMS (a lab option, read per call): SM ids (0 .. kMaxFastSmId, '+' between them,
