@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <tuple>
@@ -146,33 +145,6 @@ Diff compare(const std::vector<float>& got, const std::vector<float>& want) {
   return d;
 }
 
-// FlashMLA's lse tolerance (abs 1e-6 or rel 8/65536), with one addition: lse = m + ln(l) is
-// formed in fp32 from the row's max score m, and near lse = 0 that sum cancels, so its rounding
-// is a few ulps of |m| (<= |lse| + ln(tokens)), not of |lse|. Seen on the H200: lse -0.00794
-// off by 1.15e-6 (2.4 ulps of a max score ~5). The extra term allows 4 ulps of that bound per
-// fp32 formation of m + ln(l) the row's lse passes through: one for a row done in one piece, two
-// for a row of a split sequence (each split's lse, then the combine's M + ln(sum)); seen on the
-// H200: a split row's lse -0.01576 off by 6.27e-6, 4.2 ulps of |lse| + ln(tokens).
-// score_error (optional): what the scores' own rounding can move lse element i by
-// (bf16_lse_score_allowance), added to the formations' term; computed only for an element past the
-// other bounds. Seen on an H100: a row's lse -0.03497 off by 6.41e-6, 4.3 ulps of |lse| +
-// ln(tokens), within the score term.
-void expect_lse(const std::vector<float>& got, const std::vector<float>& want, double abs_tol,
-                double rel_tol, int formations = 1, double max_tokens = 1 << 18,
-                const std::function<double(size_t)>& score_error = nullptr) {
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::isinf(want[i])) {
-      ASSERT_TRUE(std::isinf(got[i]) && got[i] < 0) << "lse " << i << " should be -inf, got " << got[i];
-      continue;
-    }
-    const double cancel = 4 * formations * std::ldexp(std::fabs(want[i]) + std::log(max_tokens), -23);
-    const double err = std::fabs(got[i] - want[i]);
-    double tol = std::max({abs_tol, rel_tol * std::fabs(want[i]), cancel});
-    if (err > tol && score_error) tol = std::max(tol, cancel + score_error(i));
-    ASSERT_LE(err, tol) << "lse " << i << ": " << got[i] << " vs " << want[i] << " (allowed " << tol << ")";
-  }
-}
-
 // What the scores' summation order can move a row's lse by, for decode_bf16 against the
 // reference: each score is a sum of 576 exact products (bf16 x bf16 fits in fp32) that the tensor
 // cores and the reference add in different orders, each sum within gamma_576 x sum_d |q_d k_d| of
@@ -193,6 +165,32 @@ double bf16_lse_score_allowance(const Batch& B, size_t idx) {
   }
   auto gamma = [](double u) { return kHeadDim * u / (1 - kHeadDim * u); };
   return (gamma(std::ldexp(1.0, -23)) + gamma(std::ldexp(1.0, -24))) * B.softmax_scale * largest;
+}
+
+// decode_bf16's lse against the reference (formations: 2 where rows may be split). FlashMLA's lse
+// tolerance (abs 1e-6 or rel 8/65536), with one addition: lse = m + ln(l) is
+// formed in fp32 from the row's max score m, and near lse = 0 that sum cancels, so its rounding
+// is a few ulps of |m| (<= |lse| + ln(tokens)), not of |lse|. Seen on the H200: lse -0.00794
+// off by 1.15e-6 (2.4 ulps of a max score ~5). The extra term allows 4 ulps of that bound per
+// fp32 formation of m + ln(l) the row's lse passes through: one for a row done in one piece, two
+// for a row of a split sequence (each split's lse, then the combine's M + ln(sum)); seen on the
+// H200: a split row's lse -0.01576 off by 6.27e-6, 4.2 ulps of |lse| + ln(tokens).
+// Past those, the scores' own rounding (bf16_lse_score_allowance) is added to the formations'
+// term, computed only for such an element: seen on an H100, a row's lse -0.03497 off by 6.41e-6,
+// 4.3 ulps of |lse| + ln(tokens), within the score term.
+void expect_bf16_lse(const Batch& B, const std::vector<float>& got, const std::vector<float>& want, int formations) {
+  const double abs_tol = 1e-6, rel_tol = 8.0 / 65536, max_tokens = 1 << 18;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isinf(want[i])) {
+      ASSERT_TRUE(std::isinf(got[i]) && got[i] < 0) << "lse " << i << " should be -inf, got " << got[i];
+      continue;
+    }
+    const double cancel = 4 * formations * std::ldexp(std::fabs(want[i]) + std::log(max_tokens), -23);
+    const double err = std::fabs(got[i] - want[i]);
+    double tol = std::max({abs_tol, rel_tol * std::fabs(want[i]), cancel});
+    if (err > tol) tol = std::max(tol, cancel + bf16_lse_score_allowance(B, i));
+    ASSERT_LE(err, tol) << "lse " << i << ": " << got[i] << " vs " << want[i] << " (allowed " << tol << ")";
+  }
 }
 
 // What bounds decode_fp8's deviation from the exact-sum emulation, per query row:
@@ -738,8 +736,7 @@ TEST_P(GpuDecode, MatchesTheCpuEmulation) {
                 c.s_q, d16.rel_l2, d16.max_abs);
     EXPECT_EQ(d16.nonfinite, 0u);
     EXPECT_LE(d16.rel_l2, 2e-3);
-    expect_lse(G.lse.download(), want16.result.lse, 1e-6, 8.0 / 65536, c.workers ? 2 : 1, 1 << 18,
-               [&](size_t i) { return bf16_lse_score_allowance(B, i); });
+    expect_bf16_lse(B, G.lse.download(), want16.result.lse, c.workers ? 2 : 1);
   }
 }
 
@@ -816,8 +813,7 @@ TEST(GpuDecodeGaussian, FlashMlaTolerances) {
               "elements past FlashMLA's plain bound (within the P-rounding allowance)\n",
               worst, got16[worst], want16[worst], std::fabs(got16[worst] - want16[worst]) / tol_of(worst), over_plain,
               got16.size());
-  expect_lse(G.lse.download(), want16_lse, 1e-6, 8.0 / 65536, 1, 1 << 18,
-             [&](size_t i) { return bf16_lse_score_allowance(B, i); });
+  expect_bf16_lse(B, G.lse.download(), want16_lse, 1);
   const auto r8 = ref::decode_fp8_f32(B.qq(), B.fp8(), B.pages(), cpu_opt);
   const auto want8 = bf16_rounded(r8.out);
   decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), plan.options(B.softmax_scale));
@@ -894,8 +890,7 @@ TEST(GpuDecodeEdges, QuarterMillionTokensAndBatch1024) {
     const Diff d16 = compare(as_float(G.out.download()), bf16_rounded(want16.out));
     std::printf("[ info ] decode_bf16 same case: rel-L2 %.2e\n", d16.rel_l2);
     EXPECT_LE(d16.rel_l2, 2e-3);
-    expect_lse(G.lse.download(), want16.lse, 1e-6, 8.0 / 65536, 2, 1 << 18,  // planned: rows may be split
-               [&](size_t i) { return bf16_lse_score_allowance(B, i); });
+    expect_bf16_lse(B, G.lse.download(), want16.lse, 2);  // planned: rows may be split
   }
 }
 
