@@ -21,17 +21,10 @@
 # LAB_FP8= LAB_BF16= leaves them out.
 #   SNAPMLA_COMMIT=... [OLD_FP8=NAME=VALUE,...] [OLD_BF16=...] [LAB_FP8=...] [LAB_BF16=...]
 #   lab/h200_defaults_check.sh OUT_DIR   (carry .devbin, .whl, .peers; about five minutes)
-set -uo pipefail
-cd "$(dirname "$0")/.." || exit 1
-dest=${1:-${OUT:-/tmp/h200}}
-mkdir -p "$dest"
-dest=$(cd "$dest" && pwd)
+# shellcheck source=lab/round_start.sh
+. "$(dirname "$0")/round_start.sh" "$@"
 work=$(mktemp -d /tmp/defaults.XXXX)
 trap 'tar czf "$dest/defaults_check.tgz" -C "$work" . 2>/dev/null; cp "$work"/results/*.json "$dest"/ 2>/dev/null' EXIT
-export PYTHONUNBUFFERED=1 CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-16}
-repo=$PWD
-t0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 old_fp8=${OLD_FP8:-SNAPMLA_DECODE_PDL=0,SNAPMLA_PARTIALS=fragments,SNAPMLA_PLAN_PIECE_COST=4,SNAPMLA_PLAN_WORKERS=blocks}
 old_bf16=${OLD_BF16:-SNAPMLA_DECODE_PDL=0,SNAPMLA_PARTIALS=fragments,SNAPMLA_PLAN_PIECE_COST=4,SNAPMLA_PLAN_WORKERS=blocks,SNAPMLA_BF16_TILE=rows64}
 lab_fp8=${LAB_FP8-cpl:SNAPMLA_COMBINE_PDL=late blk:SNAPMLA_PLAN_WORKERS=blocks pct:SNAPMLA_PLAN_PIECE_COST=tile}
