@@ -1457,6 +1457,83 @@ TEST(GpuDecode, PrefetchNextGivesTheSameBits) {
   });
 }
 
+// The loaders' lookup in fewer rounds of loads (SNAPMLA_PLAN_LOOKUP=window, a lab option not yet
+// run on the H200, hence under test_untimed()): the same table entries, so both decodes keep the
+// search's bits on every tile (the trio tile's and decode_bf16's own-page PV's loaders keep the
+// search: nothing else may move there either; the narrow tile's prefetch of the next split looks it
+// up too). The cases: for_each_bits_case's (at most six sequences: the search's last round only);
+// batches of 32 and 33 (one narrowing round from 33) and of 1100 (two), with 0- and 1-token
+// sequences and, in the largest, a length outside the block table after planning (its rows NaN
+// either way); and a batch-invariant plan whose last split is its capacity's last entry, where the
+// window's read of the next split's begin must stay inside the plan.
+TEST(GpuDecode, WindowLookupGivesTheSameBits) {
+  REQUIRE_GPU();
+  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  auto check = [](GpuBatch& G, const DecodeOptions& options) {
+    struct Run {
+      bool fp8;
+      const char* env;  // the tile (or lab option) beside the lookup
+      const char* value;
+    };
+    for (const Run run : {Run{true, "SNAPMLA_FP8_TILE", "auto"}, Run{true, "SNAPMLA_FP8_TILE", "rows64_all"},
+                          Run{true, "SNAPMLA_FP8_TILE", "vregs"}, Run{true, "SNAPMLA_FP8_TILE", "trio"},
+                          Run{true, "SNAPMLA_FP8_P_SCALE", "carried"}, Run{true, "SNAPMLA_PREFETCH_NEXT", "1"},
+                          Run{false, "SNAPMLA_BF16_TILE", "narrow"}, Run{false, "SNAPMLA_BF16_TILE", "rows64"},
+                          Run{false, "SNAPMLA_BF16_OWN_PV", "registers"}}) {
+      ScopedEnv lab(run.env, run.value);
+      auto decode = [&](const char* lookup) {
+        ScopedEnv env("SNAPMLA_PLAN_LOOKUP", lookup);
+        return G.decode(run.fp8, options);
+      };
+      const auto search = decode("search");
+      expect_same_bits(search, decode("window"), std::string(run.fp8 ? "decode_fp8 " : "decode_bf16 ") + run.env + "=" +
+                                                     run.value + ", SNAPMLA_PLAN_LOOKUP=window");
+    }
+  };
+  for_each_bits_case(rng, check);
+  struct Many {
+    int batch, s_q, h;
+  };
+  for (const Many m : {Many{32, 1, 16}, Many{33, 2, 64}, Many{1100, 1, 8}}) {
+    SCOPED_TRACE("b=" + std::to_string(m.batch) + " s_q=" + std::to_string(m.s_q) + " h=" + std::to_string(m.h));
+    std::uniform_int_distribution<int32_t> len(2, m.batch > 100 ? 300 : 3000);
+    std::vector<int32_t> lens(size_t(m.batch));
+    for (int32_t& l : lens) l = len(rng);
+    lens[3] = 0;
+    lens[size_t(m.batch) - 2] = 1;
+    Batch B = make_batch(rng, lens, m.s_q, m.h);
+    GpuBatch G(B);
+    GpuPlan plan(G.pages(), recommended_num_workers(kGpu, m.s_q, m.h), m.s_q, m.h, m.s_q * m.h);
+    check(G, plan.options(B.softmax_scale));
+    if (m.batch > 1024) {
+      lens[517] = -1;
+      G.seqlens.upload(lens);
+      check(G, plan.options(B.softmax_scale));
+    }
+  }
+  {
+    // Three sequences of two blocks, cut at every block: six splits in a plan of capacity six
+    // (three workers), the last one at index capacity - 1.
+    SCOPED_TRACE("a plan's last split at its capacity's last entry");
+    Batch B = make_batch(rng, {128, 100, 128}, 1, 16);
+    GpuBatch G(B);
+    const int workers = 3, capacity = split_plan_capacity(B.batch, workers);
+    ASSERT_EQ(capacity, 6);
+    DeviceBuffer<int32_t> offsets{size_t(B.batch) + 1}, begins{size_t(capacity)}, ranges{size_t(capacity)};
+    DeviceBuffer<uint8_t> workspace(decode_workspace_bytes(capacity, 1, 16));
+    const SplitPlan exact{offsets.get(), begins.get(), capacity, B.batch, kGpu, ranges.get()};
+    plan_splits(G.pages(), workers, exact, nullptr, 16, 1);
+    ASSERT_EQ(offsets.download().back(), capacity) << "every entry of the plan used";
+    DecodeOptions options = test::options(B);
+    options.plan = &exact;
+    options.workspace = workspace.get();
+    options.workspace_bytes = workspace.size();
+    check(G, options);
+  }
+}
+
 // SNAPMLA_FAST_SMS (a lab option not yet run on the H200, hence under test_untimed()): on calls of
 // at most 16 rows every decode kernel claims its worker (scheduler.cuh, claimed_worker) instead of
 // taking blockIdx's, so on a plan made under the option with the call's query rows (its first
@@ -1912,10 +1989,11 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
   }
   {
     // The combine's lab options, the partials' store, the decode's programmatic launch, the
-    // narrow tiles' Q order and the next split's prefetch, checked where they are read, before
-    // anything is launched.
+    // narrow tiles' Q order, the next split's prefetch and the plan's lookup, checked where they
+    // are read, before anything is launched.
     for (const char* name : {"SNAPMLA_COMBINE_PDL", "SNAPMLA_COMBINE_WAVE", "SNAPMLA_COMBINE_TASKS", "SNAPMLA_COMBINE_FUSED",
-                             "SNAPMLA_PARTIALS", "SNAPMLA_DECODE_PDL", "SNAPMLA_NARROW_Q", "SNAPMLA_PREFETCH_NEXT"}) {
+                             "SNAPMLA_PARTIALS", "SNAPMLA_DECODE_PDL", "SNAPMLA_NARROW_Q", "SNAPMLA_PREFETCH_NEXT",
+                             "SNAPMLA_PLAN_LOOKUP"}) {
       ScopedEnv env(name, "yes");
       EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), name);
       EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), name);

@@ -41,6 +41,7 @@ inline DecodeParams make_params(int batch, int s_q, int h, const PageTable& page
     p.split_begin = options.plan->split_begin;
     p.worker_splits = options.plan->worker_splits;
     p.num_workers = p.worker_splits != nullptr ? options.plan->capacity - batch : options.plan->capacity;
+    p.plan_capacity = options.plan->capacity;
     p.partial_out = static_cast<float*>(options.workspace);
     p.partial_lse = p.partial_out + size_t(options.plan->capacity) * p.rows * kLatentDim;
   }
@@ -225,6 +226,16 @@ inline bool narrow_q_first(const char* op) {
 // unset or 0, not. The same bits either way.
 inline bool prefetch_next(const char* op) { return detail::env_flag(op, "SNAPMLA_PREFETCH_NEXT"); }
 
+// SNAPMLA_PLAN_LOOKUP in the environment (a lab option, read per call like the others): `search`
+// (unset) has each warp find its split's sequence by work_of's search, then load the sequence's
+// entries; `window` loads them with the search's last round and the split's begins with its first
+// (DecodeParams::lookup_window): at batch <= 32 one round of dependent loads where the search takes
+// two, between a CTA's worker range and its first request (the profiling build's stamps put a
+// CTA's worker range and first split in hand 1.2-2.1 us after its start). The same bits either way.
+inline bool plan_lookup_window(const char* op) {
+  return detail::env_enum(op, "SNAPMLA_PLAN_LOOKUP", {"search", "window"}, {false, true});
+}
+
 // Whether a SplitKernels slot holds a kernel (not nullptr).
 template <auto Kernel>
 inline constexpr bool kInstantiated = !std::is_same_v<decltype(Kernel), std::nullptr_t>;
@@ -334,6 +345,7 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
   const bool programmatic = decode_pdl(op);
   const bool q_first = narrow_q_first(op);
   const bool prefetch = prefetch_next(op);
+  const bool lookup_window = plan_lookup_window(op);
   // bf16 partials where the kernel set has a kernel that stores them (else fp32, the combine too;
   // SplitKernels::launch then runs Plain).
   const bool bf16_partials = Kernels::kHasBf16Rows && store == PartialStore::kBf16Rows;
@@ -349,6 +361,7 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
   kp.wait_previous_grid = programmatic && !fused;
   kp.q_before_pages = q_first;
   kp.prefetch_next = prefetch;
+  kp.lookup_window = lookup_window;
   if (fused) {
     kp.combine_counters = combine_counters_of(p, options);
     check(cudaMemsetAsync(kp.combine_counters, 0, combine_counter_count(p, options) * sizeof(int), stream),

@@ -171,6 +171,55 @@ __device__ __forceinline__ int seq_of_split(const int32_t* offsets, int batch, i
   return lo;
 }
 
+// A Work's length from cache_seqlens' entry: lengths outside the block table are clamped, so that
+// nothing outside it is read, and mark the work as faulted (the host validates them where the
+// tables are host memory).
+__device__ __forceinline__ void set_length(const DecodeParams& p, Work& w, int32_t len) {
+  const int64_t cap = int64_t(p.max_pages) * kPageSize;
+  w.bad_len = len < 0 || len > cap;
+  w.len = int(min(max(int64_t(len), int64_t(0)), cap));
+}
+
+// The lookup in fewer rounds of dependent loads (DecodeParams::lookup_window, SNAPMLA_PLAN_LOOKUP=
+// window, a lab option), from the same table entries, so the same Work. The search narrows the
+// candidates as seq_of_split does while more than 32 remain (one round up to 1024 sequences); its
+// last round, one candidate per lane, loads each candidate's first split, the next sequence's and
+// its length, and the split's begins (they depend on `item` alone) go out with them; the chosen
+// lane's entries are shuffled to the warp. At batch <= 32 the whole lookup is one round of loads,
+// where work_of's search is two (the offsets, then the sequence's entries). The next split's begin
+// is read inside the plan's capacity only (a table not made by plan_splits then gets an empty
+// split, never a read out of bounds).
+__device__ __forceinline__ Work work_of_window(const DecodeParams& p, int item) {
+  const int lane = int(threadIdx.x % 32);
+  const int32_t* offsets = p.split_offsets;
+  int lo = 0, n = p.batch;  // the answer is in [lo, lo + n)
+  while (n > 32) {
+    const int stride = (n + 31) / 32;
+    const bool le = lane * stride < n && offsets[lo + lane * stride] <= item;
+    const unsigned m = __ballot_sync(0xffffffffu, le);
+    const int last = m == 0 ? 0 : 31 - __clz(int(m));
+    lo += last * stride;
+    n = min(stride, n - last * stride);
+  }
+  // Lanes past the candidates load sequence lo's entries (in bounds) and are not chosen.
+  const bool candidate = lane < n;
+  const int s = candidate ? lo + lane : lo;
+  const int32_t first = offsets[s], next = offsets[s + 1], len = p.seqlens[s];
+  const int32_t begin = p.split_begin[item];
+  const int32_t next_begin = item + 1 < p.plan_capacity ? p.split_begin[item + 1] : 0;
+  const unsigned m = __ballot_sync(0xffffffffu, candidate && first <= item);
+  const int pick = m == 0 ? 0 : 31 - __clz(int(m));  // as seq_of_split's last round: lane 0 if none
+  Work w;
+  w.seq = lo + pick;
+  set_length(p, w, __shfl_sync(0xffffffffu, len, pick));
+  w.split = item;
+  const int32_t seq_first = __shfl_sync(0xffffffffu, first, pick), seq_last = __shfl_sync(0xffffffffu, next, pick);
+  w.single = seq_last - seq_first <= 1;
+  w.begin = min(max(begin, 0), w.len);
+  w.end = item + 1 < seq_last ? min(max(next_begin, w.begin), w.len) : w.len;
+  return w;
+}
+
 // The work of split `item` (in the CTA's SplitRange; returned by value, so that it stays in
 // registers), looked up by a whole warp (seq_of_split).
 __device__ __forceinline__ Work work_of(const DecodeParams& p, int item) {
@@ -180,12 +229,7 @@ __device__ __forceinline__ Work work_of(const DecodeParams& p, int item) {
   } else {
     w.seq = seq_of_split(p.split_offsets, p.batch, item);
   }
-  // Lengths outside the block table are clamped, so that nothing outside it is read, and mark
-  // the work as faulted (the host validates them where the tables are host memory).
-  const int64_t cap = int64_t(p.max_pages) * kPageSize;
-  const int32_t len = p.seqlens[w.seq];
-  w.bad_len = len < 0 || len > cap;
-  w.len = int(min(max(int64_t(len), int64_t(0)), cap));
+  set_length(p, w, p.seqlens[w.seq]);
   w.split = item;
   if (p.split_offsets == nullptr) {
     w.single = true;
@@ -198,6 +242,21 @@ __device__ __forceinline__ Work work_of(const DecodeParams& p, int item) {
     w.end = item + 1 < last ? min(max(p.split_begin[item + 1], w.begin), w.len) : w.len;
   }
   return w;
+}
+
+// The loader's lookup (the warp whose requests start each split), in a warpgroup of kLoaderRegs
+// registers (its setmaxnreg): work_of_window under its lab option, else work_of. The other roles
+// keep work_of's search: their lookups run while the loader's first requests are in flight. Below
+// kWindowLookupRegs (the three-consumer tile's 32, decode_bf16's own-page PV's 24: lab kernels) the
+// window's registers spill, so the option leaves those loaders on the search.
+inline constexpr int kWindowLookupRegs = 40;
+
+template <int kLoaderRegs>
+__device__ __forceinline__ Work loader_work_of(const DecodeParams& p, int item) {
+  if constexpr (kLoaderRegs >= kWindowLookupRegs) {
+    if (p.lookup_window && p.split_offsets != nullptr) return work_of_window(p, item);
+  }
+  return work_of(p, item);
 }
 
 // Tokens query row r (r = i * h + head) may see.
