@@ -1457,9 +1457,9 @@ TEST(GpuDecode, PrefetchNextGivesTheSameBits) {
   });
 }
 
-// The loaders' lookup in fewer rounds of loads (SNAPMLA_PLAN_LOOKUP=window, a lab option not yet
-// run on the H200, hence under test_untimed()): the same table entries, so both decodes keep the
-// search's bits on every tile (the trio tile's and decode_bf16's own-page PV's loaders keep the
+// The loaders' lookup in fewer rounds of loads and the plan's tables prefetched into L1
+// (SNAPMLA_PLAN_LOOKUP=window, search_l1, window_l1: a lab option not yet run on the H200, hence
+// under test_untimed()): the same table entries, so both decodes keep the search's bits on every tile (the trio tile's and decode_bf16's own-page PV's loaders keep the
 // search: nothing else may move there either; the narrow tile's prefetch of the next split looks it
 // up too). The cases: for_each_bits_case's (at most six sequences: the search's last round only);
 // batches of 32 and 33 (one narrowing round from 33) and of 1100 (two), with 0- and 1-token
@@ -1488,8 +1488,9 @@ TEST(GpuDecode, WindowLookupGivesTheSameBits) {
         return G.decode(run.fp8, options);
       };
       const auto search = decode("search");
-      expect_same_bits(search, decode("window"), std::string(run.fp8 ? "decode_fp8 " : "decode_bf16 ") + run.env + "=" +
-                                                     run.value + ", SNAPMLA_PLAN_LOOKUP=window");
+      for (const char* lookup : {"window", "search_l1", "window_l1"})
+        expect_same_bits(search, decode(lookup), std::string(run.fp8 ? "decode_fp8 " : "decode_bf16 ") + run.env + "=" +
+                                                     run.value + ", SNAPMLA_PLAN_LOOKUP=" + lookup);
     }
   };
   for_each_bits_case(rng, check);

@@ -1,6 +1,6 @@
 // Thin wrappers over the PTX the kernels use besides wgmma (wgmma.cuh), the mbarriers
 // (mbarrier.cuh) and the TMA (tma.cuh): cp.async with zero-fill, ldmatrix / stmatrix, byte
-// permutes, shared stores, named barriers, setmaxnreg and the grid dependency wait.
+// permutes, shared stores, named barriers, setmaxnreg, the grid dependency wait and L1 prefetches.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,12 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)),
                "l"(gmem), "r"(valid ? 16 : 0));
+}
+
+// A hint: the 128-byte line holding gmem into this SM's L1 (and L2), no destination, no wait.
+// A later ordinary load of the line then hits L1.
+__device__ __forceinline__ void prefetch_l1(const void* gmem) {
+  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(gmem));
 }
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {

@@ -226,14 +226,23 @@ inline bool narrow_q_first(const char* op) {
 // unset or 0, not. The same bits either way.
 inline bool prefetch_next(const char* op) { return detail::env_flag(op, "SNAPMLA_PREFETCH_NEXT"); }
 
-// SNAPMLA_PLAN_LOOKUP in the environment (a lab option, read per call like the others): `search`
-// (unset) has each warp find its split's sequence by work_of's search, then load the sequence's
-// entries; `window` loads them with the search's last round and the split's begins with its first
-// (DecodeParams::lookup_window): at batch <= 32 one round of dependent loads where the search takes
-// two, between a CTA's worker range and its first request (the profiling build's stamps put a
-// CTA's worker range and first split in hand 1.2-2.1 us after its start). The same bits either way.
-inline bool plan_lookup_window(const char* op) {
-  return detail::env_enum(op, "SNAPMLA_PLAN_LOOKUP", {"search", "window"}, {false, true});
+// SNAPMLA_PLAN_LOOKUP in the environment (a lab option, read per call like the others): how the
+// decode kernels' loaders find their splits. `search` (unset): each warp finds the split's
+// sequence by work_of's search, then loads the sequence's entries; `window` loads them with the
+// search's last round (DecodeParams::lookup_window): at batch <= 32 one round of dependent loads
+// where the search takes two, between a CTA's worker range and its first request (the profiling
+// build's stamps put a CTA's worker range and first split in hand 1.2-2.1 us after its start).
+// `search_l1` / `window_l1`: the same, with the plan's tables' first lines prefetched into L1 beside
+// the worker range's load (DecodeParams::prefetch_plan), so that the lookups after it hit L1. The
+// same bits in every case.
+struct PlanLookup {
+  bool window = false;
+  bool prefetch = false;
+};
+inline PlanLookup plan_lookup(const char* op) {
+  return detail::env_enum(op, "SNAPMLA_PLAN_LOOKUP", {"search", "window", "search_l1", "window_l1"},
+                          {PlanLookup{false, false}, PlanLookup{true, false}, PlanLookup{false, true},
+                           PlanLookup{true, true}});
 }
 
 // Whether a SplitKernels slot holds a kernel (not nullptr).
@@ -345,7 +354,7 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
   const bool programmatic = decode_pdl(op);
   const bool q_first = narrow_q_first(op);
   const bool prefetch = prefetch_next(op);
-  const bool lookup_window = plan_lookup_window(op);
+  const PlanLookup lookup = plan_lookup(op);
   // bf16 partials where the kernel set has a kernel that stores them (else fp32, the combine too;
   // SplitKernels::launch then runs Plain).
   const bool bf16_partials = Kernels::kHasBf16Rows && store == PartialStore::kBf16Rows;
@@ -361,7 +370,8 @@ void launch_decode(const char* op, int smem, const DecodeParams& p, const Decode
   kp.wait_previous_grid = programmatic && !fused;
   kp.q_before_pages = q_first;
   kp.prefetch_next = prefetch;
-  kp.lookup_window = lookup_window;
+  kp.lookup_window = lookup.window;
+  kp.prefetch_plan = lookup.prefetch;
   if (fused) {
     kp.combine_counters = combine_counters_of(p, options);
     check(cudaMemsetAsync(kp.combine_counters, 0, combine_counter_count(p, options) * sizeof(int), stream),

@@ -125,10 +125,14 @@ struct DecodeParams {
   const int32_t* worker_splits = nullptr;
   int num_workers = 0;  // the grid's workers: the plan's capacity - batch, or its capacity without ranges
   int plan_capacity = 0;  // the plan's capacity (split_begin's entries)
-  // The splits' work looked up in fewer rounds of dependent loads (SNAPMLA_PLAN_LOOKUP=window, a
-  // lab option, launch.hpp; scheduler.cuh, work_of_window); false: work_of's search. The same
-  // values either way.
+  // The loaders look their splits up in fewer rounds of dependent loads (SNAPMLA_PLAN_LOOKUP=window
+  // or window_l1, a lab option, launch.hpp; scheduler.cuh, work_of_window); false: work_of's
+  // search. The same values either way.
   bool lookup_window = false;
+  // Each CTA's first warp asks for the plan's tables' first lines into L1 beside its worker range's
+  // load, so that the lookups after it hit L1 (SNAPMLA_PLAN_LOOKUP=search_l1 or window_l1;
+  // scheduler.cuh, prefetch_plan). Hints only.
+  bool prefetch_plan = false;
   float* partial_out = nullptr;  // [capacity, rows, 512]
   float* partial_lse = nullptr;  // [capacity, rows]
   // Non-null (PartialStore::kBf16Rows, decode_fp8's default): the split partials are bf16 rows
