@@ -166,22 +166,28 @@ __device__ __forceinline__ void start_cta(const uint8_t* smem, const Init& init,
   __syncthreads();
 }
 
-// The last sequence seq in [0, batch) with offsets[seq] <= item (offsets non-decreasing,
-// offsets[0] = 0), found by the whole calling warp: each round loads 32 offsets at a stride and
-// keeps the last one <= item, so up to 1024 sequences take two rounds of loads, not the ~10
-// dependent ones of a binary search - they stand between a CTA's start and its first page.
-// Every caller is a whole warp (the decode kernels look their work up per warpgroup).
-__device__ __forceinline__ int seq_of_split(const int32_t* offsets, int batch, int item) {
+// One round of the search for the last sequence seq in [lo, lo + n) with offsets[seq] <= item
+// (offsets non-decreasing), by the whole calling warp: it loads 32 offsets at a stride and keeps
+// the last one <= item (lane 0's, offsets[lo], where none is), which leaves ceil(n / 32)
+// candidates.
+__device__ __forceinline__ void narrow_candidates(const int32_t* offsets, int item, int& lo, int& n) {
   const int lane = int(threadIdx.x % 32);
+  const int stride = (n + 31) / 32;
+  const bool le = lane * stride < n && offsets[lo + lane * stride] <= item;
+  const unsigned m = __ballot_sync(0xffffffffu, le);
+  const int last = m == 0 ? 0 : 31 - __clz(int(m));
+  lo += last * stride;
+  n = min(stride, n - last * stride);
+}
+
+// The last sequence seq in [0, batch) with offsets[seq] <= item (offsets non-decreasing,
+// offsets[0] = 0), found by the whole calling warp in rounds of narrow_candidates, so up to 1024
+// sequences take two rounds of loads, not the ~10 dependent ones of a binary search - they stand
+// between a CTA's start and its first page. Every caller is a whole warp (the decode kernels look
+// their work up per warpgroup).
+__device__ __forceinline__ int seq_of_split(const int32_t* offsets, int batch, int item) {
   int lo = 0, n = batch;  // the answer is in [lo, lo + n)
-  while (n > 1) {
-    const int stride = (n + 31) / 32;
-    const bool le = lane * stride < n && offsets[lo + lane * stride] <= item;
-    const unsigned m = __ballot_sync(0xffffffffu, le);
-    const int last = m == 0 ? 0 : 31 - __clz(int(m));  // lane 0 holds offsets[lo] <= item
-    lo += last * stride;
-    n = min(stride, n - last * stride);
-  }
+  while (n > 1) narrow_candidates(offsets, item, lo, n);
   return lo;
 }
 
@@ -207,14 +213,7 @@ __device__ __forceinline__ Work work_of_window(const DecodeParams& p, int item) 
   const int lane = int(threadIdx.x % 32);
   const int32_t* offsets = p.split_offsets;
   int lo = 0, n = p.batch;  // the answer is in [lo, lo + n)
-  while (n > 32) {
-    const int stride = (n + 31) / 32;
-    const bool le = lane * stride < n && offsets[lo + lane * stride] <= item;
-    const unsigned m = __ballot_sync(0xffffffffu, le);
-    const int last = m == 0 ? 0 : 31 - __clz(int(m));
-    lo += last * stride;
-    n = min(stride, n - last * stride);
-  }
+  while (n > 32) narrow_candidates(offsets, item, lo, n);
   // Lanes past the candidates load sequence lo's entries (in bounds) and are not chosen.
   const bool candidate = lane < n;
   const int s = candidate ? lo + lane : lo;
