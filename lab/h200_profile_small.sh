@@ -7,8 +7,9 @@
 # splits on all 132 CTAs, 1 the planner's four-page splits on 64) prints the report of the 4th
 # call; then Nsight Compute's full set with source-level samples on one launch of the product
 # CLI at b = 1, h = 128, 8K (lab/h200_round.sh ncu). The profiling package stays installed: a
-# later call that needs the product package reinstalls it. The narrow tile's cases (NARROW_CASES) run
-# once more under SNAPMLA_NARROW_Q=first.
+# later call that needs the product package reinstalls it. The small cases (LOOKUP_CASES) run once more
+# under each of LOOKUP_ENVS (by default the loaders' lookups SNAPMLA_PLAN_LOOKUP=window and window_l1,
+# lab options): whether the "work known" milestone moves up by a round of loads.
 #   lab/h200_profile_small.sh [OUT_DIR]   (carry .devbin, .whl, .peers; about two minutes)
 . "$(dirname "$0")/round_start.sh" "$@"
 stamp "pip install . (profiling build)"
@@ -23,13 +24,15 @@ for c in ${CASES:-$cases}; do
       --case "$c" --calls 5 --rows-scale "$k" 2>&1 | grep -v -i warn
   done
 done | tee "$dest/stamps_small.log"
-# The narrow tiles' cases again with their Q tile loaded before the first pages (SNAPMLA_NARROW_Q=first,
-# a lab option): whether Q then lands before the pages' burst and the first score moves up.
-stamp "stamps, narrow tile, SNAPMLA_NARROW_Q=first"
-for c in ${NARROW_CASES:-4,16,1,8192 16,16,1,8192 16,16,1,32768}; do
-  SNAPMLA_NARROW_Q=first SNAPMLA_PROFILE_CALL=4 timeout 60 python3 "$repo/lab/launch_profile.py" --peers "$repo/.peers" \
-    --case "$c" --calls 5 --rows-scale 1 2>&1 | grep -v -i warn
-done | tee "$dest/stamps_small_narrow_q_first.log"
+# The small cases again under each lab setting of LOOKUP_ENVS (NAME=VALUE): the loaders' lookup in
+# fewer rounds of loads, then with the plan's tables in L1 (SNAPMLA_PLAN_LOOKUP, a lab option).
+for setting in ${LOOKUP_ENVS:-SNAPMLA_PLAN_LOOKUP=window SNAPMLA_PLAN_LOOKUP=window_l1}; do
+  stamp "stamps under $setting"
+  for c in ${LOOKUP_CASES:-1,128,1,8192 4,128,1,8192 4,64,1,8192 4,16,1,8192 128,128,1,8192}; do
+    env "$setting" SNAPMLA_PROFILE_CALL=4 timeout 60 python3 "$repo/lab/launch_profile.py" --peers "$repo/.peers" \
+      --case "$c" --calls 5 --rows-scale 1 2>&1 | grep -v -i warn
+  done | tee "$dest/stamps_small_${setting##*=}.log"
+done
 cd "$repo" || exit 1
 stamp "ncu, b = 1, h = 128, 8K"
 OUT="$dest" NCU_CASE=1,128,1,8192 timeout 120 lab/h200_round.sh ncu "${SNAPMLA_COMMIT:-unknown}" 2>&1 | tail -4
