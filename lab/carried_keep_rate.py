@@ -1,5 +1,7 @@
 """How often the carried P' scales (Fp8PScale::kCarried, docs/reference.md) keep a page's sigma,
-on the data of the bench, of the e2e engine, and of sharper attention, without a GPU.
+and how often a page leaves every running max of a warp where it was (decode_bf16's
+SNAPMLA_BF16_RESCALE=changed), on the data of the bench, of the e2e engine, and of sharper
+attention, without a GPU.
 
 The carried rule saves the 64-row tile's output rescale only on the pages where every row of a
 warp (16 consecutive query rows: heads, for s_q = 1) kept its sigma, and it costs one more
@@ -10,13 +12,19 @@ kCarryHeadroom x sigma_b. That is the reference's rule, whose running-max frame 
 both sides of each comparison. It prints per data kind the fraction of (row, page) pairs that
 kept their sigma and of (warp, page) pairs that skip the rescale.
 
+decode_bf16 rescales its output by exp(m - m_new) after each page; under SNAPMLA_BF16_RESCALE=changed
+a warp skips that where the page raised none of its 16 rows' running max (every factor exactly 1).
+A split starts its maxima afresh, so its first page always rescales: the probe prints the (warp,
+page) pairs that skip for a sequence decoded as one split and cut into splits of --split-pages.
+
 Data kinds:
   bench      the bench's inputs: query and cache rows randn / 10 (python -m snapmla.bench);
   e2e        the e2e engine's layer at random weights (snapmla.e2e.model: DeepSeek-V3 shapes,
              YaRN RoPE, random token embeddings, the absorbed query of the last position);
   bench_gG   the bench's query times G (--q-gains; the bench's --q-gain: peakier attention).
 
-  python lab/carried_keep_rate.py [--tokens 8192] [--heads 128] [--seed 0] [--windows 32:4 256:16]
+  python lab/carried_keep_rate.py [--tokens 8192] [--heads 128] [--seed 0] [--split-pages 16]
+                                  [--windows 32:4 256:16]
 
 --windows FALL:HEADROOM ... replays the rule with other windows too (the library's is 32:4): a
 wider window keeps more pages at the price of precision at the small end of P'.
@@ -64,6 +72,35 @@ def summarize(name: str, kept: torch.Tensor) -> str:
             f"{skip.double().mean():6.1%} of (warp, page); pages {pages}")
 
 
+def max_kept_mask(scores: torch.Tensor, split_pages: int = 0) -> torch.Tensor:
+    """scores [rows, n] -> kept [rows, pages]: the page left the row's running max where it was
+    (no score above it), the running max restarting at each split of split_pages pages (0: one
+    split); a split's first page never keeps (the max before it is -inf)."""
+    rows, n = scores.shape
+    pages = (n + PAGE - 1) // PAGE
+    s = torch.nn.functional.pad(scores, (0, pages * PAGE - n), value=-math.inf).view(rows, pages, PAGE)
+    page_max = s.amax(dim=2)
+    kept = torch.zeros(rows, pages, dtype=torch.bool)
+    running = torch.full((rows,), -math.inf, dtype=torch.float64)
+    for b in range(pages):
+        if split_pages > 0 and b % split_pages == 0:
+            running = torch.full((rows,), -math.inf, dtype=torch.float64)
+        kept[:, b] = (page_max[:, b] <= running) & (running > -math.inf)
+        running = torch.maximum(running, page_max[:, b])
+    return kept
+
+
+def summarize_max(name: str, scores: torch.Tensor, split_pages: int) -> str:
+    parts = []
+    for sp in (0, split_pages):
+        kept = max_kept_mask(scores, sp)
+        rows, pages = kept.shape
+        warps = rows // WARP_ROWS
+        skip = kept[: warps * WARP_ROWS].view(warps, WARP_ROWS, pages).all(dim=1)
+        parts.append(f"{skip.double().mean():6.1%} ({'one split' if sp == 0 else f'splits of {sp} pages'})")
+    return f"{name:>10}: warps keeping every running max " + ", ".join(parts) + " of (warp, page)"
+
+
 def token_scales(latent: torch.Tensor) -> torch.Tensor:
     """The cache's per-token scale amax(latent) / 448 (the library's append)."""
     return latent.abs().amax(dim=1).clamp_min(1e-30) / E4M3_MAX
@@ -105,6 +142,8 @@ def main(argv=None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--q-gains", type=float, nargs="*", default=[10.0, 30.0])
     ap.add_argument("--no-e2e", action="store_true", help="leave out the e2e layer (its weights take ~1 GB)")
+    ap.add_argument("--split-pages", type=int, default=16,
+                    help="the split length for the running-max line (pages of 64 tokens)")
     ap.add_argument("--windows", nargs="*", default=[], metavar="FALL:HEADROOM",
                     help="other (kCarryFall, kCarryHeadroom) windows to replay on the e2e data")
     a = ap.parse_args(argv)
@@ -116,9 +155,11 @@ def main(argv=None) -> None:
         scores, scale = bench_data(a.tokens, a.heads, gain, gen)
         name = "bench" if gain == 1.0 else f"bench_g{gain:g}"
         print(summarize(name, keep_mask(scores, scale)))
+        print(summarize_max(name, scores, a.split_pages))
     if not a.no_e2e:
         scores, scale = e2e_data(a.tokens, a.heads, a.seed)
         print(summarize("e2e", keep_mask(scores, scale)))
+        print(summarize_max("e2e", scores, a.split_pages))
         for fall, headroom in windows:
             print(summarize(f"{fall:g}:{headroom:g}", keep_mask(scores, scale, fall, headroom)))
         spread = scores.std(dim=1)

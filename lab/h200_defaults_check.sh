@@ -15,7 +15,9 @@
 # have several) leaves that variant out, any other failure (or a time-out) all of them. By default,
 # on both paths, the planner's piece cost by tile (`pct`, SNAPMLA_PLAN_PIECE_COST=tile: 4 above 16
 # query rows), the loaders' lookup in fewer rounds of loads (`lkw`, SNAPMLA_PLAN_LOOKUP=window) and
-# that with the plan's tables prefetched into L1 at each CTA's start (`lkp`, =window_l1).
+# that with the plan's tables prefetched into L1 at each CTA's start (`lkp`, =window_l1); on
+# decode_bf16 also the output rescale skipped where no running max moved (`brc`,
+# SNAPMLA_BF16_RESCALE=changed).
 # (Timed twice on the H200 and level, so no longer by default: the combine's late trigger
 # `cpl:SNAPMLA_COMBINE_PDL=late`, decode_bf16's narrow tile at every batch `bn:SNAPMLA_BF16_TILE=narrow`,
 # the former count of workers `blk:SNAPMLA_PLAN_WORKERS=blocks`.)
@@ -29,9 +31,9 @@ trap 'tar czf "$dest/defaults_check.tgz" -C "$work" . 2>/dev/null; cp "$work"/re
 old_fp8=${OLD_FP8:-SNAPMLA_DECODE_PDL=0,SNAPMLA_PARTIALS=fragments,SNAPMLA_PLAN_PIECE_COST=4,SNAPMLA_PLAN_WORKERS=blocks}
 old_bf16=${OLD_BF16:-SNAPMLA_DECODE_PDL=0,SNAPMLA_PARTIALS=fragments,SNAPMLA_PLAN_PIECE_COST=4,SNAPMLA_PLAN_WORKERS=blocks,SNAPMLA_BF16_TILE=rows64}
 lab_fp8=${LAB_FP8-pct:SNAPMLA_PLAN_PIECE_COST=tile lkw:SNAPMLA_PLAN_LOOKUP=window lkp:SNAPMLA_PLAN_LOOKUP=window_l1}
-lab_bf16=${LAB_BF16-pct:SNAPMLA_PLAN_PIECE_COST=tile lkw:SNAPMLA_PLAN_LOOKUP=window lkp:SNAPMLA_PLAN_LOOKUP=window_l1}
-lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuPlan.*PieceCost*:GpuDecode.WindowLookup*}
-lab_own_tests=${LAB_OWN_TESTS:-pct=PieceCost lkw=WindowLookup lkp=WindowLookup}
+lab_bf16=${LAB_BF16-pct:SNAPMLA_PLAN_PIECE_COST=tile lkw:SNAPMLA_PLAN_LOOKUP=window lkp:SNAPMLA_PLAN_LOOKUP=window_l1 brc:SNAPMLA_BF16_RESCALE=changed}
+lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuPlan.*PieceCost*:GpuDecode.WindowLookup*:GpuDecode.Bf16RescaleChanged*}
+lab_own_tests=${LAB_OWN_TESTS:-pct=PieceCost lkw=WindowLookup lkp=WindowLookup brc=Bf16RescaleChanged}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$work/gpu.txt"
 stamp "the C++ GPU suite under the defaults"
 timeout "${SUITE_TIMEOUT:-90}" .devbin/snapmla_gpu_tests > "$work/gpu_suite.log" 2>&1

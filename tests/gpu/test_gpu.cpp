@@ -1615,6 +1615,40 @@ TEST(GpuDecode, Bf16MaxHandOffGivesTheSameBits) {
     }
 }
 
+// decode_bf16 skipping its output's rescale where a warp's factors are all exactly 1
+// (SNAPMLA_BF16_RESCALE=changed, a lab option not yet run on a GPU, hence under test_untimed()):
+// multiplying by 1 changes no bit, so out and lse keep the default's bits on both tiles, with each
+// score step, each source of the owner's P, each max hand-off and both partials' stores, on
+// for_each_bits_case's cases (sequences up to 141 pages, where most pages leave the maxima where
+// they were; multi-split CTAs, whose splits start their maxima afresh; 0- and 1-token sequences;
+// a poisoned query row and a non-finite token, whose rows must stay NaN).
+TEST(GpuDecode, Bf16RescaleChangedGivesTheSameBits) {
+  REQUIRE_GPU();
+  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on a GPU: runs under SNAPMLA_TEST_UNTIMED=1";
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  for (const char* partials : {"fragments", "bf16"})
+    for (const char* tile : {"auto", "rows64"})
+      for (const char* step : {"reference", "folded"})
+        for (const char* own_pv : {"shared", "registers"})
+          for (const char* handoff : {"with_p", "early"}) {
+            ScopedEnv store("SNAPMLA_PARTIALS", partials), bf16_tile("SNAPMLA_BF16_TILE", tile);
+            ScopedEnv score_step("SNAPMLA_SCORE_STEP", step), own("SNAPMLA_BF16_OWN_PV", own_pv);
+            ScopedEnv max_handoff("SNAPMLA_BF16_MAX_HANDOFF", handoff);
+            const std::string label = std::string("decode_bf16 SNAPMLA_BF16_RESCALE=changed, partials ") + partials +
+                                      ", tile " + tile + ", score step " + step + ", own PV " + own_pv +
+                                      ", max hand-off " + handoff;
+            for_each_bits_case(rng, [&](GpuBatch& G, const DecodeOptions& options) {
+              auto decode = [&](const char* rescale) {
+                ScopedEnv env("SNAPMLA_BF16_RESCALE", rescale);
+                return G.decode(false, options);
+              };
+              const auto always = decode("always");
+              expect_same_bits(always, decode("changed"), label);
+            });
+          }
+}
+
 // plan_splits(split_blocks = L) on the GPU: a row gives the same bits decoded alone, in a batch,
 // and in the batch with another row's length gone bad (which changes the default plan: the
 // bad row has no splits), for both decodes and the narrow and 64-row tiles. The default plan
@@ -2004,10 +2038,14 @@ TEST(GpuErrors, BadArgumentsOnTheGpuPath) {
       ScopedEnv env("SNAPMLA_SCORE_STEP", "fast");
       EXPECT_ARG_ERROR(decode_fp8(G.qq(), G.fp8(), G.pages(), G.output(), test::options(B)), "SNAPMLA_SCORE_STEP");
     }
-    // decode_bf16's own-page PV source, QK order and max hand-off.
+    // decode_bf16's own-page PV source, QK order, max hand-off and output rescale.
     {
       ScopedEnv env("SNAPMLA_BF16_OWN_PV", "tmem");
       EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), "SNAPMLA_BF16_OWN_PV");
+    }
+    {
+      ScopedEnv env("SNAPMLA_BF16_RESCALE", "never");
+      EXPECT_ARG_ERROR(decode_bf16(G.query(), G.bf16c(), G.pages(), G.output(), test::options(B)), "SNAPMLA_BF16_RESCALE");
     }
     {
       ScopedEnv env("SNAPMLA_BF16_QK_ORDER", "b_first");

@@ -459,7 +459,7 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
       }
 #pragma unroll
       for (int ri = 0; ri < 2; ++ri) f[ri] = pair_alpha(st, ri, m_a[ri], c == 0 ? sum[ri] : 0.f, kUnit);
-      scale_rows(o, f);
+      if (!(p.skip_unit_rescale && warp_factors_unit(f))) scale_rows(o, f);
       if (partial_last && 2 * k + 2 >= nblk) mbar::wait(sm.tail, 0);
       if (kOwnRegs && c == 0) pv_page_regs(o, pr, sm, ja, c);
       else pv_page(o, sm.box(ja, kRopeBox), sm, ja, c);
@@ -481,7 +481,7 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
       }
 #pragma unroll
       for (int ri = 0; ri < 2; ++ri) f[ri] = pair_alpha(st, ri, m_b[ri], c == 1 ? sum[ri] : 0.f, kUnit);
-      scale_rows(o, f);
+      if (!(p.skip_unit_rescale && warp_factors_unit(f))) scale_rows(o, f);
       if (kOwnRegs && c == 1) pv_page_regs(o, pr, sm, min(jb, nblk - 1), c);
       else pv_page(o, sm.box(jb, kRopeBox), sm, min(jb, nblk - 1), c);
       // Release page B once this PV is done. Its reload is the critical path (each stage's cycle is
@@ -596,6 +596,7 @@ void decode_bf16(const QueryBf16& q, const PagedBf16Cache& cache, const PageTabl
   const RoleIndex role = role_index("decode_bf16");
   const Bf16LabOptions lab{own_page_pv("decode_bf16"), bf16_qk_order("decode_bf16"), bf16_max_handoff("decode_bf16")};
   const Bf16Tile tile = bf16_tile("decode_bf16");
+  p.skip_unit_rescale = bf16_rescale_changed("decode_bf16");
   if (q.batch == 0) return;
   p.q_bf16 = reinterpret_cast<const uint16_t*>(q.data);
   p.num_pages = cache.num_pages;

@@ -264,15 +264,17 @@ __global__ void __launch_bounds__(Bf16NarrowConfig::kThreads, 1)
 #pragma unroll
       for (int i = 0; i < kNarrowCols; ++i) alpha[i] = row_alpha(m[i], l[i], m_new[i], sum[i]);
       if (ntok < kPageSize || band - blk < kPageSize) sanitize_latent(sm, s, band - blk, ntok, t);
+      if (!(p.skip_unit_rescale && warp_factors_unit(alpha))) {
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt)
+        for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
-          o[mt][n][0] *= alpha[2 * n];
-          o[mt][n][1] *= alpha[2 * n + 1];
-          o[mt][n][2] *= alpha[2 * n];
-          o[mt][n][3] *= alpha[2 * n + 1];
-        }
+          for (int n = 0; n < 2; ++n) {
+            o[mt][n][0] *= alpha[2 * n];
+            o[mt][n][1] *= alpha[2 * n + 1];
+            o[mt][n][2] *= alpha[2 * n];
+            o[mt][n][3] *= alpha[2 * n + 1];
+          }
+      }
       wg::fence_proxy_async();  // P (and the sanitized values) written with st.shared, read by wgmma
       ptx::named_barrier(int(Bf16NarrowBarrier::kConsumerWarps), 128);
       issue_pv(o, sm, s);

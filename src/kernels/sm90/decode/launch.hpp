@@ -154,6 +154,15 @@ inline Bf16MaxHandOff bf16_max_handoff(const char* op) {
                           {Bf16MaxHandOff::kWithP, Bf16MaxHandOff::kEarly});
 }
 
+// SNAPMLA_BF16_RESCALE in the environment (a lab option, read per call): `always` (unset) or
+// `changed`, decode_bf16's DecodeParams::skip_unit_rescale: a warp rescales its output only where
+// one of its rows' running max moved. On a long sequence a row's max moves on ever fewer pages (on
+// iid scores a new maximum comes with probability about 1/j on page j), so most pages skip the
+// 128 multiplies per consumer thread of each rescale (both tiles). The same bits.
+inline bool bf16_rescale_changed(const char* op) {
+  return detail::env_enum(op, "SNAPMLA_BF16_RESCALE", {"always", "changed"}, {false, true});
+}
+
 // SNAPMLA_BF16_TILE in the environment (read per call): `auto` (unset), `narrow` or `rows64`,
 // decode_bf16's Bf16Tile for calls of at most 16 query rows (params.hpp); `rows64` keeps the
 // former default for same-run A/B.

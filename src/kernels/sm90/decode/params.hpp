@@ -169,6 +169,11 @@ struct DecodeParams {
   int* worker_claims = nullptr;
   uint32_t fast_sm_mask[8] = {};  // detail::FastSms::mask: bit i % 32 of word i / 32 is SM i
   int fast_workers = 0;
+  // decode_bf16's consumers skip a rescale of their output where every factor of the warp is
+  // exactly 1, the running maxima of its rows unchanged by the page (SNAPMLA_BF16_RESCALE=changed, a
+  // lab option, launch.hpp; softmax.cuh, warp_factors_unit): the same bits, fewer multiplies on the
+  // pages that leave the maxima where they were.
+  bool skip_unit_rescale = false;
   // Outputs.
   uint16_t* out = nullptr;  // bf16 [batch, s_q, h, 512] = [batch, rows, 512]
   float* lse = nullptr;     // [batch, h, s_q]

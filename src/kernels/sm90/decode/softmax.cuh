@@ -105,6 +105,19 @@ __device__ __forceinline__ void scale_rows(float (&o)[NT][4], const float (&r)[2
   }
 }
 
+// Whether every factor r of the calling warp (each thread's rows' or columns') is exactly 1: its
+// rows' running max did not move, so multiplying the output by them would change no bit (x * 1
+// is x for every finite, infinite or zero x; the library builds without flush-to-zero, so for
+// subnormals too; a NaN output stays NaN either way and is normalized into the final NaN of its
+// row or split). decode_bf16 then skips the rescale under DecodeParams::skip_unit_rescale.
+template <int N>
+__device__ __forceinline__ bool warp_factors_unit(const float (&r)[N]) {
+  bool unit = true;
+#pragma unroll
+  for (int i = 0; i < N; ++i) unit = unit && r[i] == 1.f;
+  return __all_sync(0xffffffffu, unit);
+}
+
 // The FP8 softmax (decode_fp8): each consumer warpgroup holds the raw QK scores of a whole
 // 64-token page (m64n64 fragment: tokens 8 n + 2 q + {0, 1}). Pages are taken in the
 // reference's order with its per-page running max, m_j = max(m_{j-1}, max S_j), and P' is
