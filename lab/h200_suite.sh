@@ -48,7 +48,8 @@ done
 # SAN=1: compute-sanitizer (lab/h200_sanitize.sh) before the Python part.
 if [ -n "${SAN:-}" ]; then
   stamp "memcheck / racecheck / synccheck"
-  # Five tool runs, each bounded by SAN_TIMEOUT: a fifth of what is left, at most 100 s each.
+  # Five tool runs, each bounded by SAN_TIMEOUT: a fifth of what is left, at most 100 s each (and
+  # a short sixth, the lab lookups, at most 60 s).
   SAN_TIMEOUT=$(( $(cap ${SAN_TIMEOUT:-500}) / 5 + 1 )) lab/h200_sanitize.sh "$out"
 fi
 stamp "pip install ."

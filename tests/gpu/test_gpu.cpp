@@ -1457,43 +1457,44 @@ TEST(GpuDecode, PrefetchNextGivesTheSameBits) {
   });
 }
 
-// The loaders' lookup in fewer rounds of loads and the plan's tables prefetched into L1
-// (SNAPMLA_PLAN_LOOKUP=window, search_l1, window_l1: a lab option not yet run on the H200, hence
-// under test_untimed()): the same table entries, so both decodes keep the search's bits on every tile (the trio tile's and decode_bf16's own-page PV's loaders keep the
-// search: nothing else may move there either; the narrow tile's prefetch of the next split looks it
-// up too). The cases: for_each_bits_case's (at most six sequences: the search's last round only);
-// batches of 32 and 33 (one narrowing round from 33) and of 1100 (two), with 0- and 1-token
-// sequences and, in the largest, a length outside the block table after planning (its rows NaN
-// either way); and a batch-invariant plan whose last split is its capacity's last entry, where the
-// window's read of the next split's begin must stay inside the plan.
+// Every lab lookup of the plan (SNAPMLA_PLAN_LOOKUP=window, search_l1, window_l1) gives the search's
+// bits, on every tile and lab variant a call can run: decode_fp8's 64-row, V^T-register, trio and
+// narrow tiles, its carried P' scales, the narrow tile's prefetch of the next split (which looks it
+// up too), decode_bf16's 64-row and narrow tiles and its own-page PV (whose loaders, like the trio
+// tile's, keep the search: nothing else may move there either).
+void expect_lookups_same_bits(GpuBatch& G, const DecodeOptions& options) {
+  struct Run {
+    bool fp8;
+    const char* env;  // the tile (or lab option) beside the lookup
+    const char* value;
+  };
+  for (const Run run : {Run{true, "SNAPMLA_FP8_TILE", "auto"}, Run{true, "SNAPMLA_FP8_TILE", "rows64_all"},
+                        Run{true, "SNAPMLA_FP8_TILE", "vregs"}, Run{true, "SNAPMLA_FP8_TILE", "trio"},
+                        Run{true, "SNAPMLA_FP8_P_SCALE", "carried"}, Run{true, "SNAPMLA_PREFETCH_NEXT", "1"},
+                        Run{false, "SNAPMLA_BF16_TILE", "narrow"}, Run{false, "SNAPMLA_BF16_TILE", "rows64"},
+                        Run{false, "SNAPMLA_BF16_OWN_PV", "registers"}}) {
+    ScopedEnv lab(run.env, run.value);
+    auto decode = [&](const char* lookup) {
+      ScopedEnv env("SNAPMLA_PLAN_LOOKUP", lookup);
+      return G.decode(run.fp8, options);
+    };
+    const auto search = decode("search");
+    for (const char* lookup : {"window", "search_l1", "window_l1"})
+      expect_same_bits(search, decode(lookup), std::string(run.fp8 ? "decode_fp8 " : "decode_bf16 ") + run.env + "=" +
+                                                   run.value + ", SNAPMLA_PLAN_LOOKUP=" + lookup);
+  }
+}
+
+// The lab lookups (a lab option not yet run on the H200, hence under test_untimed()) on
+// for_each_bits_case's cases (at most six sequences: the search's last round only), on batches of
+// 32 and 33 (one narrowing round from 33) and of 1100 (two), with 0- and 1-token sequences and, in
+// the largest, a length outside the block table after planning (its rows NaN either way).
 TEST(GpuDecode, WindowLookupGivesTheSameBits) {
   REQUIRE_GPU();
   if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
-  auto check = [](GpuBatch& G, const DecodeOptions& options) {
-    struct Run {
-      bool fp8;
-      const char* env;  // the tile (or lab option) beside the lookup
-      const char* value;
-    };
-    for (const Run run : {Run{true, "SNAPMLA_FP8_TILE", "auto"}, Run{true, "SNAPMLA_FP8_TILE", "rows64_all"},
-                          Run{true, "SNAPMLA_FP8_TILE", "vregs"}, Run{true, "SNAPMLA_FP8_TILE", "trio"},
-                          Run{true, "SNAPMLA_FP8_P_SCALE", "carried"}, Run{true, "SNAPMLA_PREFETCH_NEXT", "1"},
-                          Run{false, "SNAPMLA_BF16_TILE", "narrow"}, Run{false, "SNAPMLA_BF16_TILE", "rows64"},
-                          Run{false, "SNAPMLA_BF16_OWN_PV", "registers"}}) {
-      ScopedEnv lab(run.env, run.value);
-      auto decode = [&](const char* lookup) {
-        ScopedEnv env("SNAPMLA_PLAN_LOOKUP", lookup);
-        return G.decode(run.fp8, options);
-      };
-      const auto search = decode("search");
-      for (const char* lookup : {"window", "search_l1", "window_l1"})
-        expect_same_bits(search, decode(lookup), std::string(run.fp8 ? "decode_fp8 " : "decode_bf16 ") + run.env + "=" +
-                                                     run.value + ", SNAPMLA_PLAN_LOOKUP=" + lookup);
-    }
-  };
-  for_each_bits_case(rng, check);
+  for_each_bits_case(rng, expect_lookups_same_bits);
   struct Many {
     int batch, s_q, h;
   };
@@ -1507,31 +1508,40 @@ TEST(GpuDecode, WindowLookupGivesTheSameBits) {
     Batch B = make_batch(rng, lens, m.s_q, m.h);
     GpuBatch G(B);
     GpuPlan plan(G.pages(), recommended_num_workers(kGpu, m.s_q, m.h), m.s_q, m.h, m.s_q * m.h);
-    check(G, plan.options(B.softmax_scale));
+    expect_lookups_same_bits(G, plan.options(B.softmax_scale));
     if (m.batch > 1024) {
       lens[517] = -1;
       G.seqlens.upload(lens);
-      check(G, plan.options(B.softmax_scale));
+      expect_lookups_same_bits(G, plan.options(B.softmax_scale));
     }
   }
-  {
-    // Three sequences of two blocks, cut at every block: six splits in a plan of capacity six
-    // (three workers), the last one at index capacity - 1.
-    SCOPED_TRACE("a plan's last split at its capacity's last entry");
-    Batch B = make_batch(rng, {128, 100, 128}, 1, 16);
+}
+
+// The lab lookups on a plan whose last split is its capacity's last entry (three sequences of two
+// blocks cut at every block: six splits, capacity six), where the window's read of the next split's
+// begin must stay inside the plan: the search's bits, and nothing read out of bounds (the device
+// round runs this test under memcheck, lab/h200_sanitize.sh). Under test_untimed(), as above.
+TEST(GpuErrors, WindowLookupReadsInsideAFullPlan) {
+  REQUIRE_GPU();
+  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  for (const int h : {16, 128}) {
+    SCOPED_TRACE("h=" + std::to_string(h));
+    Batch B = make_batch(rng, {128, 100, 128}, 1, h);
     GpuBatch G(B);
     const int workers = 3, capacity = split_plan_capacity(B.batch, workers);
     ASSERT_EQ(capacity, 6);
     DeviceBuffer<int32_t> offsets{size_t(B.batch) + 1}, begins{size_t(capacity)}, ranges{size_t(capacity)};
-    DeviceBuffer<uint8_t> workspace(decode_workspace_bytes(capacity, 1, 16));
-    const SplitPlan exact{offsets.get(), begins.get(), capacity, B.batch, kGpu, ranges.get()};
-    plan_splits(G.pages(), workers, exact, nullptr, 16, 1);
+    DeviceBuffer<uint8_t> workspace(decode_workspace_bytes(capacity, 1, h));
+    const SplitPlan full{offsets.get(), begins.get(), capacity, B.batch, kGpu, ranges.get()};
+    plan_splits(G.pages(), workers, full, nullptr, h, 1);
     ASSERT_EQ(offsets.download().back(), capacity) << "every entry of the plan used";
     DecodeOptions options = test::options(B);
-    options.plan = &exact;
+    options.plan = &full;
     options.workspace = workspace.get();
     options.workspace_bytes = workspace.size();
-    check(G, options);
+    expect_lookups_same_bits(G, options);
   }
 }
 
