@@ -23,7 +23,8 @@
 # the former count of workers `blk:SNAPMLA_PLAN_WORKERS=blocks`.)
 # LAB_FP8= LAB_BF16= leaves them out.
 #   SNAPMLA_COMMIT=... [OLD_FP8=NAME=VALUE,...] [OLD_BF16=...] [LAB_FP8=...] [LAB_BF16=...]
-#   lab/h200_defaults_check.sh OUT_DIR   (carry .devbin, .whl, .peers; about five minutes)
+#   lab/h200_defaults_check.sh OUT_DIR   (carry .devbin, .whl, .peers; about five minutes; each bench part
+#   is cut at BENCH_TIMEOUT seconds, default 200)
 # shellcheck source=lab/round_start.sh
 . "$(dirname "$0")/round_start.sh" "$@"
 work=$(mktemp -d /tmp/defaults.XXXX)
@@ -69,7 +70,7 @@ for what in sweep grid; do
   args=--sweep
   [ $what = grid ] && args="--cases grid"
   # shellcheck disable=SC2086
-  timeout "${BENCH_TIMEOUT:-150}" python3 -m snapmla.bench --peers "$repo/.peers" $args --rounds 3 \
+  timeout "${BENCH_TIMEOUT:-200}" python3 -m snapmla.bench --peers "$repo/.peers" $args --rounds 3 \
     "${variants[@]}" --out "$work/results" > "$work/bench_$what.log" 2>&1
   echo "exit: $?"
   grep -E "^- " "$work/bench_$what.log" | head -16
