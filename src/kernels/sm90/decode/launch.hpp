@@ -241,9 +241,9 @@ inline bool prefetch_next(const char* op) { return detail::env_flag(op, "SNAPMLA
 // search's last round (DecodeParams::lookup_window): at batch <= 32 one round of dependent loads
 // where the search takes two, between a CTA's worker range and its first request (the profiling
 // build's stamps put a CTA's worker range and first split in hand 1.2-2.1 us after its start).
-// `search_l1` / `window_l1`: the same, with the plan's tables' first lines prefetched into L1 beside
-// the worker range's load (DecodeParams::prefetch_plan), so that the lookups after it hit L1. The
-// same bits in every case.
+// `search_l1` / `window_l1`: the same, with the plan's tables' first lines (and a small block
+// table) prefetched into L1 beside the worker range's load (DecodeParams::prefetch_plan), so that
+// the lookups after it hit L1. The same bits in every case.
 struct PlanLookup {
   bool window = false;
   bool prefetch = false;

@@ -129,9 +129,9 @@ struct DecodeParams {
   // or window_l1, a lab option, launch.hpp; scheduler.cuh, work_of_window); false: work_of's
   // search. The same values either way.
   bool lookup_window = false;
-  // Each CTA's first warp asks for the plan's tables' first lines into L1 beside its worker range's
-  // load, so that the lookups after it hit L1 (SNAPMLA_PLAN_LOOKUP=search_l1 or window_l1;
-  // scheduler.cuh, prefetch_plan). Hints only.
+  // Each CTA's first warp asks for the plan's tables' first lines (and a small block table) into L1
+  // beside its worker range's load, so that the lookups after it hit L1 (SNAPMLA_PLAN_LOOKUP=
+  // search_l1 or window_l1; scheduler.cuh, prefetch_plan). Hints only.
   bool prefetch_plan = false;
   float* partial_out = nullptr;  // [capacity, rows, 512]
   float* partial_lse = nullptr;  // [capacity, rows]

@@ -93,15 +93,22 @@ __device__ __forceinline__ SplitRange splits_of_worker(const DecodeParams& p, in
 
 // SNAPMLA_PLAN_LOOKUP=search_l1 / window_l1 (DecodeParams::prefetch_plan, a lab option): the CTA's
 // first warp asks for the first 32 lines (1024 entries) of each of the plan's tables - the split
-// offsets, the lengths, the split begins - into L1, one line per lane and table, before its worker
-// range's loads. Their latency overlaps those loads', so the lookups after them (the search's
-// rounds, or the window's one) hit L1 where each would otherwise wait on L2 or memory. Hints only.
+// offsets, the lengths, the split begins - into L1, one line per lane and table, and for the
+// whole block table where it has at most kPrefetchTableEntries entries (small batches, the rows no
+// wider than the sequences need), before its worker range's loads. Their latency overlaps those
+// loads', so the lookups after them (the search's rounds, or the window's one) and the first page
+// index hit L1 where each would otherwise wait on L2 or memory. Hints only.
+inline constexpr int kPrefetchTableEntries = 2048;  // 64 lines of 128 bytes: two per lane
+
 __device__ __forceinline__ void prefetch_plan(const DecodeParams& p) {
   if (!p.prefetch_plan || p.split_offsets == nullptr || threadIdx.x >= 32) return;
   const int first = int(threadIdx.x) * 32;  // the lane's line: entries [first, first + 32)
   if (first <= p.batch) ptx::prefetch_l1(p.split_offsets + first);
   if (first < p.batch) ptx::prefetch_l1(p.seqlens + first);
   if (first < p.plan_capacity) ptx::prefetch_l1(p.split_begin + first);
+  const int64_t table = int64_t(p.batch) * p.max_pages;
+  if (table <= kPrefetchTableEntries)
+    for (int64_t e = first; e < table; e += 32 * 32) ptx::prefetch_l1(p.block_table + e);
 }
 
 // The CTA's splits (every decode kernel's first step): its worker's (claimed_worker, with its
