@@ -264,16 +264,18 @@ __device__ __forceinline__ Work work_of(const DecodeParams& p, int item) {
   return w;
 }
 
-// The loader's lookup (the warp whose requests start each split), in a warpgroup of kLoaderRegs
-// registers (its setmaxnreg): work_of_window under its lab option, else work_of. The other roles
-// keep work_of's search: their lookups run while the loader's first requests are in flight. Below
-// kWindowLookupRegs (the three-consumer tile's 32, decode_bf16's own-page PV's 24: lab kernels) the
-// window's registers spill, so the option leaves those loaders on the search.
+// A role's lookup, in a warpgroup of kRoleRegs registers (its setmaxnreg): work_of_window under
+// its lab option, else work_of. Every role looks its splits up itself (the loader before its
+// requests, the consumers before their Q rows); below kWindowLookupRegs (the three-consumer tile's
+// producer on 32, decode_bf16's own-page PV's on 24: lab kernels) the window's registers spill,
+// so the option leaves those roles on the search. So do the consumers of decode_fp8's transposing
+// and three-consumer tiles, whose loops hold the most (they call work_of: ptxas spilled 10-50
+// bytes there with the window), and the transposer warps, which only wait for the pages.
 inline constexpr int kWindowLookupRegs = 40;
 
-template <int kLoaderRegs>
-__device__ __forceinline__ Work loader_work_of(const DecodeParams& p, int item) {
-  if constexpr (kLoaderRegs >= kWindowLookupRegs) {
+template <int kRoleRegs>
+__device__ __forceinline__ Work role_work_of(const DecodeParams& p, int item) {
+  if constexpr (kRoleRegs >= kWindowLookupRegs) {
     if (p.lookup_window && p.split_offsets != nullptr) return work_of_window(p, item);
   }
   return work_of(p, item);
