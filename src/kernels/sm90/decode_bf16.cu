@@ -222,7 +222,8 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
     ptx::setmaxnreg_dec<Cfg::kProducerRegs>();
     for (int item = range.first; item < range.last; ++item) {
       if (item > range.first) split_boundary<Cfg::kThreads>(init_barriers);
-      const Work w = role_work_of<Cfg::kProducerRegs>(p, item);
+      // (The own-page PV's 24-register producer keeps the search: the window lookup spills there.)
+      const Work w = kOwnPv == OwnPagePv::kRegisters ? work_of(p, item) : lookup_work(p, item);
       const int nblk = w.pages();
       if (t == 0) {
         // The Q latent tile first: eight boxes of the [batch * rows, 576] query plane (the rope part
@@ -271,7 +272,7 @@ __global__ void __launch_bounds__(Bf16Config::kThreads, 1)
   ptx::setmaxnreg_inc<Cfg::kConsumerRegs>();
   for (int item = range.first; item < range.last; ++item) {
     if (item > range.first) split_boundary<Cfg::kThreads>(NoInit{});
-    const Work w = role_work_of<Cfg::kConsumerRegs>(p, item);
+    const Work w = lookup_work(p, item);
     const int nblk = w.pages();
     const bool partial_last = nblk > 0 && w.end - (w.begin + (nblk - 1) * kPageSize) < kPageSize;
     const int c = uniform_in_warp<kRole>(wg) - 1;  // owns page 2 k + c of each pair; output half c

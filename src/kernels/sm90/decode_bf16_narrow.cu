@@ -48,7 +48,6 @@ namespace {
 // threads the launch leaves each thread up to 255 registers, more than the consumer needs.
 struct Bf16NarrowConfig {
   static constexpr int kThreads = 256;
-  static constexpr int kRegs = 255;  // every role's: the launch's, kept (no setmaxnreg)
 };
 constexpr int kN = kNarrowTileRows;       // query rows per CTA: the wgmma N
 constexpr int kStages = 2;                // page stages
@@ -173,7 +172,7 @@ __global__ void __launch_bounds__(Bf16NarrowConfig::kThreads, 1)
     };
     for (int item = range.first; item < range.last; ++item) {
       if (item > range.first) split_boundary<Bf16NarrowConfig::kThreads>(init_barriers);
-      const Work w = role_work_of<Bf16NarrowConfig::kRegs>(p, item);
+      const Work w = lookup_work(p, item);
       const int nblk = w.pages();
       // The first pages (Ring::pages_before_q), then the Q tile by the whole warpgroup, then the
       // rest: all of them stand between the split's start and its first QK.
@@ -188,7 +187,7 @@ __global__ void __launch_bounds__(Bf16NarrowConfig::kThreads, 1)
 
   for (int item = range.first; item < range.last; ++item) {
     if (item > range.first) split_boundary<Bf16NarrowConfig::kThreads>(NoInit{});
-    const Work w = role_work_of<Bf16NarrowConfig::kRegs>(p, item);
+    const Work w = lookup_work(p, item);
     const int nblk = w.pages();
     const int warp = uniform_in_warp<RoleIndex::kUniform>(t / 32), lane = t % 32, g = lane / 4, q = lane % 4;
     const int tok0 = 16 * warp + g;  // the thread's tokens in S^T: tok0, tok0 + 8

@@ -356,7 +356,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     for (int item = range.first; item < range.last; ++item) {
       if (item > range.first) split_boundary<Cfg::kThreads>(init_barriers);
-      const Work w = role_work_of<Cfg::kProducerRegs>(p, item);
+      const Work w = lookup_work(p, item);
       if (t == 0) {
         if (item == range.first) {
           SNAPMLA_MARK(kWorkKnown);
@@ -527,7 +527,7 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
     }
     for (int item = range.first; item < range.last; ++item) {
       if (item > range.first) split_boundary<VCfg::kThreads>(init_barriers);
-      const Work w = role_work_of<VCfg::kProducerRegs>(p, item);
+      const Work w = lookup_work(p, item);
       if (t == 0) {
         const int row = int(int64_t(w.seq) * p.rows + row0);
         load_q_tile<kLatentDim, 1>(&tm_q, sm.q_latent, row, sm.ring.qbar);
@@ -542,7 +542,7 @@ __global__ void __launch_bounds__(Fp8VRegsConfig::kThreads, 1)
   ptx::setmaxnreg_inc<VCfg::kConsumerRegs>();
   for (int item = range.first; item < range.last; ++item) {
     if (item > range.first) split_boundary<VCfg::kThreads>(NoInit{});
-    const Work w = role_work_of<VCfg::kConsumerRegs>(p, item);
+    const Work w = lookup_work(p, item);
     const int nblk = w.pages();
     const int c = wg - 1;
     const int warp = t / 32, lane = t % 32, g = lane / 4;

@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
     ptx::setmaxnreg_dec<NarrowConfig::kProducerRegs>();
     for (int item = range.first; item < range.last; ++item) {
       if (item > range.first) split_boundary<NarrowConfig::kThreads>(init_barriers);
-      const Work w = role_work_of<NarrowConfig::kProducerRegs>(p, item);
+      const Work w = lookup_work(p, item);
       const int nblk = w.pages();
       // The first pages (Ring::pages_before_q), then the Q tiles by the whole warpgroup, then the
       // rest: all of them stand between the CTA's start and its first QK.
@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
       // SNAPMLA_PREFETCH_NEXT: the next split's first pages and Q rows into L2 while the consumers
       // finish this one (its lookup by the whole warp; warp 0's other lanes wait here for lane 0).
       if (p.prefetch_next && item + 1 < range.last && t < 32) {
-        const Work next = role_work_of<NarrowConfig::kProducerRegs>(p, item + 1);
+        const Work next = lookup_work(p, item + 1);
         if (t == 0) {
           sm.ring.prefetch_first_pages(p, next, &tm_latent, &tm_rope);
           const int64_t row0 = int64_t(next.seq) * p.rows;
@@ -221,7 +221,7 @@ __global__ void __launch_bounds__(NarrowConfig::kThreads, 1)
   ptx::setmaxnreg_inc<NarrowConfig::kConsumerRegs>();
   for (int item = range.first; item < range.last; ++item) {
     if (item > range.first) split_boundary<NarrowConfig::kThreads>(NoInit{});
-    const Work w = role_work_of<NarrowConfig::kConsumerRegs>(p, item);
+    const Work w = lookup_work(p, item);
     const int nblk = w.pages();
     const int c = uniform_in_warp<kRole>(wg) - 1;
     const int warp = uniform_in_warp<kRole>(t / 32), lane = t % 32, g = lane / 4, q = lane % 4;

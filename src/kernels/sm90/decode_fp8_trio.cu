@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     }
     for (int item = range.first; item < range.last; ++item) {
       if (item > range.first) split_boundary<Cfg::kThreads>(init_barriers);
-      const Work w = role_work_of<Cfg::kProducerRegs>(p, item);
+      const Work w = work_of(p, item);
       if (t == 0) {
         const int row = int(int64_t(w.seq) * p.rows + row0);
         load_q_tile<kLatentDim, 1>(&tm_q, sm.q_latent, row, sm.ring.qbar);

@@ -215,7 +215,9 @@ __device__ __forceinline__ void set_length(const DecodeParams& p, Work& w, int32
 // lane's entries are shuffled to the warp. At batch <= 32 the whole lookup is one round of loads,
 // where work_of's search is two (the offsets, then the sequence's entries). The next split's begin
 // is read inside the plan's capacity only (a table not made by plan_splits then gets an empty
-// split, never a read out of bounds).
+// split, never a read out of bounds). (Its last three lines are work_of's; work_of keeps them
+// inline with its own conditional load: written through one shared helper, the three-consumer
+// tile spilled 32 bytes where it spills 20.)
 __device__ __forceinline__ Work work_of_window(const DecodeParams& p, int item) {
   const int lane = int(threadIdx.x % 32);
   const int32_t* offsets = p.split_offsets;
@@ -264,20 +266,14 @@ __device__ __forceinline__ Work work_of(const DecodeParams& p, int item) {
   return w;
 }
 
-// A role's lookup, in a warpgroup of kRoleRegs registers (its setmaxnreg): work_of_window under
-// its lab option, else work_of. Every role looks its splits up itself (the loader before its
-// requests, the consumers before their Q rows); below kWindowLookupRegs (the three-consumer tile's
-// producer on 32, decode_bf16's own-page PV's on 24: lab kernels) the window's registers spill,
-// so the option leaves those roles on the search. So do the consumers of decode_fp8's transposing
-// and three-consumer tiles, whose loops hold the most (they call work_of: ptxas spilled 10-50
-// bytes there with the window), and the transposer warps, which only wait for the pages.
-inline constexpr int kWindowLookupRegs = 40;
-
-template <int kRoleRegs>
-__device__ __forceinline__ Work role_work_of(const DecodeParams& p, int item) {
-  if constexpr (kRoleRegs >= kWindowLookupRegs) {
-    if (p.lookup_window && p.split_offsets != nullptr) return work_of_window(p, item);
-  }
+// A role's lookup: work_of_window under its lab option, else work_of. Every role looks its splits
+// up itself (the loader before its requests, the consumers before their Q rows). Where the
+// window's registers spill, a role calls work_of instead: the three-consumer tile's producer (32
+// registers) and decode_bf16's own-page PV's (24), and the consumers of decode_fp8's transposing
+// and three-consumer tiles, whose loops hold the most (10-50 bytes with it); also the transposer
+// warps, which only wait for the pages.
+__device__ __forceinline__ Work lookup_work(const DecodeParams& p, int item) {
+  if (p.lookup_window && p.split_offsets != nullptr) return work_of_window(p, item);
   return work_of(p, item);
 }
 
