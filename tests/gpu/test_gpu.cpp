@@ -95,13 +95,17 @@ struct GpuPlan {
   DeviceBuffer<int32_t> offsets, begins, worker_splits;
   DeviceBuffer<uint8_t> workspace;
   SplitPlan plan;
-  // query_rows: plan_splits' (0: the equal shares only, as the drop-ins' plans).
-  GpuPlan(PageTable pages, int workers, int s_q, int h, int query_rows = 0)
-      : offsets(pages.batch + 1), begins(split_plan_capacity(pages.batch, workers)),
-        worker_splits(split_plan_capacity(pages.batch, workers)),
-        workspace(decode_workspace_bytes(split_plan_capacity(pages.batch, workers), s_q, h)) {
+  // query_rows: plan_splits' (0: the equal shares only, as the drop-ins' plans); split_blocks > 0:
+  // a batch-invariant plan; capacity: the plan's entries (0: split_plan_capacity's).
+  GpuPlan(PageTable pages, int workers, int s_q, int h, int query_rows = 0, int split_blocks = 0, int capacity = 0)
+      : offsets(pages.batch + 1), begins(entries(pages, workers, capacity)),
+        worker_splits(entries(pages, workers, capacity)),
+        workspace(decode_workspace_bytes(entries(pages, workers, capacity), s_q, h)) {
     plan = {offsets.get(), begins.get(), int(begins.size()), pages.batch, kGpu, worker_splits.get()};
-    plan_splits(pages, workers, plan, nullptr, query_rows);
+    plan_splits(pages, workers, plan, nullptr, query_rows, split_blocks);
+  }
+  static size_t entries(const PageTable& pages, int workers, int capacity) {
+    return size_t(capacity > 0 ? capacity : split_plan_capacity(pages.batch, workers));
   }
   DecodeOptions options(float scale) {
     DecodeOptions o;
@@ -1530,18 +1534,10 @@ TEST(GpuErrors, WindowLookupReadsInsideAFullPlan) {
     SCOPED_TRACE("h=" + std::to_string(h));
     Batch B = make_batch(rng, {128, 100, 128}, 1, h);
     GpuBatch G(B);
-    const int workers = 3, capacity = split_plan_capacity(B.batch, workers);
-    ASSERT_EQ(capacity, 6);
-    DeviceBuffer<int32_t> offsets{size_t(B.batch) + 1}, begins{size_t(capacity)}, ranges{size_t(capacity)};
-    DeviceBuffer<uint8_t> workspace(decode_workspace_bytes(capacity, 1, h));
-    const SplitPlan full{offsets.get(), begins.get(), capacity, B.batch, kGpu, ranges.get()};
-    plan_splits(G.pages(), workers, full, nullptr, h, 1);
-    ASSERT_EQ(offsets.download().back(), capacity) << "every entry of the plan used";
-    DecodeOptions options = test::options(B);
-    options.plan = &full;
-    options.workspace = workspace.get();
-    options.workspace_bytes = workspace.size();
-    expect_lookups_same_bits(G, options);
+    GpuPlan full(G.pages(), 3, 1, h, h, 1);  // three workers: capacity split_plan_capacity(3, 3)
+    ASSERT_EQ(full.plan.capacity, 6);
+    ASSERT_EQ(full.offsets.download().back(), full.plan.capacity) << "every entry of the plan used";
+    expect_lookups_same_bits(G, full.options(B.softmax_scale));
   }
 }
 
@@ -1668,25 +1664,6 @@ TEST(GpuDecode, BatchInvariantPlanGivesARowTheSameBitsInAnyBatch) {
   REQUIRE_GPU();
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
-  struct FixedPlan {  // a GPU plan with room for the fixed splits (or the default where L = 0)
-    DeviceBuffer<int32_t> offsets, begins, worker_splits;
-    DeviceBuffer<uint8_t> workspace;
-    SplitPlan plan;
-    FixedPlan(PageTable pages, int workers, int s_q, int h, int split_blocks, int capacity)
-        : offsets(pages.batch + 1), begins(size_t(capacity)), worker_splits(size_t(capacity)),
-          workspace(decode_workspace_bytes(capacity, s_q, h)) {
-      plan = {offsets.get(), begins.get(), capacity, pages.batch, kGpu, worker_splits.get()};
-      plan_splits(pages, workers, plan, nullptr, s_q * h, split_blocks);
-    }
-    DecodeOptions options(float scale) {
-      DecodeOptions o;
-      o.softmax_scale = scale;
-      o.plan = &plan;
-      o.workspace = workspace.get();
-      o.workspace_bytes = workspace.size();
-      return o;
-    }
-  };
   const std::vector<int32_t> lens = {2000, 777, 0, 130, 64, 5000};
   const int L = 3, capacity = 200;
   for (const int h : {16, 128})
@@ -1702,7 +1679,7 @@ TEST(GpuDecode, BatchInvariantPlanGivesARowTheSameBitsInAnyBatch) {
         // of `workers` workers; returns out and lse.
         auto run = [&](int first, int n, int workers, int split_blocks) {
           PageTable pages{G.table.get() + size_t(first) * B.max_pages, G.seqlens.get() + first, n, B.max_pages, kGpu};
-          FixedPlan plan(pages, workers, s_q, h, split_blocks, capacity);
+          GpuPlan plan(pages, workers, s_q, h, s_q * h, split_blocks, capacity);  // the default plan where L = 0
           DeviceBuffer<bf16> out(size_t(n) * per_seq);
           DeviceBuffer<float> lse(size_t(n) * rows);
           out.poison();
