@@ -24,7 +24,7 @@
 # LAB_FP8= LAB_BF16= leaves them out.
 #   SNAPMLA_COMMIT=... [OLD_FP8=NAME=VALUE,...] [OLD_BF16=...] [LAB_FP8=...] [LAB_BF16=...]
 #   lab/h200_defaults_check.sh OUT_DIR   (carry .devbin, .whl, .peers; about five minutes; each bench part
-#   is cut at BENCH_TIMEOUT seconds, default 200)
+#   is cut at BENCH_TIMEOUT seconds, default 200; BENCH_PARTS="sweep" leaves the grid out)
 # shellcheck source=lab/round_start.sh
 . "$(dirname "$0")/round_start.sh" "$@"
 work=$(mktemp -d /tmp/defaults.XXXX)
@@ -65,7 +65,7 @@ echo "bench variants: ${variants[*]}"
 stamp "pip install ."
 lab/h200_pip_install.sh "$work" || exit 1
 cd /tmp || exit 1  # the installed package
-for what in sweep grid; do
+for what in ${BENCH_PARTS:-sweep grid}; do
   stamp "bench $what, the former defaults as the variant old, and the lab options"
   args=--sweep
   [ $what = grid ] && args="--cases grid"
