@@ -4,23 +4,26 @@
 # the same-run variant `old` (OLD_FP8 for decode_fp8, OLD_BF16 for decode_bf16, as --env and
 # --bf16-env settings), into OUT_DIR/results (docs/results/h200_sweep.* and h200.* at this commit).
 # Everything comes back as OUT_DIR/defaults_check.tgz plus the results' JSON.
-# Its default variant `old` is the defaults before the H200's run at 3178c1c made four changes
-# (the programmatic decode launch, bf16 split partials on decode_fp8, the planner's piece cost of 8, decode_bf16's
-# narrow tile on calls of at most 16 rows at batches of at most 32) and an H100's at a557844 a fifth
-# (the planner's workers counted on the cost axis): fp32 partials, piece cost 4, the ordinary
-# launch, decode_bf16's 64-row tile on every call, workers counted on the blocks.
+# Its default variant `old` is the defaults before an H100's same-run sweep at c83482e made two
+# changes, both the same bits as before: the plan's lookup in fewer rounds of loads with the plan's
+# tables prefetched into L1 (SNAPMLA_PLAN_LOOKUP=window_l1; `old`: search) and decode_bf16's output
+# rescale skipped where no running max moved (SNAPMLA_BF16_RESCALE=changed; `old`: always). (The
+# five changes before those, timed as `old` on the H200 at 3178c1c and b416bc1 and on H100s: the
+# programmatic decode launch, bf16 split partials on decode_fp8, the planner's piece cost of 8 and
+# its workers counted on the cost axis, decode_bf16's narrow tile on calls of at most 16 rows at
+# batches of at most 32; as OLD_FP8=SNAPMLA_DECODE_PDL=0,SNAPMLA_PARTIALS=fragments,
+# SNAPMLA_PLAN_PIECE_COST=4,SNAPMLA_PLAN_WORKERS=blocks, OLD_BF16 the same plus
+# SNAPMLA_BF16_TILE=rows64.)
 # LAB_FP8 / LAB_BF16 (space-separated LABEL:NAME=VALUE,... settings) add lab options to the same run
 # as further variants, once their bits tests (SNAPMLA_TEST_UNTIMED=1, LAB_TESTS) have passed: a
 # failed test whose name holds one of a variant's LAB_OWN_TESTS words (LABEL=WORD ..., a label may
 # have several) leaves that variant out, any other failure (or a time-out) all of them. By default,
 # on both paths, the planner's piece cost by tile (`pct`, SNAPMLA_PLAN_PIECE_COST=tile: 4 above 16
-# query rows), the loaders' lookup in fewer rounds of loads (`lkw`, SNAPMLA_PLAN_LOOKUP=window) and
-# that with the plan's tables prefetched into L1 at each CTA's start (`lkp`, =window_l1); on
-# decode_bf16 also the output rescale skipped where no running max moved (`brc`,
-# SNAPMLA_BF16_RESCALE=changed).
-# (Timed twice on the H200 and level, so no longer by default: the combine's late trigger
+# query rows; level on an H100 at c83482e, 1.000x the default's median time).
+# (Timed and level, so no longer by default: the combine's late trigger
 # `cpl:SNAPMLA_COMBINE_PDL=late`, decode_bf16's narrow tile at every batch `bn:SNAPMLA_BF16_TILE=narrow`,
-# the former count of workers `blk:SNAPMLA_PLAN_WORKERS=blocks`.)
+# the former count of workers `blk:SNAPMLA_PLAN_WORKERS=blocks`, the window lookup without the L1
+# prefetch `lkw:SNAPMLA_PLAN_LOOKUP=window`.)
 # LAB_FP8= LAB_BF16= leaves them out.
 #   SNAPMLA_COMMIT=... [OLD_FP8=NAME=VALUE,...] [OLD_BF16=...] [LAB_FP8=...] [LAB_BF16=...]
 #   lab/h200_defaults_check.sh OUT_DIR   (carry .devbin, .whl, .peers; about five minutes; each bench part
@@ -29,12 +32,12 @@
 . "$(dirname "$0")/round_start.sh" "$@"
 work=$(mktemp -d /tmp/defaults.XXXX)
 trap 'tar czf "$dest/defaults_check.tgz" -C "$work" . 2>/dev/null; cp "$work"/results/*.json "$dest"/ 2>/dev/null' EXIT
-old_fp8=${OLD_FP8:-SNAPMLA_DECODE_PDL=0,SNAPMLA_PARTIALS=fragments,SNAPMLA_PLAN_PIECE_COST=4,SNAPMLA_PLAN_WORKERS=blocks}
-old_bf16=${OLD_BF16:-SNAPMLA_DECODE_PDL=0,SNAPMLA_PARTIALS=fragments,SNAPMLA_PLAN_PIECE_COST=4,SNAPMLA_PLAN_WORKERS=blocks,SNAPMLA_BF16_TILE=rows64}
-lab_fp8=${LAB_FP8-pct:SNAPMLA_PLAN_PIECE_COST=tile lkw:SNAPMLA_PLAN_LOOKUP=window lkp:SNAPMLA_PLAN_LOOKUP=window_l1}
-lab_bf16=${LAB_BF16-pct:SNAPMLA_PLAN_PIECE_COST=tile lkw:SNAPMLA_PLAN_LOOKUP=window lkp:SNAPMLA_PLAN_LOOKUP=window_l1 brc:SNAPMLA_BF16_RESCALE=changed}
-lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuPlan.*PieceCost*:*.WindowLookup*:GpuDecode.Bf16RescaleChanged*}
-lab_own_tests=${LAB_OWN_TESTS:-pct=PieceCost lkw=WindowLookup lkp=WindowLookup brc=Bf16RescaleChanged}
+old_fp8=${OLD_FP8:-SNAPMLA_PLAN_LOOKUP=search}
+old_bf16=${OLD_BF16:-SNAPMLA_PLAN_LOOKUP=search,SNAPMLA_BF16_RESCALE=always}
+lab_fp8=${LAB_FP8-pct:SNAPMLA_PLAN_PIECE_COST=tile}
+lab_bf16=${LAB_BF16-pct:SNAPMLA_PLAN_PIECE_COST=tile}
+lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuPlan.*PieceCost*}
+lab_own_tests=${LAB_OWN_TESTS:-pct=PieceCost}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$work/gpu.txt"
 stamp "the C++ GPU suite under the defaults"
 timeout "${SUITE_TIMEOUT:-90}" .devbin/snapmla_gpu_tests > "$work/gpu_suite.log" 2>&1

@@ -20,7 +20,7 @@ for c in ${CASES:-128,128,1,8192 64,128,1,32768 128,128,1,32768 256,128,1,32768 
   # ncu prints "metric  unit  value"; the units scale to MB and us.
   awk -v c="$c" -v cache="$(( b * s_k * 644 ))" '
     function scale(u) { return u == "byte" ? 1e-6 : u == "Kbyte" ? 1e-3 : u == "Mbyte" ? 1 : u == "Gbyte" ? 1e3 : u == "Tbyte" ? 1e6 : 0 }
-    function usec(u) { return u == "nsecond" ? 1e-3 : u == "usecond" ? 1 : u == "msecond" ? 1e3 : u == "second" ? 1e6 : 0 }
+    function usec(u) { return u == "nsecond" || u == "ns" ? 1e-3 : u == "usecond" || u == "us" ? 1 : u == "msecond" || u == "ms" ? 1e3 : u == "second" || u == "s" ? 1e6 : 0 }
     $1 == "dram__bytes_read.sum" { dram = $3 * scale($2) }
     $1 == "lts__t_sector_hit_rate.pct" { hit = $3 }
     $1 == "gpu__time_duration.sum" { us = $3 * usec($2) }

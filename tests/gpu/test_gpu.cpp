@@ -1461,17 +1461,20 @@ TEST(GpuDecode, PrefetchNextGivesTheSameBits) {
   });
 }
 
-// Every lab lookup of the plan (SNAPMLA_PLAN_LOOKUP=window, search_l1, window_l1) gives the search's
-// bits, on every tile and lab variant a call can run: decode_fp8's 64-row, V^T-register, trio and
-// narrow tiles, its carried P' scales, the narrow tile's prefetch of the next split (which looks it
-// up too), decode_bf16's 64-row and narrow tiles and its own-page PV (whose loaders, like the trio
-// tile's, keep the search: nothing else may move there either).
+// Every lookup of the plan (SNAPMLA_PLAN_LOOKUP: the default window_l1, and under test_untimed() the
+// lab's window and search_l1 too) gives the search's bits, on every tile and lab variant a call can
+// run: decode_fp8's 64-row, V^T-register, trio and narrow tiles, its carried P' scales, the narrow
+// tile's prefetch of the next split (which looks it up too), decode_bf16's 64-row and narrow tiles
+// and its own-page PV (whose loaders, like the trio tile's, keep the search: nothing else may move
+// there either).
 void expect_lookups_same_bits(GpuBatch& G, const DecodeOptions& options) {
   struct Run {
     bool fp8;
     const char* env;  // the tile (or lab option) beside the lookup
     const char* value;
   };
+  std::vector<const char*> lookups = {"window_l1"};
+  if (test_untimed()) lookups.insert(lookups.end(), {"window", "search_l1"});
   for (const Run run : {Run{true, "SNAPMLA_FP8_TILE", "auto"}, Run{true, "SNAPMLA_FP8_TILE", "rows64_all"},
                         Run{true, "SNAPMLA_FP8_TILE", "vregs"}, Run{true, "SNAPMLA_FP8_TILE", "trio"},
                         Run{true, "SNAPMLA_FP8_P_SCALE", "carried"}, Run{true, "SNAPMLA_PREFETCH_NEXT", "1"},
@@ -1483,19 +1486,18 @@ void expect_lookups_same_bits(GpuBatch& G, const DecodeOptions& options) {
       return G.decode(run.fp8, options);
     };
     const auto search = decode("search");
-    for (const char* lookup : {"window", "search_l1", "window_l1"})
+    for (const char* lookup : lookups)
       expect_same_bits(search, decode(lookup), std::string(run.fp8 ? "decode_fp8 " : "decode_bf16 ") + run.env + "=" +
                                                    run.value + ", SNAPMLA_PLAN_LOOKUP=" + lookup);
   }
 }
 
-// The lab lookups (a lab option not yet run on the H200, hence under test_untimed()) on
-// for_each_bits_case's cases (at most six sequences: the search's last round only), on batches of
-// 32 and 33 (one narrowing round from 33) and of 1100 (two), with 0- and 1-token sequences and, in
-// the largest, a length outside the block table after planning (its rows NaN either way).
+// The lookups on for_each_bits_case's cases (at most six sequences: the search's last round only),
+// on batches of 32 and 33 (one narrowing round from 33) and of 1100 (two), with 0- and 1-token
+// sequences and, in the largest, a length outside the block table after planning (its rows NaN
+// either way).
 TEST(GpuDecode, WindowLookupGivesTheSameBits) {
   REQUIRE_GPU();
-  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
   for_each_bits_case(rng, expect_lookups_same_bits);
@@ -1521,13 +1523,12 @@ TEST(GpuDecode, WindowLookupGivesTheSameBits) {
   }
 }
 
-// The lab lookups on a plan whose last split is its capacity's last entry (three sequences of two
+// The lookups on a plan whose last split is its capacity's last entry (three sequences of two
 // blocks cut at every block: six splits, capacity six), where the window's read of the next split's
 // begin must stay inside the plan: the search's bits, and nothing read out of bounds (the device
-// round runs this test under memcheck, lab/h200_sanitize.sh). Under test_untimed(), as above.
+// round runs this test under memcheck, lab/h200_sanitize.sh).
 TEST(GpuErrors, WindowLookupReadsInsideAFullPlan) {
   REQUIRE_GPU();
-  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on the H200: runs under SNAPMLA_TEST_UNTIMED=1";
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
   for (const int h : {16, 128}) {
@@ -1622,22 +1623,25 @@ TEST(GpuDecode, Bf16MaxHandOffGivesTheSameBits) {
 }
 
 // decode_bf16 skipping its output's rescale where a warp's factors are all exactly 1
-// (SNAPMLA_BF16_RESCALE=changed, a lab option not yet run on a GPU, hence under test_untimed()):
-// multiplying by 1 changes no bit, so out and lse keep the default's bits on both tiles, with each
-// score step, each source of the owner's P, each max hand-off and both partials' stores, on
+// (SNAPMLA_BF16_RESCALE=changed, the default, against `always`): multiplying by 1 changes no bit,
+// so out and lse keep the same bits on both tiles with both partials' stores, and under
+// test_untimed() also with each lab score step, source of the owner's P and max hand-off, on
 // for_each_bits_case's cases (sequences up to 141 pages, where most pages leave the maxima where
 // they were; multi-split CTAs, whose splits start their maxima afresh; 0- and 1-token sequences;
 // a poisoned query row and a non-finite token, whose rows must stay NaN).
 TEST(GpuDecode, Bf16RescaleChangedGivesTheSameBits) {
   REQUIRE_GPU();
-  if (!test_untimed()) GTEST_SKIP() << "a lab option not yet run on a GPU: runs under SNAPMLA_TEST_UNTIMED=1";
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
+  const bool lab = test_untimed();
+  const std::vector<const char*> steps = lab ? std::vector<const char*>{"reference", "folded"} : std::vector<const char*>{"reference"};
+  const std::vector<const char*> own_pvs = lab ? std::vector<const char*>{"shared", "registers"} : std::vector<const char*>{"shared"};
+  const std::vector<const char*> handoffs = lab ? std::vector<const char*>{"with_p", "early"} : std::vector<const char*>{"with_p"};
   for (const char* partials : {"fragments", "bf16"})
     for (const char* tile : {"auto", "rows64"})
-      for (const char* step : {"reference", "folded"})
-        for (const char* own_pv : {"shared", "registers"})
-          for (const char* handoff : {"with_p", "early"}) {
+      for (const char* step : steps)
+        for (const char* own_pv : own_pvs)
+          for (const char* handoff : handoffs) {
             ScopedEnv store("SNAPMLA_PARTIALS", partials), bf16_tile("SNAPMLA_BF16_TILE", tile);
             ScopedEnv score_step("SNAPMLA_SCORE_STEP", step), own("SNAPMLA_BF16_OWN_PV", own_pv);
             ScopedEnv max_handoff("SNAPMLA_BF16_MAX_HANDOFF", handoff);

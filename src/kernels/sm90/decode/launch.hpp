@@ -154,13 +154,14 @@ inline Bf16MaxHandOff bf16_max_handoff(const char* op) {
                           {Bf16MaxHandOff::kWithP, Bf16MaxHandOff::kEarly});
 }
 
-// SNAPMLA_BF16_RESCALE in the environment (a lab option, read per call): `always` (unset) or
-// `changed`, decode_bf16's DecodeParams::skip_unit_rescale: a warp rescales its output only where
+// SNAPMLA_BF16_RESCALE in the environment (read per call): `changed` (unset, the default) or
+// `always`, decode_bf16's DecodeParams::skip_unit_rescale: a warp rescales its output only where
 // one of its rows' running max moved. On a long sequence a row's max moves on ever fewer pages (on
 // iid scores a new maximum comes with probability about 1/j on page j), so most pages skip the
-// 128 multiplies per consumer thread of each rescale (both tiles). The same bits.
+// 128 multiplies per consumer thread of each rescale (both tiles). The same bits; `always` keeps
+// the former default for same-run A/B.
 inline bool bf16_rescale_changed(const char* op) {
-  return detail::env_enum(op, "SNAPMLA_BF16_RESCALE", {"always", "changed"}, {false, true});
+  return detail::env_enum(op, "SNAPMLA_BF16_RESCALE", {"changed", "always"}, {true, false});
 }
 
 // SNAPMLA_BF16_TILE in the environment (read per call): `auto` (unset), `narrow` or `rows64`,
@@ -235,23 +236,24 @@ inline bool narrow_q_first(const char* op) {
 // unset or 0, not. The same bits either way.
 inline bool prefetch_next(const char* op) { return detail::env_flag(op, "SNAPMLA_PREFETCH_NEXT"); }
 
-// SNAPMLA_PLAN_LOOKUP in the environment (a lab option, read per call like the others): how the
-// decode kernels' loaders find their splits. `search` (unset): each warp finds the split's
-// sequence by work_of's search, then loads the sequence's entries; `window` loads them with the
-// search's last round (DecodeParams::lookup_window): at batch <= 32 one round of dependent loads
-// where the search takes two, between a CTA's worker range and its first request (the profiling
-// build's stamps put a CTA's worker range and first split in hand 1.2-2.1 us after its start).
-// `search_l1` / `window_l1`: the same, with the plan's tables' first lines (and a small block
-// table) prefetched into L1 beside the worker range's load (DecodeParams::prefetch_plan), so that
-// the lookups after it hit L1. The same bits in every case.
+// SNAPMLA_PLAN_LOOKUP in the environment (read per call like the others): how the decode
+// kernels' roles find their splits. `window_l1` (unset, the default): each CTA's first warp
+// prefetches the plan's tables' first lines (and a small block table) into L1 beside its worker
+// range's load (DecodeParams::prefetch_plan), and the lookups load a split's sequence entries with
+// the search's last round (DecodeParams::lookup_window): at batch <= 32 one round of dependent
+// loads where the search takes two, between a CTA's worker range and its first request (the
+// profiling build's stamps put a CTA's worker range and first split in hand 1.2-2.1 us after its
+// start), and those loads hit L1. `search`: work_of's search, then the sequence's entries, without
+// the prefetch (the former default); `window` / `search_l1`: one of the two changes alone. The
+// same bits in every case.
 struct PlanLookup {
-  bool window = false;
-  bool prefetch = false;
+  bool window = true;
+  bool prefetch = true;
 };
 inline PlanLookup plan_lookup(const char* op) {
-  return detail::env_enum(op, "SNAPMLA_PLAN_LOOKUP", {"search", "window", "search_l1", "window_l1"},
-                          {PlanLookup{false, false}, PlanLookup{true, false}, PlanLookup{false, true},
-                           PlanLookup{true, true}});
+  return detail::env_enum(op, "SNAPMLA_PLAN_LOOKUP", {"window_l1", "search", "window", "search_l1"},
+                          {PlanLookup{true, true}, PlanLookup{false, false}, PlanLookup{true, false},
+                           PlanLookup{false, true}});
 }
 
 // Whether a SplitKernels slot holds a kernel (not nullptr).

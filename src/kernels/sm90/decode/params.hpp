@@ -125,13 +125,13 @@ struct DecodeParams {
   const int32_t* worker_splits = nullptr;
   int num_workers = 0;  // the grid's workers: the plan's capacity - batch, or its capacity without ranges
   int plan_capacity = 0;  // the plan's capacity (split_begin's entries)
-  // The loaders look their splits up in fewer rounds of dependent loads (SNAPMLA_PLAN_LOOKUP=window
-  // or window_l1, a lab option, launch.hpp; scheduler.cuh, work_of_window); false: work_of's
+  // The roles look their splits up in fewer rounds of dependent loads (SNAPMLA_PLAN_LOOKUP=
+  // window_l1, the default, or window; launch.hpp; scheduler.cuh, work_of_window); false: work_of's
   // search. The same values either way.
   bool lookup_window = false;
   // Each CTA's first warp asks for the plan's tables' first lines (and a small block table) into L1
   // beside its worker range's load, so that the lookups after it hit L1 (SNAPMLA_PLAN_LOOKUP=
-  // search_l1 or window_l1; scheduler.cuh, prefetch_plan). Hints only.
+  // window_l1, the default, or search_l1; scheduler.cuh, prefetch_plan). Hints only.
   bool prefetch_plan = false;
   float* partial_out = nullptr;  // [capacity, rows, 512]
   float* partial_lse = nullptr;  // [capacity, rows]
@@ -170,9 +170,9 @@ struct DecodeParams {
   uint32_t fast_sm_mask[8] = {};  // detail::FastSms::mask: bit i % 32 of word i / 32 is SM i
   int fast_workers = 0;
   // decode_bf16's consumers skip a rescale of their output where every factor of the warp is
-  // exactly 1, the running maxima of its rows unchanged by the page (SNAPMLA_BF16_RESCALE=changed, a
-  // lab option, launch.hpp; softmax.cuh, warp_factors_unit): the same bits, fewer multiplies on the
-  // pages that leave the maxima where they were.
+  // exactly 1, the running maxima of its rows unchanged by the page (SNAPMLA_BF16_RESCALE=changed,
+  // the default; launch.hpp; softmax.cuh, warp_factors_unit): the same bits, fewer multiplies on
+  // the pages that leave the maxima where they were.
   bool skip_unit_rescale = false;
   // Outputs.
   uint16_t* out = nullptr;  // bf16 [batch, s_q, h, 512] = [batch, rows, 512]

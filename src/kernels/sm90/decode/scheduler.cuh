@@ -91,7 +91,7 @@ __device__ __forceinline__ SplitRange splits_of_worker(const DecodeParams& p, in
   return r;
 }
 
-// SNAPMLA_PLAN_LOOKUP=search_l1 / window_l1 (DecodeParams::prefetch_plan, a lab option): the CTA's
+// SNAPMLA_PLAN_LOOKUP=window_l1 (the default) or search_l1 (DecodeParams::prefetch_plan): the CTA's
 // first warp asks for the first 32 lines (1024 entries) of each of the plan's tables - the split
 // offsets, the lengths, the split begins - into L1, one line per lane and table, and for the
 // whole block table where it has at most kPrefetchTableEntries entries (small batches, the rows no
@@ -208,7 +208,7 @@ __device__ __forceinline__ void set_length(const DecodeParams& p, Work& w, int32
 }
 
 // The lookup in fewer rounds of dependent loads (DecodeParams::lookup_window, SNAPMLA_PLAN_LOOKUP=
-// window, a lab option), from the same table entries, so the same Work. The search narrows the
+// window_l1, the default, or window), from the same table entries, so the same Work. The search narrows the
 // candidates as seq_of_split does while more than 32 remain (one round up to 1024 sequences); its
 // last round, one candidate per lane, loads each candidate's first split, the next sequence's and
 // its length, and the split's begins (they depend on `item` alone) go out with them; the chosen
@@ -266,7 +266,7 @@ __device__ __forceinline__ Work work_of(const DecodeParams& p, int item) {
   return w;
 }
 
-// A role's lookup: work_of_window under its lab option, else work_of. Every role looks its splits
+// A role's lookup: work_of_window by default (DecodeParams::lookup_window), else work_of. Every role looks its splits
 // up itself (the loader before its requests, the consumers before their Q rows). Where the
 // window's registers spill, a role calls work_of instead: the three-consumer tile's producer (32
 // registers) and decode_bf16's own-page PV's (24), and the consumers of decode_fp8's transposing
