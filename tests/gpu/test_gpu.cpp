@@ -2205,6 +2205,94 @@ TEST(GpuErrors, BadDeviceInputsStayInTheirRow) {
       }
 }
 
+// Plan tables not made by plan_splits (device memory an engine wrote, or never filled) are read
+// and written inside the plan, as bad lengths and page indices are: nothing outside the workspace,
+// the outputs and the tables is touched. Each decode runs with a workspace of exactly its required
+// size and outputs of exactly the batch's rows, each followed by a guard of poisoned bytes that
+// must keep them (the device round also runs this test under memcheck, lab/h200_sanitize.sh).
+// - The last sequence's splits running past the plan's capacity (split_offsets[batch] = capacity
+//   + 1000 or 2^31 - 1): that sequence's rows are NaN (the combine's split_span), every other
+//   sequence keeps the bits of the intact plan.
+// - Every entry of the three tables random (any int32): no value asserted, only the guards.
+// On both decodes, the narrow and 64-row tiles (two row tiles at h = 128).
+TEST(GpuErrors, PlanTablesOutsideTheCapacityStayInBounds) {
+  REQUIRE_GPU();
+  auto rng = make_rng();
+  SNAPMLA_TRACE_SEED();
+  constexpr size_t kGuardBytes = 1 << 16;
+  for (const int h : {16, 128}) {
+    SCOPED_TRACE("h=" + std::to_string(h));
+    Batch B = make_batch(rng, {300, 2000, 129, 1500}, 1, h);
+    GpuBatch G(B);
+    GpuPlan plan(G.pages(), 9, 1, h, h);
+    const size_t rows = size_t(B.batch) * h, per_seq = size_t(h) * kLatentDim;
+    const size_t ws_bytes = plan.workspace.size();
+    DeviceBuffer<uint8_t> ws(ws_bytes + kGuardBytes);
+    DeviceBuffer<bf16> out(rows * kLatentDim + kGuardBytes / sizeof(bf16));
+    DeviceBuffer<float> lse(rows + kGuardBytes / sizeof(float));
+    const auto offsets = plan.offsets.download(), begins = plan.begins.download(),
+               ranges = plan.worker_splits.download();
+    ASSERT_GT(offsets.back() - offsets[size_t(B.batch) - 1], 1) << "the last sequence is split";
+    for (const bool fp8 : {true, false}) {
+      const std::string op = fp8 ? "decode_fp8" : "decode_bf16";
+      auto run = [&](const std::string& what) {
+        ws.poison(0xA5);
+        out.poison(0xA5);
+        lse.poison(0xA5);
+        DecodeOptions o = plan.options(B.softmax_scale);
+        o.workspace = ws.get();
+        o.workspace_bytes = ws_bytes;
+        const DecodeOutput dst{out.get(), lse.get(), kGpu};
+        if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), dst, o);
+        else decode_bf16(G.query(), G.bf16c(), G.pages(), dst, o);
+        device_memory::cuda_ok(cudaDeviceSynchronize(), "decode");
+        const auto got_ws = ws.download();
+        for (size_t i = ws_bytes; i < got_ws.size(); ++i)
+          if (got_ws[i] != 0xA5) ADD_FAILURE() << op << " " << what << ": wrote workspace guard byte " << i - ws_bytes;
+        auto got = std::make_pair(out.download(), lse.download());
+        for (size_t i = rows * kLatentDim; i < got.first.size(); ++i)
+          if (got.first[i].bits != 0xA5A5) ADD_FAILURE() << op << " " << what << ": wrote out guard element " << i;
+        for (size_t i = rows; i < got.second.size(); ++i)
+          if (std::memcmp(&got.second[i], "\xA5\xA5\xA5\xA5", 4) != 0) ADD_FAILURE() << op << " " << what << ": wrote lse guard " << i;
+        got.first.resize(rows * kLatentDim);
+        got.second.resize(rows);
+        return got;
+      };
+      const auto intact = run("intact plan");
+      for (const int32_t end : {plan.plan.capacity + 1000, INT32_MAX}) {
+        const std::string what = "split_offsets[batch] = " + std::to_string(end);
+        auto bad = offsets;
+        bad.back() = end;
+        plan.offsets.upload(bad);
+        const auto got = run(what);
+        plan.offsets.upload(offsets);
+        for (size_t i = 0; i < got.first.size(); ++i) {
+          if (i / per_seq == size_t(B.batch) - 1) ASSERT_TRUE(std::isnan(to_float(got.first[i]))) << op << " " << what << ": out " << i;
+          else ASSERT_EQ(got.first[i].bits, intact.first[i].bits) << op << " " << what << ": out " << i;
+        }
+        for (size_t i = 0; i < got.second.size(); ++i) {
+          if (i / size_t(h) == size_t(B.batch) - 1) ASSERT_TRUE(std::isnan(got.second[i])) << op << " " << what << ": lse " << i;
+          else ASSERT_EQ(std::memcmp(&got.second[i], &intact.second[i], 4), 0) << op << " " << what << ": lse " << i;
+        }
+      }
+      std::uniform_int_distribution<int32_t> any(INT32_MIN, INT32_MAX);
+      for (int trial = 0; trial < 4; ++trial) {
+        auto garbage = [&](std::vector<int32_t> v) {
+          for (int32_t& x : v) x = trial % 2 == 0 ? any(rng) : any(rng) % (2 * plan.plan.capacity + 2);
+          return v;
+        };
+        plan.offsets.upload(garbage(offsets));
+        plan.begins.upload(garbage(begins));
+        plan.worker_splits.upload(garbage(ranges));
+        run("random tables, trial " + std::to_string(trial));
+      }
+      plan.offsets.upload(offsets);
+      plan.begins.upload(begins);
+      plan.worker_splits.upload(ranges);
+    }
+  }
+}
+
 TEST(GpuErrors, NonFiniteQueryOrTokenGivesNaNInTheRowsTheReferenceDoes) {
   REQUIRE_GPU();
   auto rng = make_rng();

@@ -17,7 +17,8 @@
 //   flight at once. Where a sequence has many rows per block this halves the combine (H200,
 //   b = 46, h = 128, 8K: 21.1 -> 10.3 us; b = 82, h = 128, 32K: 31.6 -> 11.4 us); where it has
 //   few, the quarter tasks' four times as many warps win (b = 4, h = 64, 8K: 5.8 vs 6.4 us).
-// Sequences with a single split were written directly by the decode kernel and are skipped here.
+// Sequences with a single split were written directly by the decode kernel and are skipped here;
+// one whose range of splits is empty or leaves the plan's capacity gets NaN rows (split_span).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -76,11 +77,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_row
   ptx::launch_dependents();
   ptx::grid_dependency_wait();  // the decode's partials (launched as its programmatic dependent)
   const int b = blockIdx.x;
-  const int lo = p.split_offsets[b], hi = p.split_offsets[b + 1];
-  if (hi - lo <= 1) return;
+  const SplitSpan span = split_span(p, b);
+  if (!span.broken && span.hi - span.lo <= 1) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = blockIdx.y * kWarpsPerBlock + warp; r < p.rows; r += gridDim.y * kWarpsPerBlock)
-    combine_row<false, T>(p, b, r, lo, hi, lane);
+  for (int r = blockIdx.y * kWarpsPerBlock + warp; r < p.rows; r += gridDim.y * kWarpsPerBlock) {
+    if (span.broken) store_row_nan(p, b, r, lane);
+    else combine_row<false, T>(p, b, r, span.lo, span.hi, lane);
+  }
 }
 
 // Quarter tasks: block (b, y) merges sequence b's tasks y * T + t, + gridDim.y * T, ... (T = 8 / W
@@ -98,8 +101,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_qua
   ptx::launch_dependents();
   ptx::grid_dependency_wait();  // the decode's partials (launched as its programmatic dependent)
   const int b = blockIdx.x;
-  const int lo = p.split_offsets[b], hi = p.split_offsets[b + 1];
-  if (hi - lo <= 1) return;
+  const SplitSpan span = split_span(p, b);
+  if (!span.broken && span.hi - span.lo <= 1) return;
+  // A broken range is merged as no split with a NaN lse: every active task stores NaN.
+  const int lo = span.broken ? 0 : span.lo, hi = span.broken ? 0 : span.hi;
   __shared__ float4 group_sums[kWarpsPerBlock][32];
   const int tasks = p.rows * kQuarters;
   const int W = warps_per_task(hi - lo, tasks, gridDim.y), warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -110,7 +115,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32, kBlocksPerSm) combine_qua
     const bool active = task < tasks;
     const int r = active ? task / kQuarters : 0, quarter = task % kQuarters;
     const float* lse_of = p.partial_lse + r;  // split k's at k * rows
-    const float total = active ? combined_lse(lse_of, p.rows, lo, hi, lane) : NAN;
+    const float total = active && !span.broken ? combined_lse(lse_of, p.rows, lo, hi, lane) : NAN;
     const bool sums = active && total > -INFINITY;  // false for NaN too
     const int d0 = quarter * (kLatentDim / kQuarters) + 4 * lane;
     const T* src = partials_of<T>(p) + int64_t(r) * kLatentDim + d0;  // split k's at k * rows * 512

@@ -21,6 +21,10 @@ struct CombineParams {
   // a worker boundary, so at most num_workers - 1 sequences have splits to merge; the grid's wave
   // is shared among those, not among the whole batch (combine.cu).
   int num_workers;
+  // The plan's capacity (the partials' rows): a sequence whose splits [split_offsets[b],
+  // split_offsets[b + 1]) are empty or leave [0, capacity) gets NaN rows (combine_rows.cuh,
+  // split_span), whatever wrote its device tables.
+  int capacity;
 };
 
 // programmatic: launch as a programmatic dependent of the kernel before it on the stream (its

@@ -62,6 +62,24 @@ __device__ __forceinline__ void add(float4& a, const float4& b) {
   a.w += b.w;
 }
 
+// Sequence b's splits [lo, hi) in the plan. `broken`: the range is empty or leaves the plan's
+// capacity, which plan_splits never makes (every sequence has a split) but device tables written
+// by anything else can: the combine then writes the sequence's rows as NaN (store_row_nan) and
+// reads no partial, as a bad length or page index does (the decode kernels keep their own reads
+// and writes inside the capacity: scheduler.cuh, splits_of_worker).
+struct SplitSpan {
+  int lo = 0, hi = 0;
+  bool broken = false;
+};
+
+__device__ __forceinline__ SplitSpan split_span(const CombineParams& p, int b) {
+  SplitSpan s;
+  s.lo = p.split_offsets[b];
+  s.hi = p.split_offsets[b + 1];
+  s.broken = s.lo < 0 || s.hi <= s.lo || s.hi > p.capacity;
+  return s;
+}
+
 // The row's lse over splits lo .. hi - 1 (each warp of a task forms it alike): NaN where a split
 // faulted (a bad page or length, a non-finite score: the row is NaN), -inf where every split is
 // empty. kFromL2: the partials were written by other CTAs of the running grid (the decode's own
@@ -94,6 +112,14 @@ __device__ __forceinline__ void store_row_quarter(const CombineParams& p, int b,
     const int i = r / p.num_heads, h = r % p.num_heads;
     p.lse[(int64_t(b) * p.num_heads + h) * p.seqlen_q + i] = sums || isnan(total) ? total : p.empty_lse;
   }
+}
+
+// Row r of sequence b as NaN (out and lse), by one warp: its splits' range is broken (split_span).
+__device__ __forceinline__ void store_row_nan(const CombineParams& p, int b, int r, int lane) {
+#pragma unroll
+  for (int q = 0; q < kQuarters; ++q)
+    store_row_quarter(p, b, r, q * (kLatentDim / kQuarters) + 4 * lane, q, lane, false, NAN,
+                      make_float4(0.f, 0.f, 0.f, 0.f));
 }
 
 // One group's weighted sums of a row's four quarters: splits g0 .. min(g0 + kGroup, hi) - 1 in

@@ -67,22 +67,26 @@ __device__ __forceinline__ void combine_tail(const DecodeParams& p, int tile_row
   // (a whole warp's lookup: every warp makes it), the others found by walking the offsets (each
   // sequence has a split at least), rather than a lookup per split and pass.
   const int seq0 = work_of(p, range.first).seq;
+  // (fp32 partials only: launch_decode does not fuse the combine where they are bf16.)
+  const CombineParams cp{p.split_offsets, p.partial_out, p.partial_lse, nullptr,     p.out, p.lse,
+                         p.batch,         p.rows,        p.seqlen_q,    p.num_heads, p.empty_lse, 0,
+                         p.plan_capacity};
   if (tid == 0) {
     __threadfence();
     for (int item = range.first, seq = seq0; item < range.last; ++item) {
-      while (item >= p.split_offsets[seq + 1]) ++seq;
-      const int lo = p.split_offsets[seq];
-      if (p.split_offsets[seq + 1] - lo > 1) atomicAdd(combine_counter(p, lo, row0), 1);
+      while (seq + 1 < p.batch && item >= p.split_offsets[seq + 1]) ++seq;
+      const SplitSpan span = split_span(cp, seq);
+      if (!span.broken && span.hi - span.lo > 1) atomicAdd(combine_counter(p, span.lo, row0), 1);
     }
   }
-  // (fp32 partials only: launch_decode does not fuse the combine where they are bf16.)
-  const CombineParams cp{p.split_offsets, p.partial_out, p.partial_lse, nullptr,     p.out, p.lse,
-                         p.batch,         p.rows,        p.seqlen_q,    p.num_heads, p.empty_lse, 0};
   const int rows = min(tile_rows, p.rows - row0);
   for (int item = range.first, seq = seq0; item < range.last; ++item) {
-    while (item >= p.split_offsets[seq + 1]) ++seq;
-    const int lo = p.split_offsets[seq], hi = p.split_offsets[seq + 1], splits = hi - lo;
-    if (splits <= 1) continue;
+    while (seq + 1 < p.batch && item >= p.split_offsets[seq + 1]) ++seq;
+    const SplitSpan span = split_span(cp, seq);
+    // (A broken range: no counter, no merge; the sequence's rows are left as the splits wrote them.
+    // This lab tail keeps its reads and writes inside the plan only; the combine kernel writes NaN.)
+    const int lo = span.lo, hi = span.hi, splits = hi - lo;
+    if (span.broken || splits <= 1) continue;
     int* counter = combine_counter(p, lo, row0);
     // A count that does not complete (split ranges not made by plan_splits: a split no CTA has, or
     // two that have it) makes the sequence's rows NaN instead of a hang: a CTA that gives up

@@ -74,7 +74,8 @@ inline dim3 decode_grid(const char* op, const DecodeParams& p, const DecodeOptio
 inline CombineParams combine_params(const DecodeParams& p, bool wave_over_workers) {
   const int workers = wave_over_workers && p.worker_splits != nullptr ? p.num_workers : 0;
   return {p.split_offsets, p.partial_out, p.partial_lse, p.partial_bf16, p.out,       p.lse,
-          p.batch,         p.rows,        p.seqlen_q,    p.num_heads,    p.empty_lse, workers};
+          p.batch,         p.rows,        p.seqlen_q,    p.num_heads,    p.empty_lse, workers,
+          p.plan_capacity};
 }
 
 // cudaFuncSetAttribute(MaxDynamicSharedMemorySize, smem) for Kernel on the current device, once

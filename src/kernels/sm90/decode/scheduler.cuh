@@ -72,15 +72,17 @@ __device__ __forceinline__ int claimed_worker(const DecodeParams& p, int* scratc
 }
 
 // The splits [first, last) of this CTA's worker: its range of the plan's worker_splits, clamped
-// to the plan's splits (a table not made by plan_splits can make it empty, never out of bounds),
-// or the one split (sequence, without a plan) of the worker's index. Empty: the CTA exits.
+// to the plan's splits and those to its capacity (a table not made by plan_splits can make it
+// empty, never out of bounds: every split index a CTA runs, and so every partial row it writes and
+// every split begin it reads, lies in the plan's capacity), or the one split (sequence, without a
+// plan) of the worker's index. Empty: the CTA exits.
 struct SplitRange {
   int first = 0, last = 0;
 };
 
 __device__ __forceinline__ SplitRange splits_of_worker(const DecodeParams& p, int worker) {
   SplitRange r;
-  const int items = p.split_offsets == nullptr ? p.batch : p.split_offsets[p.batch];
+  const int items = p.split_offsets == nullptr ? p.batch : min(max(p.split_offsets[p.batch], 0), p.plan_capacity);
   if (p.worker_splits == nullptr) {
     r.first = worker;
     r.last = worker < items ? worker + 1 : worker;
@@ -214,8 +216,8 @@ __device__ __forceinline__ void set_length(const DecodeParams& p, Work& w, int32
 // its length, and the split's begins (they depend on `item` alone) go out with them; the chosen
 // lane's entries are shuffled to the warp. At batch <= 32 the whole lookup is one round of loads,
 // where work_of's search is two (the offsets, then the sequence's entries). The next split's begin
-// is read inside the plan's capacity only (a table not made by plan_splits then gets an empty
-// split, never a read out of bounds). (Its last three lines are work_of's; work_of keeps them
+// is loaded inside the plan's capacity only, and used as work_of uses it, below the sequence's last
+// split inside the capacity (a table not made by plan_splits reads nothing out of bounds). (Its last three lines are work_of's; work_of keeps them
 // inline with its own conditional load: written through one shared helper, the three-consumer
 // tile spilled 32 bytes where it spills 20.)
 __device__ __forceinline__ Work work_of_window(const DecodeParams& p, int item) {
@@ -235,7 +237,8 @@ __device__ __forceinline__ Work work_of_window(const DecodeParams& p, int item) 
   w.seq = lo + pick;
   set_length(p, w, __shfl_sync(0xffffffffu, len, pick));
   w.split = item;
-  const int32_t seq_first = __shfl_sync(0xffffffffu, first, pick), seq_last = __shfl_sync(0xffffffffu, next, pick);
+  const int32_t seq_first = __shfl_sync(0xffffffffu, first, pick);
+  const int32_t seq_last = min(__shfl_sync(0xffffffffu, next, pick), p.plan_capacity);  // as work_of's
   w.single = seq_last - seq_first <= 1;
   w.begin = min(max(begin, 0), w.len);
   w.end = item + 1 < seq_last ? min(max(next_begin, w.begin), w.len) : w.len;
@@ -258,7 +261,9 @@ __device__ __forceinline__ Work work_of(const DecodeParams& p, int item) {
     w.begin = 0;
     w.end = w.len;
   } else {
-    const int first = p.split_offsets[w.seq], last = p.split_offsets[w.seq + 1];
+    // The sequence's last split inside the plan's capacity, so that split_begin[item + 1] is read
+    // there only (a range beyond it makes the combine write the sequence's rows as NaN).
+    const int first = p.split_offsets[w.seq], last = min(p.split_offsets[w.seq + 1], p.plan_capacity);
     w.single = last - first <= 1;
     w.begin = min(max(p.split_begin[item], 0), w.len);
     w.end = item + 1 < last ? min(max(p.split_begin[item + 1], w.begin), w.len) : w.len;
