@@ -8,8 +8,8 @@
 # call; then Nsight Compute's full set with source-level samples on one launch of the product
 # CLI at b = 1, h = 128, 8K (lab/h200_round.sh ncu). The profiling package stays installed: a
 # later call that needs the product package reinstalls it. The small cases (LOOKUP_CASES) run once more
-# under each of LOOKUP_ENVS (by default the loaders' lookups SNAPMLA_PLAN_LOOKUP=window and window_l1,
-# lab options): whether the "work known" milestone moves up by a round of loads.
+# under each of LOOKUP_ENVS (by default the former lookup SNAPMLA_PLAN_LOOKUP=search and the window
+# without the L1 prefetch, =window): how far the default moved the "work known" milestone up.
 #   lab/h200_profile_small.sh [OUT_DIR]   (carry .devbin, .whl, .peers; about two minutes)
 . "$(dirname "$0")/round_start.sh" "$@"
 stamp "pip install . (profiling build)"
@@ -24,9 +24,9 @@ for c in ${CASES:-$cases}; do
       --case "$c" --calls 5 --rows-scale "$k" 2>&1 | grep -v -i warn
   done
 done | tee "$dest/stamps_small.log"
-# The small cases again under each lab setting of LOOKUP_ENVS (NAME=VALUE): the loaders' lookup in
-# fewer rounds of loads, then with the plan's tables in L1 (SNAPMLA_PLAN_LOOKUP, a lab option).
-for setting in ${LOOKUP_ENVS:-SNAPMLA_PLAN_LOOKUP=window SNAPMLA_PLAN_LOOKUP=window_l1}; do
+# The small cases again under each setting of LOOKUP_ENVS (NAME=VALUE): the former search, then the
+# window lookup without the plan's tables in L1 (SNAPMLA_PLAN_LOOKUP; the default is window_l1).
+for setting in ${LOOKUP_ENVS:-SNAPMLA_PLAN_LOOKUP=search SNAPMLA_PLAN_LOOKUP=window}; do
   stamp "stamps under $setting"
   for c in ${LOOKUP_CASES:-1,128,1,8192 4,128,1,8192 4,64,1,8192 4,16,1,8192 128,128,1,8192}; do
     env "$setting" SNAPMLA_PROFILE_CALL=4 timeout 60 python3 "$repo/lab/launch_profile.py" --peers "$repo/.peers" \
