@@ -2222,7 +2222,7 @@ TEST(GpuErrors, PlanTablesOutsideTheCapacityStayInBounds) {
   constexpr size_t kGuardBytes = 1 << 16;
   for (const int h : {16, 128}) {
     SCOPED_TRACE("h=" + std::to_string(h));
-    Batch B = make_batch(rng, {300, 2000, 129, 1500}, 1, h);
+    Batch B = make_batch(rng, {300, 2000, 129, 6000}, 1, h);
     GpuBatch G(B);
     GpuPlan plan(G.pages(), 9, 1, h, h);
     const size_t rows = size_t(B.batch) * h, per_seq = size_t(h) * kLatentDim;
@@ -2247,13 +2247,14 @@ TEST(GpuErrors, PlanTablesOutsideTheCapacityStayInBounds) {
         else decode_bf16(G.query(), G.bf16c(), G.pages(), dst, o);
         device_memory::cuda_ok(cudaDeviceSynchronize(), "decode");
         const auto got_ws = ws.download();
-        for (size_t i = ws_bytes; i < got_ws.size(); ++i)
-          if (got_ws[i] != 0xA5) ADD_FAILURE() << op << " " << what << ": wrote workspace guard byte " << i - ws_bytes;
+        size_t touched = 0;
+        for (size_t i = ws_bytes; i < got_ws.size(); ++i) touched += got_ws[i] != 0xA5;
+        EXPECT_EQ(touched, 0u) << op << " " << what << ": bytes of the workspace's guard written";
         auto got = std::make_pair(out.download(), lse.download());
-        for (size_t i = rows * kLatentDim; i < got.first.size(); ++i)
-          if (got.first[i].bits != 0xA5A5) ADD_FAILURE() << op << " " << what << ": wrote out guard element " << i;
-        for (size_t i = rows; i < got.second.size(); ++i)
-          if (std::memcmp(&got.second[i], "\xA5\xA5\xA5\xA5", 4) != 0) ADD_FAILURE() << op << " " << what << ": wrote lse guard " << i;
+        touched = 0;
+        for (size_t i = rows * kLatentDim; i < got.first.size(); ++i) touched += got.first[i].bits != 0xA5A5;
+        for (size_t i = rows; i < got.second.size(); ++i) touched += std::memcmp(&got.second[i], "\xA5\xA5\xA5\xA5", 4) != 0;
+        EXPECT_EQ(touched, 0u) << op << " " << what << ": elements of the outputs' guards written";
         got.first.resize(rows * kLatentDim);
         got.second.resize(rows);
         return got;
