@@ -210,16 +210,17 @@ __device__ __forceinline__ void set_length(const DecodeParams& p, Work& w, int32
 }
 
 // The lookup in fewer rounds of dependent loads (DecodeParams::lookup_window, SNAPMLA_PLAN_LOOKUP=
-// window_l1, the default, or window), from the same table entries, so the same Work. The search narrows the
-// candidates as seq_of_split does while more than 32 remain (one round up to 1024 sequences); its
-// last round, one candidate per lane, loads each candidate's first split, the next sequence's and
-// its length, and the split's begins (they depend on `item` alone) go out with them; the chosen
-// lane's entries are shuffled to the warp. At batch <= 32 the whole lookup is one round of loads,
-// where work_of's search is two (the offsets, then the sequence's entries). The next split's begin
-// is loaded inside the plan's capacity only, and used as work_of uses it, below the sequence's last
-// split inside the capacity (a table not made by plan_splits reads nothing out of bounds). (Its last three lines are work_of's; work_of keeps them
-// inline with its own conditional load: written through one shared helper, the three-consumer
-// tile spilled 32 bytes where it spills 20.)
+// window_l1, the default, or window), from the same table entries, so the same Work. The search
+// narrows the candidates as seq_of_split does while more than 32 remain (one round up to 1024
+// sequences); its last round, one candidate per lane, loads each candidate's first split, the next
+// sequence's and its length, and the split's begins (they depend on `item` alone) go out with
+// them; the chosen lane's entries are shuffled to the warp. At batch <= 32 the whole lookup is one
+// round of loads, where work_of's search is two (the offsets, then the sequence's entries). The
+// next split's begin is loaded inside the plan's capacity only, and used as work_of uses it, below
+// the sequence's last split inside the capacity (a table not made by plan_splits reads nothing out
+// of bounds). (Its last three lines are work_of's; work_of keeps them inline with its own
+// conditional load: written through one shared helper, the three-consumer tile spilled 32 bytes
+// where it spills 20.)
 __device__ __forceinline__ Work work_of_window(const DecodeParams& p, int item) {
   const int lane = int(threadIdx.x % 32);
   const int32_t* offsets = p.split_offsets;
@@ -271,12 +272,12 @@ __device__ __forceinline__ Work work_of(const DecodeParams& p, int item) {
   return w;
 }
 
-// A role's lookup: work_of_window by default (DecodeParams::lookup_window), else work_of. Every role looks its splits
-// up itself (the loader before its requests, the consumers before their Q rows). Where the
-// window's registers spill, a role calls work_of instead: the three-consumer tile's producer (32
-// registers) and decode_bf16's own-page PV's (24), and the consumers of decode_fp8's transposing
-// and three-consumer tiles, whose loops hold the most (10-50 bytes with it); also the transposer
-// warps, which only wait for the pages.
+// A role's lookup: work_of_window by default (DecodeParams::lookup_window), else work_of. Every
+// role looks its splits up itself (the loader before its requests, the consumers before their Q
+// rows). Where the window's registers spill, a role calls work_of instead: the three-consumer
+// tile's producer (32 registers) and decode_bf16's own-page PV's (24), and the consumers of
+// decode_fp8's transposing and three-consumer tiles, whose loops hold the most (10-50 bytes with
+// it); also the transposer warps, which only wait for the pages.
 __device__ __forceinline__ Work lookup_work(const DecodeParams& p, int item) {
   if (p.lookup_window && p.split_offsets != nullptr) return work_of_window(p, item);
   return work_of(p, item);
