@@ -40,7 +40,7 @@ lab_tests=${LAB_TESTS:-Shapes/*:GpuErrors.NonFinite*:GpuPlan.*PieceCost*}
 lab_own_tests=${LAB_OWN_TESTS:-pct=PieceCost}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader 2>&1 | tee "$work/gpu.txt"
 stamp "the C++ GPU suite under the defaults"
-timeout "${SUITE_TIMEOUT:-90}" .devbin/snapmla_gpu_tests > "$work/gpu_suite.log" 2>&1
+timeout "${SUITE_TIMEOUT:-120}" .devbin/snapmla_gpu_tests > "$work/gpu_suite.log" 2>&1
 echo "exit: $? (124: timed out)"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$work/gpu_suite.log" | tail -6
 variants=(--env "old:$old_fp8" --bf16-env "old:$old_bf16")

@@ -8,7 +8,7 @@
 . "$(dirname "$0")/round_start.sh" "$@"
 nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader
 stamp "the C++ GPU suite"
-timeout "${SUITE_TIMEOUT:-100}" .devbin/snapmla_gpu_tests > "$dest/gpu_suite.log" 2>&1
+timeout "${SUITE_TIMEOUT:-120}" .devbin/snapmla_gpu_tests > "$dest/gpu_suite.log" 2>&1
 echo "exit: $?"
 grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]" "$dest/gpu_suite.log" | tail -6
 stamp "the option's tests (SNAPMLA_TEST_UNTIMED=1)"
