@@ -83,6 +83,36 @@ struct GpuBatch {
   }
 };
 
+// Decode outputs for `rows` query rows, each buffer followed by a 64 KB guard that a decode must
+// leave as poisoned (0xA5 bytes): a write past the batch's rows, or any stray write, lands there.
+struct GuardedOutputs {
+  static constexpr size_t kGuardBytes = size_t(1) << 16;
+  size_t rows;
+  DeviceBuffer<bf16> out;
+  DeviceBuffer<float> lse;
+  explicit GuardedOutputs(size_t r)
+      : rows(r), out(r * kLatentDim + kGuardBytes / sizeof(bf16)), lse(r + kGuardBytes / sizeof(float)) {}
+  DecodeOutput poisoned() {
+    out.poison(0xA5);
+    lse.poison(0xA5);
+    return {out.get(), lse.get(), kGpu};
+  }
+  // The rows' out and lse (the guards cut off), and how many guard elements were written.
+  struct Got {
+    std::pair<std::vector<bf16>, std::vector<float>> rows;
+    size_t guard_writes = 0;
+  };
+  Got download() const {
+    Got g{{out.download(), lse.download()}, 0};
+    for (size_t i = rows * kLatentDim; i < g.rows.first.size(); ++i) g.guard_writes += g.rows.first[i].bits != 0xA5A5;
+    for (size_t i = rows; i < g.rows.second.size(); ++i)
+      g.guard_writes += std::memcmp(&g.rows.second[i], "\xA5\xA5\xA5\xA5", 4) != 0;
+    g.rows.first.resize(rows * kLatentDim);
+    g.rows.second.resize(rows);
+    return g;
+  }
+};
+
 // `count` sequence lengths drawn uniformly from [0, below).
 std::vector<int32_t> random_lengths(std::mt19937_64& rng, int count, int below) {
   std::vector<int32_t> lens(static_cast<size_t>(count));
@@ -2118,27 +2148,20 @@ TEST(GpuDecodeHeads, PaddingRowsAreNeverWritten) {
       SCOPED_TRACE("h=" + std::to_string(h) + " s_q=" + std::to_string(s_q));
       Batch B = make_batch(rng, {130, 70, 2}, s_q, h);
       GpuBatch G(B);
-      const size_t rows = size_t(B.batch) * s_q * h, guard_rows = 64;
-      DeviceBuffer<bf16> out((rows + guard_rows) * kLatentDim);
-      DeviceBuffer<float> lse(rows + guard_rows * 8);
+      const size_t rows = size_t(B.batch) * s_q * h;
+      GuardedOutputs outputs(rows);
       GpuPlan plan(G.pages(), 7, s_q, h);
       for (bool split : {false, true})
         for (bool fp8 : {true, false}) {
-          out.poison(0xA5);
-          lse.poison(0xA5);
           const DecodeOptions opt = split ? plan.options(B.softmax_scale) : test::options(B);
-          const DecodeOutput o{out.get(), lse.get(), kGpu};
+          const DecodeOutput o = outputs.poisoned();
           if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), o, opt);
           else decode_bf16(G.query(), G.bf16c(), G.pages(), o, opt);
           device_memory::cuda_ok(cudaDeviceSynchronize(), "decode");
-          const auto got = out.download();
-          const auto got_lse = lse.download();
-          for (size_t i = rows * kLatentDim; i < got.size(); ++i)
-            ASSERT_EQ(got[i].bits, 0xA5A5) << (fp8 ? "decode_fp8" : "decode_bf16") << " wrote guard element " << i;
-          for (size_t i = rows; i < got_lse.size(); ++i)
-            ASSERT_EQ(std::memcmp(&got_lse[i], "\xA5\xA5\xA5\xA5", 4), 0) << "lse guard " << i;
+          const auto got = outputs.download();
+          ASSERT_EQ(got.guard_writes, 0u) << (fp8 ? "decode_fp8" : "decode_bf16") << " wrote guard elements";
           size_t finite = 0;
-          for (size_t i = 0; i < rows * kLatentDim; ++i) finite += std::isfinite(to_float(got[i]));
+          for (const bf16 v : got.rows.first) finite += std::isfinite(to_float(v));
           EXPECT_EQ(finite, rows * kLatentDim) << (fp8 ? "decode_fp8" : "decode_bf16");
         }
     }
@@ -2222,17 +2245,15 @@ TEST(GpuErrors, PlanTablesOutsideTheCapacityStayInBounds) {
   if (!test_untimed()) GTEST_SKIP() << "not yet run on a GPU: runs under SNAPMLA_TEST_UNTIMED=1";
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
-  constexpr size_t kGuardBytes = 1 << 16;
   for (const int h : {16, 128}) {
     SCOPED_TRACE("h=" + std::to_string(h));
     Batch B = make_batch(rng, {300, 2000, 129, 6000}, 1, h);
     GpuBatch G(B);
     GpuPlan plan(G.pages(), 9, 1, h, h);
-    const size_t rows = size_t(B.batch) * h, per_seq = size_t(h) * kLatentDim;
+    const size_t per_seq = size_t(h) * kLatentDim;
     const size_t ws_bytes = plan.workspace.size();
-    DeviceBuffer<uint8_t> ws(ws_bytes + kGuardBytes);
-    DeviceBuffer<bf16> out(rows * kLatentDim + kGuardBytes / sizeof(bf16));
-    DeviceBuffer<float> lse(rows + kGuardBytes / sizeof(float));
+    DeviceBuffer<uint8_t> ws(ws_bytes + GuardedOutputs::kGuardBytes);
+    GuardedOutputs outputs(size_t(B.batch) * h);
     const auto offsets = plan.offsets.download(), begins = plan.begins.download(),
                ranges = plan.worker_splits.download();
     ASSERT_GT(offsets.back() - offsets[size_t(B.batch) - 1], 1) << "the last sequence is split";
@@ -2240,12 +2261,10 @@ TEST(GpuErrors, PlanTablesOutsideTheCapacityStayInBounds) {
       const std::string op = fp8 ? "decode_fp8" : "decode_bf16";
       auto run = [&](const std::string& what) {
         ws.poison(0xA5);
-        out.poison(0xA5);
-        lse.poison(0xA5);
         DecodeOptions o = plan.options(B.softmax_scale);
         o.workspace = ws.get();
         o.workspace_bytes = ws_bytes;
-        const DecodeOutput dst{out.get(), lse.get(), kGpu};
+        const DecodeOutput dst = outputs.poisoned();
         if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), dst, o);
         else decode_bf16(G.query(), G.bf16c(), G.pages(), dst, o);
         device_memory::cuda_ok(cudaDeviceSynchronize(), "decode");
@@ -2253,14 +2272,9 @@ TEST(GpuErrors, PlanTablesOutsideTheCapacityStayInBounds) {
         size_t touched = 0;
         for (size_t i = ws_bytes; i < got_ws.size(); ++i) touched += got_ws[i] != 0xA5;
         EXPECT_EQ(touched, 0u) << op << " " << what << ": bytes of the workspace's guard written";
-        auto got = std::make_pair(out.download(), lse.download());
-        touched = 0;
-        for (size_t i = rows * kLatentDim; i < got.first.size(); ++i) touched += got.first[i].bits != 0xA5A5;
-        for (size_t i = rows; i < got.second.size(); ++i) touched += std::memcmp(&got.second[i], "\xA5\xA5\xA5\xA5", 4) != 0;
-        EXPECT_EQ(touched, 0u) << op << " " << what << ": elements of the outputs' guards written";
-        got.first.resize(rows * kLatentDim);
-        got.second.resize(rows);
-        return got;
+        const auto got = outputs.download();
+        EXPECT_EQ(got.guard_writes, 0u) << op << " " << what << ": elements of the outputs' guards written";
+        return got.rows;
       };
       const auto intact = run("intact plan");
       for (const int32_t end : {plan.plan.capacity + 1000, INT32_MAX}) {
