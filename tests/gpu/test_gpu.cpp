@@ -2237,12 +2237,9 @@ TEST(GpuErrors, BadDeviceInputsStayInTheirRow) {
 //   + 1000 or 2^31 - 1): that sequence's rows are NaN (the combine's split_span), every other
 //   sequence keeps the bits of the intact plan.
 // - Every entry of the three tables random (any int32): no value asserted, only the guards.
-// On both decodes, the narrow and 64-row tiles (two row tiles at h = 128). (Not yet run on a GPU,
-// hence under test_untimed(): the clamps it checks are no-ops on plan_splits' plans, which every
-// other test decodes.)
+// On both decodes, the narrow and 64-row tiles (two row tiles at h = 128).
 TEST(GpuErrors, PlanTablesOutsideTheCapacityStayInBounds) {
   REQUIRE_GPU();
-  if (!test_untimed()) GTEST_SKIP() << "not yet run on a GPU: runs under SNAPMLA_TEST_UNTIMED=1";
   auto rng = make_rng();
   SNAPMLA_TRACE_SEED();
   for (const int h : {16, 128}) {
