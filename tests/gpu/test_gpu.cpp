@@ -83,33 +83,44 @@ struct GpuBatch {
   }
 };
 
-// Decode outputs for `rows` query rows, each buffer followed by a 64 KB guard that a decode must
-// leave as poisoned (0xA5 bytes): a write past the batch's rows, or any stray write, lands there.
-struct GuardedOutputs {
+// A device buffer of `n` elements followed by a 64 KB guard that a kernel must leave as poisoned
+// (0xA5 bytes): a write past the n elements, or any stray write, lands there.
+template <typename T>
+struct GuardedBuffer {
   static constexpr size_t kGuardBytes = size_t(1) << 16;
-  size_t rows;
-  DeviceBuffer<bf16> out;
-  DeviceBuffer<float> lse;
-  explicit GuardedOutputs(size_t r)
-      : rows(r), out(r * kLatentDim + kGuardBytes / sizeof(bf16)), lse(r + kGuardBytes / sizeof(float)) {}
-  DecodeOutput poisoned() {
-    out.poison(0xA5);
-    lse.poison(0xA5);
-    return {out.get(), lse.get(), kGpu};
+  size_t n;
+  DeviceBuffer<T> buf;
+  explicit GuardedBuffer(size_t elements) : n(elements), buf(elements + kGuardBytes / sizeof(T)) {}
+  T* poisoned() {
+    buf.poison(0xA5);
+    return buf.get();
   }
-  // The rows' out and lse (the guards cut off), and how many guard elements were written.
+  // The n elements, and the guard's bytes that were written.
+  std::pair<std::vector<T>, size_t> download() const {
+    std::vector<T> got = buf.download();
+    const auto* guard = reinterpret_cast<const unsigned char*>(got.data() + n);
+    size_t written = 0;
+    for (size_t i = 0; i < (got.size() - n) * sizeof(T); ++i) written += guard[i] != 0xA5;
+    got.resize(n);
+    return {std::move(got), written};
+  }
+};
+
+// Decode outputs for `rows` query rows, out and lse each guarded (GuardedBuffer).
+struct GuardedOutputs {
+  GuardedBuffer<bf16> out;
+  GuardedBuffer<float> lse;
+  explicit GuardedOutputs(size_t rows) : out(rows * kLatentDim), lse(rows) {}
+  DecodeOutput poisoned() { return {out.poisoned(), lse.poisoned(), kGpu}; }
+  // The rows' out and lse (the guards cut off), and how many guard bytes were written.
   struct Got {
     std::pair<std::vector<bf16>, std::vector<float>> rows;
     size_t guard_writes = 0;
   };
   Got download() const {
-    Got g{{out.download(), lse.download()}, 0};
-    for (size_t i = rows * kLatentDim; i < g.rows.first.size(); ++i) g.guard_writes += g.rows.first[i].bits != 0xA5A5;
-    for (size_t i = rows; i < g.rows.second.size(); ++i)
-      g.guard_writes += std::memcmp(&g.rows.second[i], "\xA5\xA5\xA5\xA5", 4) != 0;
-    g.rows.first.resize(rows * kLatentDim);
-    g.rows.second.resize(rows);
-    return g;
+    auto [o, o_written] = out.download();
+    auto [l, l_written] = lse.download();
+    return {{std::move(o), std::move(l)}, o_written + l_written};
   }
 };
 
@@ -2159,7 +2170,7 @@ TEST(GpuDecodeHeads, PaddingRowsAreNeverWritten) {
           else decode_bf16(G.query(), G.bf16c(), G.pages(), o, opt);
           device_memory::cuda_ok(cudaDeviceSynchronize(), "decode");
           const auto got = outputs.download();
-          ASSERT_EQ(got.guard_writes, 0u) << (fp8 ? "decode_fp8" : "decode_bf16") << " wrote guard elements";
+          ASSERT_EQ(got.guard_writes, 0u) << (fp8 ? "decode_fp8" : "decode_bf16") << " wrote guard bytes";
           size_t finite = 0;
           for (const bf16 v : got.rows.first) finite += std::isfinite(to_float(v));
           EXPECT_EQ(finite, rows * kLatentDim) << (fp8 ? "decode_fp8" : "decode_bf16");
@@ -2248,8 +2259,7 @@ TEST(GpuErrors, PlanTablesOutsideTheCapacityStayInBounds) {
     GpuBatch G(B);
     GpuPlan plan(G.pages(), 9, 1, h, h);
     const size_t per_seq = size_t(h) * kLatentDim;
-    const size_t ws_bytes = plan.workspace.size();
-    DeviceBuffer<uint8_t> ws(ws_bytes + GuardedOutputs::kGuardBytes);
+    GuardedBuffer<uint8_t> ws(plan.workspace.size());
     GuardedOutputs outputs(size_t(B.batch) * h);
     const auto offsets = plan.offsets.download(), begins = plan.begins.download(),
                ranges = plan.worker_splits.download();
@@ -2257,20 +2267,16 @@ TEST(GpuErrors, PlanTablesOutsideTheCapacityStayInBounds) {
     for (const bool fp8 : {true, false}) {
       const std::string op = fp8 ? "decode_fp8" : "decode_bf16";
       auto run = [&](const std::string& what) {
-        ws.poison(0xA5);
         DecodeOptions o = plan.options(B.softmax_scale);
-        o.workspace = ws.get();
-        o.workspace_bytes = ws_bytes;
+        o.workspace = ws.poisoned();
+        o.workspace_bytes = ws.n;
         const DecodeOutput dst = outputs.poisoned();
         if (fp8) decode_fp8(G.qq(), G.fp8(), G.pages(), dst, o);
         else decode_bf16(G.query(), G.bf16c(), G.pages(), dst, o);
         device_memory::cuda_ok(cudaDeviceSynchronize(), "decode");
-        const auto got_ws = ws.download();
-        size_t touched = 0;
-        for (size_t i = ws_bytes; i < got_ws.size(); ++i) touched += got_ws[i] != 0xA5;
-        EXPECT_EQ(touched, 0u) << op << " " << what << ": bytes of the workspace's guard written";
+        EXPECT_EQ(ws.download().second, 0u) << op << " " << what << ": bytes of the workspace's guard written";
         const auto got = outputs.download();
-        EXPECT_EQ(got.guard_writes, 0u) << op << " " << what << ": elements of the outputs' guards written";
+        EXPECT_EQ(got.guard_writes, 0u) << op << " " << what << ": bytes of the outputs' guards written";
         return got.rows;
       };
       const auto intact = run("intact plan");
